@@ -1,0 +1,244 @@
+"""HTTP client for the CaptchaAI API (2captcha-compatible ``in.php`` / ``res.php``).
+
+It only speaks HTTP: each call turns a reply into a value or a typed exception from
+:mod:`captcha_tasks.errors`.  What to do next (retry, resubmit, give up) is the tasks'
+business.  "Not ready yet" is the value :data:`NOT_READY`.
+
+Every request is a POST so the API key travels in the body, never in a URL that could
+end up in an exception message or a proxy log.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+
+from . import errors
+from .methods import SolveRequest
+
+NOT_READY_TEXT = "CAPCHA_NOT_READY"
+BULK_MAX_IDS = 100
+
+
+class _Pending(enum.Enum):
+    NOT_READY = "CAPCHA_NOT_READY"
+
+    def __repr__(self) -> str:
+        return "NOT_READY"
+
+
+#: The answer is not ready yet: poll again later.
+NOT_READY = _Pending.NOT_READY
+
+Answer = str | dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Timeout:
+    """Connect and read timeouts in seconds."""
+
+    connect: float = 5.0
+    read: float = 30.0
+
+    def as_tuple(self) -> tuple[float, float]:
+        return (self.connect, self.read)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A parsed API reply: ``ok`` with its ``request`` value, or an error/not-ready code."""
+
+    ok: bool
+    request: Any
+
+
+class CaptchaAIClient:
+    """A client for one API key, holding one pooled ``requests.Session``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        *,
+        timeout: Timeout | None = None,
+        session: requests.Session | None = None,
+        pool_size: int = 32,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._api_key = api_key
+        self.timeout = timeout or Timeout()
+        self.session = session or _pooled_session(pool_size)
+
+    def __repr__(self) -> str:
+        return f"CaptchaAIClient(base_url={self.base_url!r}, api_key=***)"
+
+    def close(self) -> None:
+        self.session.close()
+
+    # -- calls -----------------------------------------------------------------------
+    def submit(self, request: SolveRequest) -> str:
+        """Submit a captcha; returns its captcha id."""
+        reply = self._call("in.php", request.api_fields())
+        if not reply.ok:
+            raise _error(reply.request)
+        return str(reply.request)
+
+    def get(self, captcha_id: str) -> Answer | _Pending:
+        """One captcha's answer, or :data:`NOT_READY`."""
+        reply = self._call("res.php", {"action": "get", "id": captcha_id})
+        if reply.ok:
+            return _answer(reply.request)
+        if reply.request == NOT_READY_TEXT:
+            return NOT_READY
+        raise _error(reply.request, captcha_id)
+
+    def get_many(self, captcha_ids: Sequence[str]) -> dict[str, str | _Pending | Exception] | None:
+        """Answers of several pipe-safe captchas in one request (``ids=``).
+
+        Returns ``None`` when the server does not honour ``ids`` (the caller falls back to
+        one id per request).  Each value is a token, :data:`NOT_READY` or the exception
+        for that captcha's error code.
+        """
+        if not captcha_ids or len(captcha_ids) > BULK_MAX_IDS:
+            raise ValueError(f"get_many takes 1 to {BULK_MAX_IDS} ids")
+        reply = self._call("res.php", {"action": "get", "ids": ",".join(captcha_ids)})
+        if not isinstance(reply.request, str):
+            return None
+        parts = reply.request.split("|")
+        if reply.request.startswith("OK|") and len(parts) == len(captcha_ids) + 1:
+            parts = parts[1:]
+        if len(parts) != len(captcha_ids) or _looks_unsupported(reply, parts):
+            return None
+        return {cid: _bulk_value(part, cid) for cid, part in zip(captcha_ids, parts, strict=True)}
+
+    def balance(self) -> float:
+        """The account balance."""
+        reply = self._call("res.php", {"action": "getbalance"})
+        if not reply.ok and str(reply.request).startswith("ERROR"):
+            raise _error(reply.request)
+        try:
+            return float(reply.request)
+        except (TypeError, ValueError):
+            raise errors.TransportError(f"unexpected balance reply {reply.request!r}") from None
+
+    def report(self, captcha_id: str, *, good: bool) -> None:
+        """Tell the API whether a solved answer worked (``reportgood`` / ``reportbad``)."""
+        action = "reportgood" if good else "reportbad"
+        reply = self._call("res.php", {"action": action, "id": captcha_id})
+        if not reply.ok and reply.request != "OK_REPORT_RECORDED":
+            raise _error(reply.request, captcha_id)
+
+    def threads_info(self) -> dict[str, int] | None:
+        """CaptchaAI's thread usage ``{"threads": N, "working_threads": M}``, if answered."""
+        try:
+            reply = self._call("res.php", {"action": "threadsinfo"})
+        except errors.FatalError:
+            return None
+        return _threads(reply.request) if reply.ok else None
+
+    # -- plumbing --------------------------------------------------------------------
+    def _call(self, endpoint: str, fields: dict[str, Any]) -> Reply:
+        data = {**fields, "key": self._api_key, "json": 1}
+        url = f"{self.base_url}/{endpoint}"
+        try:
+            resp = self.session.post(url, data=data, timeout=self.timeout.as_tuple())
+        except requests.Timeout:
+            raise errors.TransportError(f"{endpoint}: timed out") from None
+        except requests.RequestException as exc:
+            raise errors.TransportError(f"{endpoint}: {type(exc).__name__}") from None
+        return parse_reply(resp.status_code, resp.text, endpoint)
+
+
+def parse_reply(status: int, body: str, endpoint: str = "API") -> Reply:
+    """Turn one HTTP reply into a :class:`Reply`, or raise a retryable transport error.
+
+    Understands JSON (``json=1``) and text (``OK|...``, ``ERROR_...``) bodies.
+    """
+    text = body.strip()
+    if status >= 500:
+        raise errors.TransportError(f"{endpoint}: HTTP {status}")
+    if not text:
+        raise errors.TransportError(f"{endpoint}: empty reply (HTTP {status})")
+    if text.startswith("<"):
+        raise errors.TransportError(f"{endpoint}: HTML page instead of an answer (HTTP {status})")
+    if text.startswith("{"):
+        return _parse_json(text, endpoint)
+    return _parse_text(text, status, endpoint)
+
+
+def _parse_json(text: str, endpoint: str) -> Reply:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        raise errors.TransportError(f"{endpoint}: malformed JSON reply") from None
+    if not isinstance(data, dict) or "status" not in data:
+        raise errors.TransportError(f"{endpoint}: JSON reply without status")
+    return Reply(data.get("status") == 1, data.get("request"))
+
+
+def _parse_text(text: str, status: int, endpoint: str) -> Reply:
+    if text.startswith("OK|"):
+        return Reply(True, text[3:])
+    if text == NOT_READY_TEXT or text.startswith(("ERROR", "MAX_USER_TURN", "IP_BANNED")):
+        return Reply(False, text.split("|", 1)[0])
+    if status >= 400:
+        raise errors.TransportError(f"{endpoint}: HTTP {status}")
+    # Bare values: a balance ("1.234"), OK_REPORT_RECORDED, a bulk reply.
+    return Reply(True, text)
+
+
+def _error(code: Any, captcha_id: str | None = None) -> errors.CaptchaTasksError:
+    if not isinstance(code, str) or not code:
+        return errors.TransportError(f"unexpected reply {code!r}", captcha_id=captcha_id)
+    return errors.from_api_code(code, captcha_id)
+
+
+def _answer(value: Any) -> Answer:
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, str):
+        return value
+    raise errors.TransportError(f"unexpected answer type {type(value).__name__}")
+
+
+def _bulk_value(part: str, captcha_id: str) -> str | _Pending | Exception:
+    if part == NOT_READY_TEXT:
+        return NOT_READY
+    if part.startswith("ERROR") or part in ("MAX_USER_TURN", "IP_BANNED"):
+        return errors.from_api_code(part, captcha_id)
+    return part
+
+
+def _looks_unsupported(reply: Reply, parts: list[str]) -> bool:
+    # A server that ignores ``ids`` answers as for a missing ``id``.
+    if reply.ok:
+        return False
+    return len(parts) == 1 and parts[0] != NOT_READY_TEXT
+
+
+def _threads(value: Any) -> dict[str, int] | None:
+    if isinstance(value, dict):
+        items: Iterable[tuple[str, Any]] = value.items()
+    elif isinstance(value, str) and "=" in value:
+        items = (p.split("=", 1) for p in value.split("|") if "=" in p)  # type: ignore[misc]
+    else:
+        return None
+    try:
+        info = {str(k): int(v) for k, v in items}
+    except (TypeError, ValueError):
+        return None
+    return info if "threads" in info else None
+
+
+def _pooled_session(pool_size: int) -> requests.Session:
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=pool_size)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.headers["User-Agent"] = "captcha-tasks/0.1"
+    return session

@@ -1,0 +1,173 @@
+"""Exceptions, split by what the caller should do next.
+
+    CaptchaTasksError                  root of everything raised here
+    ├── ConfigurationError             bad setting; fix the environment (raised at start-up)
+    ├── ValidationError                bad solve request; fix the call (raised before queueing)
+    ├── RetryableError                 back off and try the same request again
+    │   ├── NoSlotError                no free provider thread (ERROR_NO_SLOT_AVAILABLE,
+    │   │                              ERROR_ZERO_BALANCE)
+    │   ├── TransportError             timeout, connection error, HTTP 5xx, HTML or empty body
+    │   ├── ServerError                ERROR_SERVER_ERROR, MAX_USER_TURN
+    │   └── StoreUnavailable           Redis is down: nothing is submitted until it is back
+    ├── ResubmitError                  the captcha failed; submit a new one (bounded)
+    │   ├── UnsolvableError            ERROR_CAPTCHA_UNSOLVABLE
+    │   └── TokenExpired               the answer's life ran out before delivery
+    ├── FatalError                     fail fast, never retried
+    │   ├── AuthError                  ERROR_WRONG_USER_KEY, ERROR_KEY_DOES_NOT_EXIST, IP_BANNED
+    │   ├── BadRequestError            ERROR_GOOGLEKEY, ERROR_PAGEURL, ERROR_BAD_PARAMETERS, ...
+    │   ├── ProxyError                 ERROR_PROXY_CONNECTION_FAILED, ERROR_BAD_PROXY
+    │   └── UnknownAPIError            any other ERROR_* code (kept on ``code``)
+    └── GaveUpError                    a budget ran out; the last cause is kept
+        ├── SolveTimeout               the solve deadline passed
+        └── RetriesExhausted           transport / resubmit budget used up
+
+"Not ready yet" is a value (``captcha_tasks.client.NOT_READY``), never an exception.
+
+Every exception carries ``code`` (the API's error code, or one of ours such as
+``ERROR_SOLVE_TIMEOUT``) and ``captcha_id`` when one is known.  The constructor takes
+``(message, code, captcha_id)`` positionally so that Celery's JSON result backend can
+rebuild the exact type on the caller's side of ``AsyncResult.get()``.
+"""
+
+from __future__ import annotations
+
+
+class CaptchaTasksError(Exception):
+    """Root of every exception raised by captcha-tasks."""
+
+    default_code = "ERROR_CAPTCHA_TASKS"
+
+    def __init__(
+        self, message: str = "", code: str | None = None, captcha_id: str | None = None
+    ) -> None:
+        self.message = message
+        self.code = code or self.default_code
+        self.captcha_id = captcha_id
+        super().__init__(message, self.code, captcha_id)
+
+    def __str__(self) -> str:
+        suffix = f" (captcha {self.captcha_id})" if self.captcha_id else ""
+        if self.message and self.message != self.code:
+            return f"{self.code}: {self.message}{suffix}"
+        return f"{self.code}{suffix}"
+
+    def __reduce__(self) -> tuple[type[CaptchaTasksError], tuple[str, str, str | None]]:
+        return (type(self), (self.message, self.code, self.captcha_id))
+
+
+class ConfigurationError(CaptchaTasksError, ValueError):
+    default_code = "ERROR_CONFIGURATION"
+
+
+class ValidationError(CaptchaTasksError, ValueError):
+    default_code = "ERROR_VALIDATION"
+
+
+class RetryableError(CaptchaTasksError):
+    default_code = "ERROR_RETRYABLE"
+
+
+class NoSlotError(RetryableError):
+    default_code = "ERROR_NO_SLOT_AVAILABLE"
+
+
+class TransportError(RetryableError):
+    default_code = "ERROR_TRANSPORT"
+
+
+class ServerError(RetryableError):
+    default_code = "ERROR_SERVER_ERROR"
+
+
+class StoreUnavailable(RetryableError):
+    default_code = "ERROR_REDIS_UNAVAILABLE"
+
+
+class ResubmitError(CaptchaTasksError):
+    default_code = "ERROR_RESUBMIT"
+
+
+class UnsolvableError(ResubmitError):
+    default_code = "ERROR_CAPTCHA_UNSOLVABLE"
+
+
+class TokenExpired(ResubmitError):
+    default_code = "ERROR_TOKEN_EXPIRED"
+
+
+class FatalError(CaptchaTasksError):
+    default_code = "ERROR_FATAL"
+
+
+class AuthError(FatalError):
+    default_code = "ERROR_WRONG_USER_KEY"
+
+
+class BadRequestError(FatalError):
+    default_code = "ERROR_BAD_PARAMETERS"
+
+
+class ProxyError(FatalError):
+    default_code = "ERROR_BAD_PROXY"
+
+
+class UnknownAPIError(FatalError):
+    default_code = "ERROR_UNKNOWN"
+
+
+class GaveUpError(CaptchaTasksError):
+    default_code = "ERROR_GAVE_UP"
+
+
+class SolveTimeout(GaveUpError):
+    default_code = "ERROR_SOLVE_TIMEOUT"
+
+
+class RetriesExhausted(GaveUpError):
+    default_code = "ERROR_RETRIES_EXHAUSTED"
+
+
+_BY_CODE: dict[str, type[CaptchaTasksError]] = {
+    "ERROR_NO_SLOT_AVAILABLE": NoSlotError,
+    "ERROR_ZERO_BALANCE": NoSlotError,
+    "ERROR_SERVER_ERROR": ServerError,
+    "MAX_USER_TURN": ServerError,
+    "ERROR_CAPTCHA_UNSOLVABLE": UnsolvableError,
+    "ERROR_WRONG_USER_KEY": AuthError,
+    "ERROR_KEY_DOES_NOT_EXIST": AuthError,
+    "IP_BANNED": AuthError,
+    "ERROR_IP_NOT_ALLOWED": AuthError,
+    "ERROR_GOOGLEKEY": BadRequestError,
+    "ERROR_PAGEURL": BadRequestError,
+    "ERROR_BAD_PARAMETERS": BadRequestError,
+    "ERROR_WRONG_CAPTCHA_ID": BadRequestError,
+    "ERROR_ZERO_CAPTCHA_FILESIZE": BadRequestError,
+    "ERROR_TOO_BIG_CAPTCHA_FILESIZE": BadRequestError,
+    "ERROR_WRONG_FILE_EXTENSION": BadRequestError,
+    "ERROR_IMAGE_TYPE_NOT_SUPPORTED": BadRequestError,
+    "ERROR_PROXY_CONNECTION_FAILED": ProxyError,
+    "ERROR_BAD_PROXY": ProxyError,
+}
+
+# Our own codes map back to their classes too, so a failed outcome read from Redis or
+# Kafka rebuilds the same type that was raised in the worker.
+for _cls in (
+    ValidationError,
+    TransportError,
+    TokenExpired,
+    StoreUnavailable,
+    SolveTimeout,
+    RetriesExhausted,
+    UnknownAPIError,
+):
+    _BY_CODE.setdefault(_cls.default_code, _cls)
+
+PROXY_CODES = frozenset(code for code, cls in _BY_CODE.items() if cls is ProxyError)
+
+
+def from_api_code(
+    code: str, captcha_id: str | None = None, message: str | None = None
+) -> CaptchaTasksError:
+    """The exception for an error code; unknown ``ERROR_*`` codes are fatal."""
+    cls = _BY_CODE.get(code, UnknownAPIError)
+    return cls(message or code, code, captcha_id)

@@ -1,0 +1,127 @@
+"""Every Redis key name captcha-tasks writes, under one configurable prefix.
+
+No other module builds a key string: they all ask a :class:`Keys` instance.  Celery's own
+broker and result keys (``celery``, ``celery-task-meta-*``, ``_kombu.*``) are Celery's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Keys:
+    prefix: str = "captcha"
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    # -- core pipeline ---------------------------------------------------------------
+    def submission(self, solve_id: str) -> str:
+        """Hash: the captcha submitted for one solve request (idempotent submit)."""
+        return self._k("solve", solve_id, "submission")
+
+    def solve_times(self, method: str) -> str:
+        """List: recent observed solve times of a method (adaptive first poll)."""
+        return self._k("stats", "solve-times", method)
+
+    def bulk_support(self) -> str:
+        """String: whether the API answers ``res.php?ids=`` ("1" / "0"), with a TTL."""
+        return self._k("api", "bulk")
+
+    def api_errors(self) -> str:
+        """Hash: count of API error answers by code."""
+        return self._k("stats", "api-errors")
+
+    def solved_counter(self, method: str) -> str:
+        """Hash: solves of a method, by source."""
+        return self._k("stats", "solved", method)
+
+    # -- thread limiter --------------------------------------------------------------
+    def slots(self) -> str:
+        """Sorted set: held provider threads, member = lease id, score = lease expiry (ms)."""
+        return self._k("limiter", "slots")
+
+    def parked(self) -> str:
+        """Sorted set: parked submits waiting for a slot, score = arrival sequence."""
+        return self._k("limiter", "parked")
+
+    def parked_payloads(self) -> str:
+        """Hash: parked id -> JSON (the task to dispatch and its deadline)."""
+        return self._k("limiter", "parked-payloads")
+
+    def parked_seq(self) -> str:
+        return self._k("limiter", "parked-seq")
+
+    def rate(self, endpoint: str) -> str:
+        """Sorted set: recent requests to ``in.php`` / ``res.php`` (sliding window)."""
+        return self._k("limiter", "rate", endpoint)
+
+    def limiter_peak(self) -> str:
+        return self._k("limiter", "peak")
+
+    # -- token pools -----------------------------------------------------------------
+    def pool_registry(self) -> str:
+        """Hash: pool name -> JSON definition."""
+        return self._k("pools")
+
+    def pool_tokens(self, name: str) -> str:
+        """Sorted set: member = JSON token record, score = expiry (ms, Redis clock)."""
+        return self._k("pool", name, "tokens")
+
+    def pool_inflight(self, name: str) -> str:
+        """Sorted set: refill solves in flight, score = when they stop counting (ms)."""
+        return self._k("pool", name, "inflight")
+
+    def pool_stats(self, name: str) -> str:
+        """Hash: added / taken / expired / misses counters."""
+        return self._k("pool", name, "stats")
+
+    def pool_takes(self, name: str) -> str:
+        """Sorted set: recent take times, for the take rate."""
+        return self._k("pool", name, "takes")
+
+    # -- sessions and proxies --------------------------------------------------------
+    def cookies(self, domain: str) -> str:
+        return self._k("session", domain, "cookies")
+
+    def session_lock(self, domain: str) -> str:
+        return self._k("session", domain, "lock")
+
+    def session_version(self, domain: str) -> str:
+        return self._k("session", domain, "version")
+
+    def proxies(self) -> str:
+        """Set: every proxy in the pool."""
+        return self._k("proxies", "all")
+
+    def proxy_assignment(self, owner: str) -> str:
+        """String with its own TTL: the proxy assigned to one worker or session."""
+        return self._k("proxies", "assigned", owner)
+
+    def proxy_owner(self, proxy_id: str) -> str:
+        """String with the same TTL: which owner holds a proxy."""
+        return self._k("proxies", "owner", proxy_id)
+
+    def proxy_quarantine(self) -> str:
+        """Sorted set: quarantined proxies, score = when they come back (ms)."""
+        return self._k("proxies", "quarantine")
+
+    # -- streaming and poll coalescing ---------------------------------------------
+    def batch_results(self, batch_id: str) -> str:
+        """Stream: outcomes of one batch as workers finish them."""
+        return self._k("batch", batch_id, "results")
+
+    def inflight_captchas(self) -> str:
+        """Hash: captcha id -> method, for bulk polls."""
+        return self._k("poll", "inflight")
+
+    def bulk_answers(self) -> str:
+        """Hash: captcha id -> answer seen by the last bulk poll."""
+        return self._k("poll", "answers")
+
+    def bulk_poll_lock(self) -> str:
+        return self._k("poll", "bulk-lock")
+
+    def all_patterns(self) -> str:
+        return self._k("*")

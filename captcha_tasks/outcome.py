@@ -1,0 +1,100 @@
+"""The one shape of a solve's outcome, shared by ``solve``, batch output and Kafka.
+
+Solved::
+
+    {"status": "solved", "token": "03A...", "captcha_id": "7000001", "method": "turnstile",
+     "source": "api", "elapsed_s": 12.4, "solved_at": "2026-...Z", "expires_at": "2026-...Z"}
+
+Failed::
+
+    {"status": "failed", "error": "ERROR_CAPTCHA_UNSOLVABLE", "message": "...",
+     "captcha_id": "7000001", "method": "turnstile", "elapsed_s": 40.2}
+
+``token`` is a string, or an object for GeeTest.  Times are ISO 8601 in UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+from .errors import CaptchaTasksError, from_api_code
+
+Token = str | dict[str, Any]
+
+
+def iso(ts: float) -> str:
+    """ISO 8601 UTC with milliseconds for a Unix timestamp."""
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class Solved:
+    token: Token
+    captcha_id: str
+    method: str
+    source: Literal["api", "pool"]
+    elapsed_s: float
+    solved_at: str
+    expires_at: str
+    status: Literal["solved"] = "solved"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def expires_ts(self) -> float:
+        return parse_iso(self.expires_at)
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str
+    message: str
+    method: str | None = None
+    captcha_id: str | None = None
+    elapsed_s: float | None = None
+    status: Literal["failed"] = "failed"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_exception(
+        cls, exc: BaseException, method: str | None = None, elapsed_s: float | None = None
+    ) -> Failed:
+        if isinstance(exc, CaptchaTasksError):
+            return cls(exc.code, exc.message or exc.code, method, exc.captcha_id, elapsed_s)
+        return cls("ERROR_INTERNAL", f"{type(exc).__name__}: {exc}", method, None, elapsed_s)
+
+    def to_exception(self) -> CaptchaTasksError:
+        return from_api_code(self.error, self.captcha_id, self.message)
+
+
+Outcome = Solved | Failed
+
+
+def outcome_from_dict(data: dict[str, Any]) -> Outcome:
+    """Rebuild an outcome from its dict form (a task result, a JSONL line, a message)."""
+    if data.get("status", "solved") == "failed":
+        return Failed(
+            data["error"],
+            data.get("message") or data["error"],
+            data.get("method"),
+            data.get("captcha_id"),
+            data.get("elapsed_s"),
+        )
+    return Solved(
+        data["token"],
+        str(data["captcha_id"]),
+        data["method"],
+        data["source"],
+        float(data["elapsed_s"]),
+        data["solved_at"],
+        data["expires_at"],
+    )

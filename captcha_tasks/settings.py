@@ -1,0 +1,163 @@
+"""One typed settings object, read from the environment in one place.
+
+Every process (worker, beat, flower, the CLI, a web app calling ``solve.delay``) builds
+its settings with :func:`get_settings`.  A wrong value raises
+:class:`~captcha_tasks.errors.ConfigurationError` naming the variable, at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from .errors import ConfigurationError
+
+T = TypeVar("T")
+
+DEFAULT_BASE_URL = "https://ocr.captchaai.com"
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """All of captcha-tasks' configuration.  Field docs name the environment variable."""
+
+    #: CAPTCHAAI_API_KEY: the account key; read by workers only, never sent in tasks.
+    api_key: str = field(default="", repr=False)
+    #: CAPTCHAAI_BASE_URL: the API's base URL (the sandbox's URL in development).
+    base_url: str = DEFAULT_BASE_URL
+    #: REDIS_URL: broker, result backend and state store (``redis://`` or ``rediss://``).
+    redis_url: str = field(default=DEFAULT_REDIS_URL, repr=False)
+    #: CAPTCHAAI_THREADS: the plan's concurrent thread count.
+    threads: int = 10
+    #: CAPTCHAAI_POLL_INTERVAL: seconds between polls of one captcha.
+    poll_interval: float = 5.0
+    #: CAPTCHAAI_INITIAL_WAIT: cold-start wait before the first poll for every method
+    #: (unset: per-method defaults).
+    initial_wait: float | None = None
+    #: CAPTCHAAI_SOLVE_TIMEOUT: overall deadline of one solve, resubmits included.
+    solve_timeout: float = 300.0
+    #: CAPTCHAAI_CONNECT_TIMEOUT / CAPTCHAAI_READ_TIMEOUT: HTTP timeouts in seconds.
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    #: CAPTCHAAI_TRANSPORT_RETRIES: retries of one HTTP step after transient errors.
+    transport_retries: int = 5
+    #: CAPTCHAAI_MAX_RESUBMITS: new captchas after unsolvable / expired answers.
+    max_resubmits: int = 2
+    #: CAPTCHAAI_TOKEN_LIFETIMES: JSON object overriding token life per method (seconds).
+    token_lifetimes: Mapping[str, float] = field(default_factory=dict)
+    #: CAPTCHAAI_KEY_PREFIX: prefix of every Redis key this package writes.
+    key_prefix: str = "captcha"
+    #: CAPTCHAAI_ADAPTIVE_SAMPLES: solve-time samples needed before the adaptive first poll.
+    adaptive_min_samples: int = 10
+    #: CAPTCHAAI_ADAPTIVE_PERCENTILE: percentile of observed solve time to first poll at.
+    adaptive_percentile: float = 90.0
+
+    def __post_init__(self) -> None:
+        _check_url("CAPTCHAAI_BASE_URL", self.base_url, ("http", "https"))
+        _check_url("REDIS_URL", self.redis_url, ("redis", "rediss", "unix"))
+        _check("CAPTCHAAI_THREADS", self.threads >= 1, "must be at least 1")
+        _check("CAPTCHAAI_POLL_INTERVAL", self.poll_interval > 0, "must be > 0")
+        _check(
+            "CAPTCHAAI_INITIAL_WAIT",
+            self.initial_wait is None or self.initial_wait >= 0,
+            "must be >= 0",
+        )
+        _check("CAPTCHAAI_SOLVE_TIMEOUT", self.solve_timeout > 0, "must be > 0")
+        _check("CAPTCHAAI_CONNECT_TIMEOUT", self.connect_timeout > 0, "must be > 0")
+        _check("CAPTCHAAI_READ_TIMEOUT", self.read_timeout > 0, "must be > 0")
+        _check("CAPTCHAAI_TRANSPORT_RETRIES", self.transport_retries >= 0, "must be >= 0")
+        _check("CAPTCHAAI_MAX_RESUBMITS", self.max_resubmits >= 0, "must be >= 0")
+        _check("CAPTCHAAI_KEY_PREFIX", bool(self.key_prefix.strip()), "must not be empty")
+        _check("CAPTCHAAI_ADAPTIVE_SAMPLES", self.adaptive_min_samples >= 1, "must be >= 1")
+        _check(
+            "CAPTCHAAI_ADAPTIVE_PERCENTILE",
+            0 < self.adaptive_percentile < 100,
+            "must be between 0 and 100",
+        )
+        for method, life in self.token_lifetimes.items():
+            _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Build settings from ``environ`` (default: ``os.environ``)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, (var, parse) in _ENV.items():
+            raw = env.get(var)
+            if raw is None or raw.strip() == "":
+                continue
+            values[name] = _parse(var, raw.strip(), parse)
+        return cls(**values)
+
+    @property
+    def has_api_key(self) -> bool:
+        return bool(self.api_key)
+
+    def replace(self, **changes: Any) -> Settings:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data.update(changes)
+        return Settings(**data)
+
+
+def _check(var: str, ok: bool, why: str) -> None:
+    if not ok:
+        raise ConfigurationError(f"{var} {why}")
+
+
+def _check_url(var: str, value: str, schemes: tuple[str, ...]) -> None:
+    parts = urlsplit(value)
+    if parts.scheme not in schemes or (parts.scheme != "unix" and not parts.hostname):
+        raise ConfigurationError(f"{var} must be a {' / '.join(s + '://' for s in schemes)} URL")
+
+
+def _parse(var: str, raw: str, parse: Callable[[str], T]) -> T:
+    try:
+        return parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigurationError(f"{var} has an invalid value: {exc}") from None
+
+
+def _lifetimes(raw: str) -> dict[str, float]:
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object of method -> seconds")
+    return {str(k): float(v) for k, v in data.items()}
+
+
+_ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "api_key": ("CAPTCHAAI_API_KEY", str),
+    "base_url": ("CAPTCHAAI_BASE_URL", lambda s: s.rstrip("/")),
+    "redis_url": ("REDIS_URL", str),
+    "threads": ("CAPTCHAAI_THREADS", int),
+    "poll_interval": ("CAPTCHAAI_POLL_INTERVAL", float),
+    "initial_wait": ("CAPTCHAAI_INITIAL_WAIT", float),
+    "solve_timeout": ("CAPTCHAAI_SOLVE_TIMEOUT", float),
+    "connect_timeout": ("CAPTCHAAI_CONNECT_TIMEOUT", float),
+    "read_timeout": ("CAPTCHAAI_READ_TIMEOUT", float),
+    "transport_retries": ("CAPTCHAAI_TRANSPORT_RETRIES", int),
+    "max_resubmits": ("CAPTCHAAI_MAX_RESUBMITS", int),
+    "token_lifetimes": ("CAPTCHAAI_TOKEN_LIFETIMES", _lifetimes),
+    "key_prefix": ("CAPTCHAAI_KEY_PREFIX", str),
+    "adaptive_min_samples": ("CAPTCHAAI_ADAPTIVE_SAMPLES", int),
+    "adaptive_percentile": ("CAPTCHAAI_ADAPTIVE_PERCENTILE", float),
+}
+
+#: Every environment variable the settings read (used by the compose-file check).
+ENVIRONMENT_VARIABLES = frozenset(var for var, _ in _ENV.values())
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once."""
+    return Settings.from_env()
+
+
+def reset_settings() -> None:
+    """Forget the cached settings (tests and the quickstart change the environment)."""
+    get_settings.cache_clear()

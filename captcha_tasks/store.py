@@ -1,0 +1,56 @@
+"""Per-process handles on the shared parts: the Redis client, the key names, the API client.
+
+Each is created lazily, once per process (worker child processes reset them after fork).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import redis
+
+from .client import CaptchaAIClient, Timeout
+from .errors import ConfigurationError
+from .keys import Keys
+from .settings import Settings, get_settings
+
+
+@lru_cache(maxsize=1)
+def redis_client() -> redis.Redis:
+    """The process's Redis client for captcha-tasks' own state (not Celery's)."""
+    return connect(get_settings())
+
+
+def connect(settings: Settings) -> redis.Redis:
+    return redis.Redis.from_url(
+        settings.redis_url,
+        decode_responses=True,
+        socket_connect_timeout=5,
+        socket_timeout=10,
+        health_check_interval=30,
+        retry_on_timeout=True,
+    )
+
+
+@lru_cache(maxsize=1)
+def keys() -> Keys:
+    return Keys(get_settings().key_prefix)
+
+
+@lru_cache(maxsize=1)
+def api_client() -> CaptchaAIClient:
+    """The worker process's API client: one pooled HTTP session, key from settings."""
+    settings = get_settings()
+    if not settings.api_key:
+        raise ConfigurationError("CAPTCHAAI_API_KEY is not set on this worker")
+    return CaptchaAIClient(
+        settings.base_url,
+        settings.api_key,
+        timeout=Timeout(settings.connect_timeout, settings.read_timeout),
+    )
+
+
+def reset() -> None:
+    """Drop every cached handle (after fork, or when settings change)."""
+    for cached in (redis_client, keys, api_client):
+        cached.cache_clear()

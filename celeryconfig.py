@@ -1,0 +1,62 @@
+"""Every Celery setting of captcha-tasks, in one place.
+
+Read by ``captcha_tasks.celery_app`` with ``config_from_object("celeryconfig")``; the
+values that depend on the deployment come from :mod:`captcha_tasks.settings`.
+"""
+
+from __future__ import annotations
+
+from kombu import Queue  # type: ignore[attr-defined]
+
+from captcha_tasks.settings import get_settings
+
+_settings = get_settings()
+
+broker_url = _settings.redis_url
+result_backend = _settings.redis_url
+
+# JSON only: pickle is refused everywhere.
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+result_accept_content = ["json"]
+event_serializer = "json"
+
+# Every task is a few short HTTP calls: acknowledge after the work, and give a killed
+# worker's messages back quickly.  The visibility timeout must exceed every countdown
+# (polls reschedule themselves at most CAPTCHAAI_POLL_INTERVAL / 30 s ahead).
+task_acks_late = True
+task_reject_on_worker_lost = True
+broker_transport_options = {
+    "visibility_timeout": 60,
+    "unacked_restore_interval": 5,
+    "unacked_restore_throttle": 1,
+}
+result_backend_transport_options = {"retry_policy": {"timeout": 5.0}}
+broker_connection_retry_on_startup = True
+result_expires = 3600
+result_extended = True
+# Each in-flight poll is an ETA message the worker holds in memory.
+worker_eta_task_limit = 2000
+worker_prefetch_multiplier = 4
+task_track_started = False
+task_time_limit = 120
+task_soft_time_limit = 100
+
+task_default_queue = "captcha.solve"
+task_queues = tuple(
+    Queue(name)  # type: ignore[no-untyped-call]
+    for name in ("captcha.solve", "captcha.submit", "captcha.poll", "captcha.housekeeping")
+)
+task_routes = {
+    "captcha_tasks.solve": {"queue": "captcha.solve"},
+    "captcha_tasks.submit": {"queue": "captcha.submit"},
+    "captcha_tasks.poll": {"queue": "captcha.poll"},
+    "captcha_tasks.report": {"queue": "captcha.housekeeping"},
+    "captcha_tasks.prewarm": {"queue": "captcha.housekeeping"},
+    "captcha_tasks.refill": {"queue": "captcha.submit"},
+}
+
+worker_hijack_root_logger = False
+worker_send_task_events = True
+task_send_sent_event = True

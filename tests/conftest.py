@@ -1,0 +1,176 @@
+"""Test harness: a real Redis-protocol server process, the sandbox API over HTTP and real
+Celery worker processes.
+
+The session's Redis server and sandbox are started before ``captcha_tasks`` is imported,
+so the package's settings (read from the environment) point at them; worker processes
+inherit the same environment.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from captcha_tasks.devstack import CeleryProcess, RedisServer
+
+API_KEY = "test-key-" + os.urandom(6).hex()
+_STATE: dict[str, Any] = {}
+
+#: Fast timings for tests: one tenth of a real solve or less.
+TEST_ENV = {
+    "CAPTCHAAI_API_KEY": API_KEY,
+    "CAPTCHAAI_POLL_INTERVAL": "0.25",
+    "CAPTCHAAI_INITIAL_WAIT": "0.3",
+    "CAPTCHAAI_SOLVE_TIMEOUT": "30",
+    "CAPTCHAAI_THREADS": "15",
+    "CAPTCHAAI_KEY_PREFIX": "ct-test",
+    "CAPTCHAAI_TRANSPORT_RETRIES": "6",
+}
+SANDBOX_DEFAULTS = {
+    "threads": 50,
+    "solve_time": 0.3,
+    "jitter": 0.1,
+    "unsolvable_rate": 0.0,
+    "error_rate": 0.0,
+    "bulk": True,
+    "thread_error": "ERROR_NO_SLOT_AVAILABLE",
+}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from captcha_tasks.sandbox import SandboxConfig, SandboxServer
+
+    out = Path(os.environ.get("TEST_OUTPUT_DIR") or tempfile.mkdtemp(prefix="ct-tests-"))
+    out.mkdir(parents=True, exist_ok=True)
+    redis_server = RedisServer(log_dir=out).start()
+    sandbox = SandboxServer(SandboxConfig(api_keys=(API_KEY,), **SANDBOX_DEFAULTS)).start()
+    _STATE.update(redis=redis_server, sandbox=sandbox, out=out)
+    os.environ.update(TEST_ENV, REDIS_URL=redis_server.url, CAPTCHAAI_BASE_URL=sandbox.url)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if "sandbox" in _STATE:
+        _STATE["sandbox"].stop()
+    if "redis" in _STATE:
+        _STATE["redis"].stop()
+
+
+@pytest.fixture(scope="session")
+def output_dir() -> Path:
+    return Path(_STATE["out"])
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return str(_STATE["redis"].url)
+
+
+@pytest.fixture(scope="session")
+def sandbox_server() -> Any:
+    return _STATE["sandbox"]
+
+
+class Sandbox:
+    """The test's view of the sandbox: its URL, counters and runtime config."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.url: str = server.url
+
+    def stats(self) -> dict[str, Any]:
+        return dict(requests.get(f"{self.url}/sandbox/stats", timeout=5).json())
+
+    def configure(self, **changes: Any) -> None:
+        resp = requests.post(f"{self.url}/sandbox/config", json=changes, timeout=5)
+        resp.raise_for_status()
+
+    def reset(self) -> None:
+        requests.post(f"{self.url}/sandbox/reset", timeout=5).raise_for_status()
+
+    def verify(self, token: str) -> dict[str, Any]:
+        resp = requests.post(f"{self.url}/siteverify", data={"response": token}, timeout=5)
+        return dict(resp.json())
+
+
+@pytest.fixture
+def sandbox(sandbox_server: Any) -> Iterator[Sandbox]:
+    """The shared sandbox, reset to the default config and zeroed counters."""
+    box = Sandbox(sandbox_server)
+    box.configure(api_keys=[API_KEY], **SANDBOX_DEFAULTS)
+    box.reset()
+    yield box
+    box.configure(api_keys=[API_KEY], **SANDBOX_DEFAULTS)
+
+
+@pytest.fixture
+def redis_conn(redis_url: str) -> Iterator[Any]:
+    import redis
+
+    conn = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def clean_state(redis_conn: Any) -> Iterator[None]:
+    """Forget captcha-tasks' own keys (solve-time samples, submissions) around a test."""
+    from captcha_tasks import store
+
+    def wipe() -> None:
+        for key in redis_conn.scan_iter(store.keys().all_patterns(), count=1000):
+            redis_conn.delete(key)
+
+    wipe()
+    yield
+    wipe()
+
+
+def purge_broker(redis_url: str) -> None:
+    """Drop queued and unacknowledged Celery messages left by an earlier module."""
+    import redis
+
+    from captcha_tasks.devstack import ALL_QUEUES
+
+    conn = redis.Redis.from_url(redis_url)
+    conn.delete(*ALL_QUEUES, "unacked", "unacked_index", "unacked_mutex")
+    conn.close()
+
+
+@pytest.fixture(scope="module")
+def worker(
+    output_dir: Path, redis_url: str, request: pytest.FixtureRequest
+) -> Iterator[CeleryProcess]:
+    """One real worker process (threads pool) consuming every queue, for one test module."""
+    purge_broker(redis_url)
+    name = f"worker-{request.module.__name__.rsplit('.', 1)[-1]}"
+    proc = CeleryProcess("worker", concurrency=16, log_dir=output_dir, name=name)
+    proc.start()
+    yield proc
+    proc.stop()
+    purge_broker(redis_url)
+
+
+@pytest.fixture
+def start_worker(output_dir: Path, redis_url: str) -> Iterator[Any]:
+    """Factory for worker processes with their own environment; all stopped after.
+
+    Modules that use it must not also use the module-wide ``worker`` fixture.
+    """
+    started: list[CeleryProcess] = []
+    purge_broker(redis_url)
+
+    def start(env: dict[str, str] | None = None, **kwargs: Any) -> CeleryProcess:
+        proc = CeleryProcess("worker", env=env, log_dir=output_dir, **kwargs)
+        started.append(proc)
+        return proc.start()
+
+    yield start
+    for proc in started:
+        proc.stop()
+    purge_broker(redis_url)

@@ -1,0 +1,102 @@
+"""Table tests of reply parsing over recorded response bodies (no network)."""
+
+from __future__ import annotations
+
+import pytest
+
+from captcha_tasks import errors
+from captcha_tasks.client import NOT_READY_TEXT, parse_reply
+
+CLOUDFLARE_502 = (
+    "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
+    "<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>cloudflare</center>\r\n"
+    "</body>\r\n</html>"
+)
+
+OK_CASES = [
+    ('{"status":1,"request":"73548291"}', 200, True, "73548291"),
+    ("OK|73548291", 200, True, "73548291"),
+    ('{"status":0,"request":"CAPCHA_NOT_READY"}', 200, False, NOT_READY_TEXT),
+    ("CAPCHA_NOT_READY", 200, False, NOT_READY_TEXT),
+    (
+        '{"status":0,"request":"ERROR_WRONG_USER_KEY","error_text":"bad key"}',
+        200,
+        False,
+        "ERROR_WRONG_USER_KEY",
+    ),
+    ("ERROR_ZERO_BALANCE", 200, False, "ERROR_ZERO_BALANCE"),
+    ("OK|a|b c", 200, True, "a|b c"),
+    (
+        '{"status":1,"request":{"geetest_challenge":"c","geetest_validate":"v",'
+        '"geetest_seccode":"s"}}',
+        200,
+        True,
+        {"geetest_challenge": "c", "geetest_validate": "v", "geetest_seccode": "s"},
+    ),
+    ("1.2345", 200, True, "1.2345"),
+    ("OK_REPORT_RECORDED", 200, True, "OK_REPORT_RECORDED"),
+    ("ERROR_NO_SLOT_AVAILABLE", 429, False, "ERROR_NO_SLOT_AVAILABLE"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "ok", "value"), OK_CASES)
+def test_parse_reply_values(body: str, status: int, ok: bool, value: object) -> None:
+    reply = parse_reply(status, body)
+    assert reply.ok is ok
+    assert reply.request == value
+
+
+TRANSIENT_CASES = [
+    ("", 200),
+    ("   \n", 200),
+    (CLOUDFLARE_502, 502),
+    (CLOUDFLARE_502, 200),
+    ("<!DOCTYPE html><html><body>maintenance</body></html>", 200),
+    ('{"status":1,', 200),
+    ('{"request":"x"}', 200),
+    ("Internal Server Error", 500),
+    ("Too Many Requests", 429),
+]
+
+
+@pytest.mark.parametrize(("body", "status"), TRANSIENT_CASES)
+def test_parse_reply_transient(body: str, status: int) -> None:
+    with pytest.raises(errors.TransportError) as info:
+        parse_reply(status, body, "res.php")
+    assert isinstance(info.value, errors.RetryableError)
+    assert "res.php" in str(info.value)
+
+
+CODES = [
+    ("ERROR_NO_SLOT_AVAILABLE", errors.NoSlotError, errors.RetryableError),
+    ("ERROR_ZERO_BALANCE", errors.NoSlotError, errors.RetryableError),
+    ("ERROR_SERVER_ERROR", errors.ServerError, errors.RetryableError),
+    ("MAX_USER_TURN", errors.ServerError, errors.RetryableError),
+    ("ERROR_CAPTCHA_UNSOLVABLE", errors.UnsolvableError, errors.ResubmitError),
+    ("ERROR_WRONG_USER_KEY", errors.AuthError, errors.FatalError),
+    ("ERROR_KEY_DOES_NOT_EXIST", errors.AuthError, errors.FatalError),
+    ("IP_BANNED", errors.AuthError, errors.FatalError),
+    ("ERROR_GOOGLEKEY", errors.BadRequestError, errors.FatalError),
+    ("ERROR_PAGEURL", errors.BadRequestError, errors.FatalError),
+    ("ERROR_BAD_PARAMETERS", errors.BadRequestError, errors.FatalError),
+    ("ERROR_PROXY_CONNECTION_FAILED", errors.ProxyError, errors.FatalError),
+    ("ERROR_BAD_PROXY", errors.ProxyError, errors.FatalError),
+    ("ERROR_SOMETHING_NEW", errors.UnknownAPIError, errors.FatalError),
+]
+
+
+@pytest.mark.parametrize(("code", "cls", "family"), CODES)
+def test_error_tree(code: str, cls: type, family: type) -> None:
+    exc = errors.from_api_code(code, "42")
+    assert type(exc) is cls
+    assert isinstance(exc, family)
+    assert exc.code == code
+    assert exc.captcha_id == "42"
+    assert code in str(exc)
+
+
+def test_exceptions_rebuild_from_args() -> None:
+    # Celery's JSON result backend rebuilds exceptions as cls(*exc.args).
+    exc = errors.from_api_code("ERROR_SOMETHING_NEW", "7", "the message")
+    again = type(exc)(*exc.args)
+    assert (again.code, again.captcha_id, again.message) == (exc.code, "7", "the message")

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import pytest
+
+from captcha_tasks.errors import ConfigurationError
+from captcha_tasks.settings import DEFAULT_BASE_URL, ENVIRONMENT_VARIABLES, Settings
+
+
+def test_defaults() -> None:
+    s = Settings.from_env({})
+    assert s.base_url == DEFAULT_BASE_URL
+    assert s.poll_interval == 5.0
+    assert s.solve_timeout == 300.0
+    assert s.initial_wait is None
+
+
+def test_reads_environment() -> None:
+    s = Settings.from_env(
+        {
+            "CAPTCHAAI_API_KEY": "k",
+            "CAPTCHAAI_THREADS": "15",
+            "CAPTCHAAI_POLL_INTERVAL": "0.5",
+            "CAPTCHAAI_INITIAL_WAIT": "1",
+            "CAPTCHAAI_TOKEN_LIFETIMES": '{"turnstile": 60}',
+            "CAPTCHAAI_BASE_URL": "http://127.0.0.1:9/",
+        }
+    )
+    assert (s.threads, s.poll_interval, s.initial_wait) == (15, 0.5, 1.0)
+    assert s.token_lifetimes == {"turnstile": 60.0}
+    assert s.base_url == "http://127.0.0.1:9"
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("CAPTCHAAI_THREADS", "many"),
+        ("CAPTCHAAI_THREADS", "0"),
+        ("CAPTCHAAI_POLL_INTERVAL", "-1"),
+        ("CAPTCHAAI_SOLVE_TIMEOUT", "0"),
+        ("CAPTCHAAI_BASE_URL", "ocr.captchaai.com"),
+        ("REDIS_URL", "http://localhost:6379"),
+        ("CAPTCHAAI_TOKEN_LIFETIMES", "[1, 2]"),
+        ("CAPTCHAAI_TOKEN_LIFETIMES", '{"turnstile": -5}'),
+    ],
+)
+def test_bad_values_name_the_variable(var: str, value: str) -> None:
+    assert var in ENVIRONMENT_VARIABLES
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env({var: value})
+    assert var in str(info.value)
+
+
+def test_secrets_not_in_repr() -> None:
+    s = Settings.from_env(
+        {"CAPTCHAAI_API_KEY": "supersecret123", "REDIS_URL": "redis://:hunter2@h:6379/0"}
+    )
+    assert "supersecret123" not in repr(s)
+    assert "hunter2" not in repr(s)
