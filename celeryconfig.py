@@ -60,3 +60,12 @@ task_routes = {
 worker_hijack_root_logger = False
 worker_send_task_events = True
 task_send_sent_event = True
+
+# Beat: hand freed slots to parked submits and keep token pools filled before they expire.
+beat_schedule = {
+    "captcha-tasks-prewarm": {
+        "task": "captcha_tasks.prewarm",
+        "schedule": _settings.prewarm_every,
+        "options": {"expires": _settings.prewarm_every},
+    },
+}

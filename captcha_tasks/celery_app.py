@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import beat_init, worker_process_init, worker_ready
 
 from . import settings as _settings
 from . import store
@@ -19,3 +19,12 @@ def _fresh_handles(**_: Any) -> None:
     # A forked child must not share its parent's sockets.
     store.reset()
     _settings.reset_settings()
+
+
+@worker_ready.connect
+@beat_init.connect
+def _register_pools(**_: Any) -> None:
+    # Pools declared in CAPTCHAAI_POOLS become visible to every process through Redis.
+    from .tasks import register_configured_pools
+
+    register_configured_pools()

@@ -125,3 +125,8 @@ class Keys:
 
     def all_patterns(self) -> str:
         return self._k("*")
+
+    # -- housekeeping ----------------------------------------------------------------
+    def pool_prewarm_lock(self, name: str) -> str:
+        """String with a short PX: one top-up of a pool at a time."""
+        return self._k("pool", name, "prewarm-lock")

@@ -76,7 +76,8 @@ _IMAGE_MAX_LEN = 20
 # Keep a captcha readable well past its token's life, but never let a zero ttl make an
 # answer vanish the moment it is ready.
 _MIN_RETENTION = 60.0
-# Bodies bigger than this are refused before reading; base64 inflates an image by 4/3.
+# Bodies bigger than the limit are refused unread, so a client cannot make us buffer
+# arbitrary amounts of memory.
 _MIN_BODY_LIMIT = 1024 * 1024
 _IDLE_CONNECTION_TIMEOUT = 60.0
 
@@ -444,6 +445,10 @@ class _State:
     def config(self) -> SandboxConfig:
         with self._lock:
             return dataclasses.replace(self._config)
+
+    def body_limit(self) -> int:
+        # A base64 image is 4/3 of its size, and form encoding can inflate it further.
+        return max(_MIN_BODY_LIMIT, 3 * self._config.max_image_bytes)
 
     def update_config(self, changes: Mapping[str, Any]) -> SandboxConfig:
         known = {f.name for f in dataclasses.fields(SandboxConfig)}
@@ -863,7 +868,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self.headers.get("Content-Length")
         if raw is None:
             return b""
-        limit = max(_MIN_BODY_LIMIT, 3 * self._server().state.config().max_image_bytes)
+        limit = self._server().state.body_limit()
         try:
             length = int(raw)
         except ValueError:

@@ -57,6 +57,17 @@ class Settings:
     adaptive_min_samples: int = 10
     #: CAPTCHAAI_ADAPTIVE_PERCENTILE: percentile of observed solve time to first poll at.
     adaptive_percentile: float = 90.0
+    #: CAPTCHAAI_THREADS_RESERVED: threads left for another app or cron on the same key.
+    threads_reserved: int = 0
+    #: CAPTCHAAI_SLOT_LEASE: seconds a thread slot stays held without a renewing poll.
+    slot_lease: float = 120.0
+    #: CAPTCHAAI_POOL_RESERVE: slots pool refills never take (kept for on-demand solves);
+    #: unset: a fifth of the usable threads, at least one.
+    pool_reserve: int | None = None
+    #: CAPTCHAAI_PREWARM_EVERY: seconds between beat's pool pre-warm ticks.
+    prewarm_every: float = 10.0
+    #: CAPTCHAAI_POOLS: token pools, a JSON list (see the README).
+    pools: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         _check_url("CAPTCHAAI_BASE_URL", self.base_url, ("http", "https"))
@@ -80,6 +91,18 @@ class Settings:
             0 < self.adaptive_percentile < 100,
             "must be between 0 and 100",
         )
+        _check(
+            "CAPTCHAAI_THREADS_RESERVED",
+            0 <= self.threads_reserved < self.threads,
+            "must be >= 0 and less than CAPTCHAAI_THREADS",
+        )
+        _check("CAPTCHAAI_SLOT_LEASE", self.slot_lease > 0, "must be > 0")
+        _check(
+            "CAPTCHAAI_POOL_RESERVE",
+            self.pool_reserve is None or 0 <= self.pool_reserve <= self.capacity,
+            "must be between 0 and the usable threads",
+        )
+        _check("CAPTCHAAI_PREWARM_EVERY", self.prewarm_every > 0, "must be > 0")
         for method, life in self.token_lifetimes.items():
             _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
 
@@ -98,6 +121,17 @@ class Settings:
     @property
     def has_api_key(self) -> bool:
         return bool(self.api_key)
+
+    @property
+    def capacity(self) -> int:
+        """Threads this deployment may use: the plan's minus the reserved headroom."""
+        return self.threads - self.threads_reserved
+
+    @property
+    def refill_reserve(self) -> int:
+        if self.pool_reserve is not None:
+            return self.pool_reserve
+        return max(1, self.capacity // 5)
 
     def replace(self, **changes: Any) -> Settings:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -119,6 +153,8 @@ def _check_url(var: str, value: str, schemes: tuple[str, ...]) -> None:
 def _parse(var: str, raw: str, parse: Callable[[str], T]) -> T:
     try:
         return parse(raw)
+    except ConfigurationError:
+        raise
     except (ValueError, TypeError) as exc:
         raise ConfigurationError(f"{var} has an invalid value: {exc}") from None
 
@@ -128,6 +164,12 @@ def _lifetimes(raw: str) -> dict[str, float]:
     if not isinstance(data, dict):
         raise ValueError("expected a JSON object of method -> seconds")
     return {str(k): float(v) for k, v in data.items()}
+
+
+def _pools(raw: str) -> tuple[Any, ...]:
+    from .pools import parse_pools  # pools imports methods, which must not import settings
+
+    return parse_pools(raw)
 
 
 _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -146,6 +188,11 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "key_prefix": ("CAPTCHAAI_KEY_PREFIX", str),
     "adaptive_min_samples": ("CAPTCHAAI_ADAPTIVE_SAMPLES", int),
     "adaptive_percentile": ("CAPTCHAAI_ADAPTIVE_PERCENTILE", float),
+    "threads_reserved": ("CAPTCHAAI_THREADS_RESERVED", int),
+    "slot_lease": ("CAPTCHAAI_SLOT_LEASE", float),
+    "pool_reserve": ("CAPTCHAAI_POOL_RESERVE", int),
+    "prewarm_every": ("CAPTCHAAI_PREWARM_EVERY", float),
+    "pools": ("CAPTCHAAI_POOLS", _pools),
 }
 
 #: Every environment variable the settings read (used by the compose-file check).

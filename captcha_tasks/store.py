@@ -6,13 +6,18 @@ Each is created lazily, once per process (worker child processes reset them afte
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import redis
 
 from .client import CaptchaAIClient, Timeout
 from .errors import ConfigurationError
 from .keys import Keys
+from .limiter import LimiterConfig, ThreadLimiter
 from .settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from .pools import PoolStore
 
 
 @lru_cache(maxsize=1)
@@ -50,7 +55,24 @@ def api_client() -> CaptchaAIClient:
     )
 
 
+@lru_cache(maxsize=1)
+def limiter() -> ThreadLimiter:
+    """The account's thread limiter (its Lua scripts registered once per process)."""
+    settings = get_settings()
+    config = LimiterConfig(
+        capacity=settings.capacity, reserve=settings.refill_reserve, lease_s=settings.slot_lease
+    )
+    return ThreadLimiter(redis_client(), keys(), config)
+
+
+@lru_cache(maxsize=1)
+def pools() -> PoolStore:
+    from .pools import PoolStore
+
+    return PoolStore(redis_client(), keys())
+
+
 def reset() -> None:
     """Drop every cached handle (after fork, or when settings change)."""
-    for cached in (redis_client, keys, api_client):
+    for cached in (redis_client, keys, api_client, limiter, pools):
         cached.cache_clear()

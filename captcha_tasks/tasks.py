@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+import uuid
 from typing import Any, NoReturn
 
 from celery import Task
@@ -22,8 +23,9 @@ from celery.exceptions import Ignore
 from . import errors, store, timing
 from .celery_app import app
 from .client import NOT_READY, Answer
+from .limiter import Handout
 from .methods import SolveRequest, build_request
-from .outcome import Solved, iso
+from .outcome import Solved, iso, parse_iso
 from .settings import get_settings
 
 log = logging.getLogger(__name__)
@@ -68,12 +70,19 @@ def solve(
     self: Task, method: str, sitekey: str | None = None, pageurl: str | None = None, **params: Any
 ) -> Any:
     """Solve one captcha; the result is an outcome dict (see :mod:`captcha_tasks.outcome`)."""
+    started = time.time()
     request = build_request(method, sitekey, pageurl, **params)
-    job = new_job(self.request.id, request)
+    pooled = _from_pool(request, started)
+    if pooled is not None:
+        return pooled
+    job = new_job(self.request.id, request, started)
     return self.replace(submit.s(job) | poll.s())
 
 
-def new_job(solve_id: str, request: SolveRequest, now: float | None = None) -> Job:
+def new_job(
+    solve_id: str, request: SolveRequest, now: float | None = None, pool: str | None = None
+) -> Job:
+    """A solve's state, carried from task to task (JSON, no secrets)."""
     now = time.time() if now is None else now
     return {
         "solve_id": solve_id,
@@ -82,40 +91,140 @@ def new_job(solve_id: str, request: SolveRequest, now: float | None = None) -> J
         "deadline": now + get_settings().solve_timeout,
         "attempt": 0,
         "transport_errors": 0,
+        "pool": pool,
     }
+
+
+def _from_pool(request: SolveRequest, started: float) -> dict[str, Any] | None:
+    if request.per_request:
+        return None
+    pools = store.pools()
+    spec = pools.find(request)
+    if spec is None:
+        return None
+    record = pools.take(spec.name)
+    prewarm.delay(spec.name)  # top up at once; beat's tick is only the safety net
+    if record is None:
+        return None
+    now = time.time()
+    return Solved(
+        token=record["token"],
+        captcha_id=str(record["captcha_id"]),
+        method=request.method,
+        source="pool",
+        elapsed_s=round(now - started, 3),
+        solved_at=record["solved_at"],
+        expires_at=iso(now + float(record["remaining_s"])),
+    ).to_dict()
 
 
 @app.task(bind=True, name="captcha_tasks.submit")
 def submit(self: Task, job: Job) -> Job:
-    """Submit the job's captcha (at most once per attempt) and hand the job to ``poll``."""
+    """Take a thread slot (or park), submit the job's captcha at most once per attempt,
+    and hand the job to ``poll``."""
     try:
+        return _submit_step(self, job)
+    except errors.CaptchaTasksError as exc:
+        _finish(job)
+        _count_error(exc.code)
+        raise
+
+
+def _submit_step(task: Task, job: Job) -> Job:
+    limiter = store.limiter()
+    try:
+        if not _hold_slot(task, job):
+            log.info("solve %s parked: every thread is busy", job["solve_id"])
+            raise Ignore()
+        wait = limiter.submit_wait()
+        if wait > 0:
+            _again(task, job, wait)
         return submit_job(job)
     except errors.RetryableError as exc:
         _count_error(exc.code)
-        return _transport_retry(self, job, exc)
+        _transport_retry(task, job, exc)
+
+
+def _hold_slot(task: Task, job: Job) -> bool:
+    payload = {
+        "sig": dict(task.signature_from_request(task.request, args=(job,), kwargs={})),
+        "result_id": job["solve_id"],
+        "pool": job.get("pool"),
+    }
+    return store.limiter().acquire(
+        job["solve_id"],
+        payload=payload,
+        deadline_in_s=job["deadline"] - time.time(),
+        refill=job.get("pool") is not None,
+    )
 
 
 @app.task(bind=True, name="captcha_tasks.poll")
 def poll(self: Task, job: Job) -> dict[str, Any]:
     """Ask for the job's answer; reschedule while it is not ready."""
+    try:
+        outcome = _poll_step(self, job)
+    except errors.CaptchaTasksError as exc:
+        _finish(job)
+        _count_error(exc.code)
+        raise
+    _finish(job, outcome)
+    return outcome
+
+
+def _poll_step(task: Task, job: Job) -> dict[str, Any]:
     now = time.time()
     wait = job["next_poll_at"] - now
     if wait > 0.05:
-        _again(self, job, wait)
+        _again(task, job, wait)
+    limiter = store.limiter()
     try:
+        limiter.renew(job["solve_id"])
+        wait = limiter.poll_wait()
+        if wait > 0:
+            _again(task, job, wait)
         answer = store.api_client().get(job["captcha_id"])
     except errors.RetryableError as exc:
         _count_error(exc.code)
-        _transport_retry(self, job, exc)
+        _transport_retry(task, job, exc)
     except errors.ResubmitError as exc:
         _count_error(exc.code)
-        _resubmit(self, job, exc)
-    except errors.CaptchaTasksError as exc:
-        _count_error(exc.code)
-        raise
+        _resubmit(task, job, exc)
     if answer is NOT_READY:
-        _not_ready(self, job, now)
-    return _deliver(self, job, answer, now)
+        _not_ready(task, job, now)
+    return _deliver(task, job, answer, now)
+
+
+def _finish(job: Job, outcome: dict[str, Any] | None = None) -> None:
+    """The captcha is over: give its thread back, and fill its pool if it was a refill."""
+    handout = store.limiter().release(job["solve_id"])
+    publish_handout(handout)
+    pool = job.get("pool")
+    if pool:
+        _refill_done(pool, job["solve_id"], outcome)
+
+
+def _refill_done(pool: str, refill_id: str, outcome: dict[str, Any] | None) -> None:
+    pools = store.pools()
+    pools.refill_finished(pool, refill_id)
+    if outcome is None:
+        return
+    spec = pools.get(pool)
+    life = min(spec.ttl, parse_iso(outcome["expires_at"]) - time.time())
+    pools.add(pool, outcome, life)
+
+
+def publish_handout(handout: Handout) -> None:
+    """Publish the parked submits that got a slot; fail those whose deadline passed."""
+    for parked in handout.dispatched:
+        app.signature(parked.payload["sig"]).apply_async()
+    for parked in handout.dropped:
+        exc = errors.SolveTimeout(
+            "the solve deadline passed while waiting for a free thread", "ERROR_SOLVE_TIMEOUT"
+        )
+        app.backend.mark_as_failure(parked.payload["result_id"], exc)
+        if parked.payload.get("pool"):
+            store.pools().refill_finished(parked.payload["pool"], parked.lease_id)
 
 
 # -- submit --------------------------------------------------------------------------
@@ -271,3 +380,96 @@ def report(result: dict[str, Any], *, good: bool) -> Any:
     if result.get("source") == "pool" and not good:
         log.info("reporting pooled captcha %s as bad", captcha_id)
     return report_task.delay(str(captcha_id), bool(good))
+
+
+# -- pools and housekeeping -------------------------------------------------------------
+
+
+@app.task(name="captcha_tasks.prewarm")
+def prewarm(pool: str | None = None) -> dict[str, int]:
+    """Beat's tick (and every take): hand out freed slots, then top pools up.
+
+    Returns the refills dispatched per pool.
+    """
+    publish_handout(store.limiter().release(None))
+    pools = store.pools()
+    specs = [pools.get(pool)] if pool else pools.all()
+    return {spec.name: _top_up(spec) for spec in specs}
+
+
+def _top_up(spec: Any) -> int:
+    r, keys, settings = store.redis_client(), store.keys(), get_settings()
+    lock = keys.pool_prewarm_lock(spec.name)
+    if not r.set(lock, "1", nx=True, px=5000):
+        return 0  # another top-up of this pool is running right now
+    try:
+        pools = store.pools()
+        pools.sweep(spec.name)
+        request = build_request(**spec.solve_kwargs())
+        count = pools.plan(
+            spec.name,
+            solve_time_s=timing.typical_solve_time(r, keys, settings, request),
+            margin_s=settings.prewarm_every + settings.poll_interval,
+            free_slots=store.limiter().free_for_refills(),
+        )
+        for _ in range(count):
+            _dispatch_refill(spec.name, request)
+        return count
+    finally:
+        r.delete(lock)
+
+
+def _dispatch_refill(pool: str, request: SolveRequest) -> None:
+    refill_id = f"refill-{uuid.uuid4().hex}"
+    job = new_job(refill_id, request, pool=pool)
+    store.pools().refill_started(pool, refill_id, get_settings().solve_timeout)
+    (submit.s(job) | poll.s().set(task_id=refill_id)).apply_async()
+
+
+def register_configured_pools() -> int:
+    """Register the pools declared in ``CAPTCHAAI_POOLS`` in Redis (idempotent)."""
+    pools = store.pools()
+    declared = get_settings().pools
+    for spec in declared:
+        pools.register(spec)
+    return len(declared)
+
+
+def create_pool(
+    name: str,
+    method: str,
+    sitekey: str,
+    pageurl: str,
+    *,
+    size: int,
+    ttl: float,
+    min_remaining: float = 0.0,
+    **params: Any,
+) -> Any:
+    """Declare a token pool from Python; it is registered in Redis for beat and workers."""
+    from .pools import PoolSpec
+
+    spec = PoolSpec.from_dict(
+        {
+            "name": name,
+            "method": method,
+            "sitekey": sitekey,
+            "pageurl": pageurl,
+            "size": size,
+            "ttl": ttl,
+            "min_remaining": min_remaining,
+            **params,
+        }
+    )
+    store.pools().register(spec)
+    return spec
+
+
+def take_token(pool: str, min_remaining: float | None = None) -> dict[str, Any] | None:
+    """Take one pooled token directly (no worker hop), or None when the pool is empty.
+
+    Raises :class:`~captcha_tasks.pools.PoolNotFound` for an undeclared pool.
+    """
+    record = store.pools().take(pool, min_remaining)
+    prewarm.delay(pool)
+    return record

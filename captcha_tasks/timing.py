@@ -13,6 +13,7 @@ from __future__ import annotations
 import redis
 
 from .keys import Keys
+from .methods import SolveRequest
 from .settings import Settings
 
 SAMPLE_WINDOW = 200
@@ -47,3 +48,13 @@ def percentile(sorted_values: list[float], pct: float) -> float:
     low = int(pos)
     high = min(low + 1, len(sorted_values) - 1)
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+
+
+def typical_solve_time(
+    r: redis.Redis, keys: Keys, settings: Settings, request: SolveRequest
+) -> float:
+    """The median observed solve time of the request's method (cold: its first wait)."""
+    samples = sorted(float(x) for x in r.lrange(keys.solve_times(request.method), 0, -1))
+    if len(samples) < settings.adaptive_min_samples:
+        return first_wait(r, keys, settings, request.method, request.initial_wait)
+    return percentile(samples, 50)
