@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_process_init, worker_ready
+from celery.signals import beat_init, worker_init, worker_process_init
 
 from . import settings as _settings
 from . import store
@@ -21,7 +21,7 @@ def _fresh_handles(**_: Any) -> None:
     _settings.reset_settings()
 
 
-@worker_ready.connect
+@worker_init.connect
 @beat_init.connect
 def _register_pools(**_: Any) -> None:
     # Pools declared in CAPTCHAAI_POOLS become visible to every process through Redis.

@@ -83,7 +83,11 @@ class _Process:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = self.log_dir / f"{name}.log"
 
+    _log_start = 0
+
     def _spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        # A restarted process appends to its log: readiness checks read only what it wrote.
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 list(argv),
@@ -94,7 +98,12 @@ class _Process:
             )
 
     def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        """What this run of the process has logged."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode(errors="replace")
 
     @property
     def pid(self) -> int:

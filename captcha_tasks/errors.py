@@ -8,7 +8,8 @@
     │   │                              ERROR_ZERO_BALANCE)
     │   ├── TransportError             timeout, connection error, HTTP 5xx, HTML or empty body
     │   ├── ServerError                ERROR_SERVER_ERROR, MAX_USER_TURN
-    │   └── StoreUnavailable           Redis is down: nothing is submitted until it is back
+    │   ├── StoreUnavailable           Redis is down: nothing is submitted until it is back
+    │   └── NoProxyAvailable           every pooled proxy is taken or cooling off
     ├── ResubmitError                  the captcha failed; submit a new one (bounded)
     │   ├── UnsolvableError            ERROR_CAPTCHA_UNSOLVABLE
     │   └── TokenExpired               the answer's life ran out before delivery
@@ -81,6 +82,10 @@ class ServerError(RetryableError):
 
 class StoreUnavailable(RetryableError):
     default_code = "ERROR_REDIS_UNAVAILABLE"
+
+
+class NoProxyAvailable(RetryableError):
+    default_code = "ERROR_NO_PROXY_AVAILABLE"
 
 
 class ResubmitError(CaptchaTasksError):
@@ -156,6 +161,7 @@ for _cls in (
     TransportError,
     TokenExpired,
     StoreUnavailable,
+    NoProxyAvailable,
     SolveTimeout,
     RetriesExhausted,
     UnknownAPIError,

@@ -18,7 +18,11 @@ from .errors import ValidationError
 #: The API rejects images larger than this (decoded bytes).
 MAX_IMAGE_BYTES = 100 * 1024
 
-_TOKEN_EXTRAS = frozenset({"proxy", "proxytype", "userAgent", "cookies"})
+_TOKEN_EXTRAS = frozenset({"proxy", "proxytype", "userAgent", "cookies", "proxy_owner"})
+#: ``proxy=POOL_PROXY`` asks the worker for a proxy from the shared proxy pool.
+POOL_PROXY = "pool"
+#: Parameters that steer the workers and are never sent to the API.
+INTERNAL_PARAMS = frozenset({"proxy_owner"})
 _PROXY_TYPES = frozenset({"HTTP", "HTTPS", "SOCKS4", "SOCKS5"})
 
 Scalar = str | int | float
@@ -126,8 +130,18 @@ class SolveRequest:
             data[self.spec.sitekey_field] = self.sitekey
         if self.pageurl is not None:
             data["pageurl"] = self.pageurl
-        data.update(self.params)
+        data.update((k, v) for k, v in self.params.items() if k not in INTERNAL_PARAMS)
         return data
+
+    @property
+    def uses_proxy_pool(self) -> bool:
+        return self.params.get("proxy") == POOL_PROXY
+
+    def with_proxy(self, proxy: str, proxytype: str) -> SolveRequest:
+        """This request with a concrete proxy in place of ``proxy="pool"``."""
+        params = {k: v for k, v in self.params.items() if k not in INTERNAL_PARAMS}
+        params.update(proxy=proxy, proxytype=proxytype)
+        return SolveRequest(self.method, self.sitekey, self.pageurl, params)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -204,7 +218,9 @@ def _check_params(spec: MethodSpec, params: Mapping[str, Any]) -> dict[str, Scal
         clean["body"] = _check_image(clean["body"])
     if "proxytype" in clean and str(clean["proxytype"]).upper() not in _PROXY_TYPES:
         raise ValidationError(f"proxytype must be one of {', '.join(sorted(_PROXY_TYPES))}")
-    if "proxy" in clean and "proxytype" not in clean:
+    if "proxy_owner" in clean and clean.get("proxy") != POOL_PROXY:
+        raise ValidationError('proxy_owner goes with proxy="pool"')
+    if "proxy" in clean and "proxytype" not in clean and clean["proxy"] != POOL_PROXY:
         clean["proxytype"] = "HTTP"
     if "min_score" in clean:
         _check_min_score(clean["min_score"])

@@ -42,7 +42,7 @@ MIN_RATE_WINDOW_S = 1.0
 DEFAULT_MARGIN_S = 5.0
 
 #: Request parameters that must be equal for a pooled token to fit a request.
-_MATCH_PARAMS = ("action", "version")
+_MATCH_PARAMS = ("action", "version", "min_score", "enterprise", "invisible", "data", "pagedata")
 #: What an absent match parameter means to the API.
 _PARAM_DEFAULTS = {("userrecaptcha", "version"): "v2"}
 _FIELDS = ("name", "method", "sitekey", "pageurl", "size", "ttl", "min_remaining")

@@ -68,6 +68,10 @@ class Settings:
     prewarm_every: float = 10.0
     #: CAPTCHAAI_POOLS: token pools, a JSON list (see the README).
     pools: tuple[Any, ...] = ()
+    #: CAPTCHAAI_PROXIES: proxies for the shared pool, comma or newline separated.
+    proxies: tuple[str, ...] = field(default=(), repr=False)
+    #: CAPTCHAAI_PROXY_COOLOFF: seconds a proxy the API reported bad stays quarantined.
+    proxy_cooloff: float = 300.0
 
     def __post_init__(self) -> None:
         _check_url("CAPTCHAAI_BASE_URL", self.base_url, ("http", "https"))
@@ -103,6 +107,7 @@ class Settings:
             "must be between 0 and the usable threads",
         )
         _check("CAPTCHAAI_PREWARM_EVERY", self.prewarm_every > 0, "must be > 0")
+        _check("CAPTCHAAI_PROXY_COOLOFF", self.proxy_cooloff > 0, "must be > 0")
         for method, life in self.token_lifetimes.items():
             _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
 
@@ -172,6 +177,18 @@ def _pools(raw: str) -> tuple[Any, ...]:
     return parse_pools(raw)
 
 
+def _proxies(raw: str) -> tuple[str, ...]:
+    from .proxies import mask, split
+
+    items = tuple(p.strip() for p in raw.replace("\n", ",").split(",") if p.strip())
+    for index, proxy in enumerate(items):
+        try:
+            split(proxy)
+        except ValueError as exc:
+            raise ValueError(f"proxy #{index} ({mask(proxy)}): {exc}") from None
+    return items
+
+
 _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "api_key": ("CAPTCHAAI_API_KEY", str),
     "base_url": ("CAPTCHAAI_BASE_URL", lambda s: s.rstrip("/")),
@@ -193,6 +210,8 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pool_reserve": ("CAPTCHAAI_POOL_RESERVE", int),
     "prewarm_every": ("CAPTCHAAI_PREWARM_EVERY", float),
     "pools": ("CAPTCHAAI_POOLS", _pools),
+    "proxies": ("CAPTCHAAI_PROXIES", _proxies),
+    "proxy_cooloff": ("CAPTCHAAI_PROXY_COOLOFF", float),
 }
 
 #: Every environment variable the settings read (used by the compose-file check).

@@ -18,6 +18,7 @@ from .settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from .pools import PoolStore
+    from .proxies import ProxyPool
 
 
 @lru_cache(maxsize=1)
@@ -72,7 +73,14 @@ def pools() -> PoolStore:
     return PoolStore(redis_client(), keys())
 
 
+@lru_cache(maxsize=1)
+def proxies() -> ProxyPool:
+    from .proxies import ProxyPool
+
+    return ProxyPool(redis_client(), keys(), quarantine_s=get_settings().proxy_cooloff)
+
+
 def reset() -> None:
     """Drop every cached handle (after fork, or when settings change)."""
-    for cached in (redis_client, keys, api_client, limiter, pools):
+    for cached in (redis_client, keys, api_client, limiter, pools, proxies):
         cached.cache_clear()

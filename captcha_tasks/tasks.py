@@ -143,6 +143,9 @@ def _submit_step(task: Task, job: Job) -> Job:
     except errors.RetryableError as exc:
         _count_error(exc.code)
         _transport_retry(task, job, exc)
+    except errors.ProxyError as exc:
+        _count_error(exc.code)
+        _pool_proxy_failed(task, job, exc)
 
 
 def _hold_slot(task: Task, job: Job) -> bool:
@@ -190,6 +193,9 @@ def _poll_step(task: Task, job: Job) -> dict[str, Any]:
     except errors.ResubmitError as exc:
         _count_error(exc.code)
         _resubmit(task, job, exc)
+    except errors.ProxyError as exc:
+        _count_error(exc.code)
+        _pool_proxy_failed(task, job, exc)
     if answer is NOT_READY:
         _not_ready(task, job, now)
     return _deliver(task, job, answer, now)
@@ -199,6 +205,9 @@ def _finish(job: Job, outcome: dict[str, Any] | None = None) -> None:
     """The captcha is over: give its thread back, and fill its pool if it was a refill."""
     handout = store.limiter().release(job["solve_id"])
     publish_handout(handout)
+    request = SolveRequest.from_dict(job["request"])
+    if request.uses_proxy_pool and "proxy_owner" not in request.params:
+        store.proxies().release(_proxy_owner(request, job))
     pool = job.get("pool")
     if pool:
         _refill_done(pool, job["solve_id"], outcome)
@@ -243,7 +252,7 @@ def submit_job(job: Job, now: float | None = None) -> Job:
             "reusing captcha %s for solve %s (redelivered submit)", captcha_id, job["solve_id"]
         )
     else:
-        captcha_id = store.api_client().submit(request)
+        captcha_id = store.api_client().submit(_with_pool_proxy(request, job))
         submitted_at = time.time()
         _remember_submission(r, keys.submission(job["solve_id"]), captcha_id, job, life)
     wait = timing.first_wait(r, keys, get_settings(), request.method, request.initial_wait)
@@ -255,6 +264,35 @@ def submit_job(job: Job, now: float | None = None) -> Job:
         "last_not_ready": None,
         "polls": 0,
     }
+
+
+def _proxy_owner(request: SolveRequest, job: Job) -> str:
+    return str(request.params.get("proxy_owner") or f"solve:{job['solve_id']}")
+
+
+def _with_pool_proxy(request: SolveRequest, job: Job) -> SolveRequest:
+    """Swap ``proxy="pool"`` for a proxy from the shared pool (sticky per owner)."""
+    if not request.uses_proxy_pool:
+        return request
+    from .proxies import split
+
+    proxy = store.proxies().acquire(_proxy_owner(request, job))
+    if proxy is None:
+        raise errors.NoProxyAvailable("every pooled proxy is taken or cooling off")
+    return request.with_proxy(*split(proxy))
+
+
+def _pool_proxy_failed(task: Task, job: Job, exc: errors.CaptchaTasksError) -> NoReturn:
+    """A pooled proxy the API reported bad: quarantine it and solve again with another.
+    A proxy the caller passed in stays fatal."""
+    request = SolveRequest.from_dict(job["request"])
+    if not request.uses_proxy_pool:
+        raise exc
+    log.warning(
+        "captcha %s: pooled proxy failed (%s); quarantined", job.get("captcha_id"), exc.code
+    )
+    store.proxies().replace(_proxy_owner(request, job))
+    _resubmit(task, job, exc)
 
 
 def _reusable(record: dict[str, str], attempt: int, life: float, now: float) -> bool:
@@ -319,6 +357,8 @@ def _resubmit(task: Task, job: Job, exc: errors.CaptchaTasksError) -> NoReturn:
         ) from exc
     log.info("captcha %s: %s; submitting a new one", job.get("captcha_id"), exc.code)
     fresh = {**job, "attempt": job["attempt"] + 1, "resubmits": job.get("resubmits", 0) + 1}
+    if task.name == submit.name:
+        _again(task, fresh, 0)  # submit's chain already ends in poll
     task.replace(submit.s(fresh) | poll.s())
     raise Ignore()  # replace() always raises; this keeps type checkers informed
 
@@ -427,12 +467,15 @@ def _dispatch_refill(pool: str, request: SolveRequest) -> None:
 
 
 def register_configured_pools() -> int:
-    """Register the pools declared in ``CAPTCHAAI_POOLS`` in Redis (idempotent)."""
+    """Register the pools of ``CAPTCHAAI_POOLS`` and the proxies of ``CAPTCHAAI_PROXIES``
+    in Redis (idempotent)."""
+    settings = get_settings()
     pools = store.pools()
-    declared = get_settings().pools
-    for spec in declared:
+    for spec in settings.pools:
         pools.register(spec)
-    return len(declared)
+    if settings.proxies:
+        store.proxies().add(*settings.proxies)
+    return len(settings.pools)
 
 
 def create_pool(
