@@ -130,3 +130,13 @@ class Keys:
     def pool_prewarm_lock(self, name: str) -> str:
         """String with a short PX: one top-up of a pool at a time."""
         return self._k("pool", name, "prewarm-lock")
+
+    # -- kafka bridge ----------------------------------------------------------------
+    def kafka_claim(self, group: str, task_id: str) -> str:
+        """Hash with a TTL: one Kafka task's claim within a consumer group (state, Celery
+        task id, claimed_at ms) and, once done, the result and dead letter published for it."""
+        return self._k("kafka", group, "task", task_id)
+
+    def kafka_stats(self, group: str) -> str:
+        """Hash: a bridge group's counters (dispatched, waited, takeovers, republished, ...)."""
+        return self._k("kafka", group, "stats")

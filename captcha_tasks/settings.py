@@ -72,6 +72,26 @@ class Settings:
     proxies: tuple[str, ...] = field(default=(), repr=False)
     #: CAPTCHAAI_PROXY_COOLOFF: seconds a proxy the API reported bad stays quarantined.
     proxy_cooloff: float = 300.0
+    #: KAFKA_BOOTSTRAP_SERVERS: the Kafka brokers of the bridge and the producer helper.
+    kafka_bootstrap_servers: str = "localhost:9092"
+    #: KAFKA_TASKS_TOPIC: tasks to solve (JSON with task_id, method, sitekey, pageurl, ...).
+    kafka_tasks_topic: str = "captcha-tasks"
+    #: KAFKA_RESULTS_TOPIC: one outcome per task, keyed by task_id.
+    kafka_results_topic: str = "captcha-results"
+    #: KAFKA_DEAD_LETTER_TOPIC: unreadable messages and failed tasks, for inspection and replay.
+    kafka_dead_letter_topic: str = "captcha-dead-letter"
+    #: KAFKA_GROUP_ID: the bridge's consumer group.
+    kafka_group_id: str = "captcha-tasks-bridge"
+    #: KAFKA_MAX_IN_FLIGHT: unfinished tasks per bridge before it pauses its partitions
+    #: (unset: twice CAPTCHAAI_THREADS).
+    kafka_max_in_flight: int | None = None
+    #: KAFKA_RESULT_TTL: seconds a published result stays in Redis to answer redeliveries.
+    kafka_result_ttl: float = 86400.0
+    #: KAFKA_CLIENT_CONFIG: JSON object of extra librdkafka settings (SASL, TLS, ...).
+    kafka_client_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
+    #: CAPTCHAAI_FLOWER_NO_AUTH: let ``celery flower`` start without authentication (only
+    #: behind a proxy that authenticates; see :mod:`captcha_tasks.flower_auth`).
+    flower_no_auth: bool = False
 
     def __post_init__(self) -> None:
         _check_url("CAPTCHAAI_BASE_URL", self.base_url, ("http", "https"))
@@ -110,6 +130,28 @@ class Settings:
         _check("CAPTCHAAI_PROXY_COOLOFF", self.proxy_cooloff > 0, "must be > 0")
         for method, life in self.token_lifetimes.items():
             _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
+        self._check_kafka()
+
+    def _check_kafka(self) -> None:
+        _check(
+            "KAFKA_BOOTSTRAP_SERVERS", bool(self.kafka_bootstrap_servers.strip()), "must be set"
+        )
+        topics = {
+            "KAFKA_TASKS_TOPIC": self.kafka_tasks_topic,
+            "KAFKA_RESULTS_TOPIC": self.kafka_results_topic,
+            "KAFKA_DEAD_LETTER_TOPIC": self.kafka_dead_letter_topic,
+        }
+        for var, topic in topics.items():
+            _check(var, bool(topic.strip()), "must not be empty")
+            others = [v for v, t in topics.items() if v != var and t == topic]
+            _check(var, not others, f"must differ from {', '.join(others)}")
+        _check("KAFKA_GROUP_ID", bool(self.kafka_group_id.strip()), "must not be empty")
+        _check(
+            "KAFKA_MAX_IN_FLIGHT",
+            self.kafka_max_in_flight is None or self.kafka_max_in_flight >= 1,
+            "must be at least 1",
+        )
+        _check("KAFKA_RESULT_TTL", self.kafka_result_ttl > 0, "must be > 0")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -131,6 +173,13 @@ class Settings:
     def capacity(self) -> int:
         """Threads this deployment may use: the plan's minus the reserved headroom."""
         return self.threads - self.threads_reserved
+
+    @property
+    def kafka_in_flight_limit(self) -> int:
+        """Unfinished tasks one Kafka bridge holds before it pauses its partitions."""
+        if self.kafka_max_in_flight is not None:
+            return self.kafka_max_in_flight
+        return 2 * self.threads
 
     @property
     def refill_reserve(self) -> int:
@@ -189,6 +238,26 @@ def _proxies(raw: str) -> tuple[str, ...]:
     return items
 
 
+def _flag(raw: str) -> bool:
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected 1/0, true/false, yes/no or on/off, got {raw!r}")
+
+
+def _client_config(raw: str) -> dict[str, Any]:
+    # The values may be secrets (SASL passwords): errors name keys, never values.
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object of librdkafka setting -> value")
+    for key, value in data.items():
+        if not isinstance(value, str | int | float | bool):
+            raise ValueError(f"{key!r} must be a string, number or boolean")
+    return {str(k): v for k, v in data.items()}
+
+
 _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "api_key": ("CAPTCHAAI_API_KEY", str),
     "base_url": ("CAPTCHAAI_BASE_URL", lambda s: s.rstrip("/")),
@@ -212,6 +281,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pools": ("CAPTCHAAI_POOLS", _pools),
     "proxies": ("CAPTCHAAI_PROXIES", _proxies),
     "proxy_cooloff": ("CAPTCHAAI_PROXY_COOLOFF", float),
+    "flower_no_auth": ("CAPTCHAAI_FLOWER_NO_AUTH", _flag),
 }
 
 #: Every environment variable the settings read (used by the compose-file check).
