@@ -24,12 +24,12 @@ event_serializer = "json"
 
 # Every task is a few short HTTP calls: acknowledge after the work, and give a killed
 # worker's messages back quickly.  The visibility timeout must exceed every countdown
-# (polls reschedule themselves at most CAPTCHAAI_POLL_INTERVAL / 30 s ahead).
+# (tasks reschedule themselves at most half of it ahead).
 task_acks_late = True
 task_reject_on_worker_lost = True
 broker_transport_options = {
-    "visibility_timeout": 60,
-    "unacked_restore_interval": 5,
+    "visibility_timeout": _settings.visibility_timeout,
+    "unacked_restore_interval": max(1, int(_settings.visibility_timeout / 12)),
     "unacked_restore_throttle": 1,
 }
 result_backend_transport_options = {"retry_policy": {"timeout": 5.0}}
@@ -37,7 +37,7 @@ broker_connection_retry_on_startup = True
 result_expires = 3600
 result_extended = True
 # Each in-flight poll is an ETA message the worker holds in memory.
-worker_eta_task_limit = 2000
+worker_eta_task_limit = max(2000, 2 * _settings.threads)
 worker_prefetch_multiplier = 4
 task_track_started = False
 task_time_limit = 120

@@ -159,3 +159,136 @@ def account() -> None:
     info = client.threads_info()
     if info:
         click.echo(f"threads: {info.get('working_threads', '?')}/{info['threads']} in use")
+
+
+@cli.command()
+@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="JSONL (or .csv) file to append results to; default stdout.",
+)
+@click.option(
+    "--resume",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A previous OUTPUT: run only the indexes it has no 'solved' line for, append to it.",
+)
+@click.option("--window", type=int, default=None, help="Tasks queued at once.")
+@click.option("--timeout-per-task", type=float, default=None, help="Seconds per task.")
+def batch(
+    input_path: Path,
+    output: Path | None,
+    resume: Path | None,
+    window: int | None,
+    timeout_per_task: float | None,
+) -> None:
+    """Solve every row of INPUT (CSV or JSONL), writing each result as it arrives."""
+    from .batch_io import ResultWriter, check_input, solved_indexes, tasks
+
+    if not input_path.exists():
+        raise click.BadParameter(f"{input_path} does not exist", param_hint="INPUT")
+    count, bad = check_input(input_path)
+    if bad:
+        for line in bad:
+            click.echo(f"{input_path}: {line}", err=True)
+        click.echo(f"{len(bad)} bad line(s); nothing was submitted", err=True)
+        sys.exit(2)
+    output = output or resume
+    skip = solved_indexes(resume) if resume else set()
+    try:
+        writer = ResultWriter(output, sys.stdout)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
+    todo = count - len(skip & set(range(count)))
+    try:
+        summary = _run_batch(tasks(input_path, skip), todo, writer, window, timeout_per_task)
+    except KeyboardInterrupt:
+        writer.close()
+        where = output or "your output file"
+        click.echo(
+            f"\ninterrupted: queued work was cancelled; every result so far is in {where}.\n"
+            f"resume with: captcha-tasks batch {input_path} --resume {where}",
+            err=True,
+        )
+        sys.exit(130)
+    writer.close()
+    click.echo(summary.line(), err=True)
+    sys.exit(0 if summary.failed == 0 else 1)
+
+
+class _Summary:
+    def __init__(self) -> None:
+        self.solved = self.failed = 0
+        self.started = time.monotonic()
+
+    def line(self) -> str:
+        took = time.monotonic() - self.started
+        return f"{self.solved} solved, {self.failed} failed in {took:.1f}s"
+
+
+def _run_batch(
+    items: Any, total: int, writer: Any, window: int | None, timeout: float | None
+) -> _Summary:
+    from tqdm import tqdm
+
+    from .stream import stream
+
+    indexes: dict[int, int] = {}
+
+    def numbered() -> Any:
+        for position, (index, task) in enumerate(items):
+            indexes[position] = index
+            yield task
+
+    summary = _Summary()
+    bar = tqdm(total=total, unit="captcha", file=sys.stderr, disable=not sys.stderr.isatty())
+    with bar:
+        for outcome in stream(numbered(), window=window, timeout_per_task=timeout):
+            outcome["index"] = indexes.pop(outcome["index"])
+            writer.write(outcome)
+            if outcome["status"] == "solved":
+                summary.solved += 1
+            else:
+                summary.failed += 1
+            bar.update(1)
+    return summary
+
+
+@cli.group()
+def pool() -> None:
+    """Token pools."""
+
+
+@pool.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def pool_status(as_json: bool) -> None:
+    """Per pool: target, live tokens, refills in flight, hit rate and waste."""
+    from . import store
+
+    pools = store.pools()
+    rows = [pools.status(spec.name) for spec in pools.all()]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        click.echo("no pools declared (CAPTCHAAI_POOLS or captcha_tasks.create_pool)")
+        return
+    click.echo(
+        f"{'pool':<20} {'target':>6} {'live':>5} {'refills':>7} {'hit rate':>8} {'waste':>6}"
+    )
+    for row in rows:
+        click.echo(
+            f"{row['name']:<20} {row['target']:>6} {row['live']:>5} {row['inflight']:>7} "
+            f"{_pct(row['hit_rate']):>8} {_pct(row['waste']):>6}"
+        )
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+if __name__ == "__main__":
+    main()

@@ -140,3 +140,12 @@ class Keys:
     def kafka_stats(self, group: str) -> str:
         """Hash: a bridge group's counters (dispatched, waited, takeovers, republished, ...)."""
         return self._k("kafka", group, "stats")
+
+    def poll_signatures(self) -> str:
+        """Hash: captcha id -> its poll task's message (to wake it when a bulk poll sees
+        its answer)."""
+        return self._k("poll", "signatures")
+
+    def batch_cancelled(self, batch_id: str) -> str:
+        """String with a TTL: the batch was abandoned; its queued submits must not run."""
+        return self._k("batch", batch_id, "cancelled")

@@ -72,6 +72,15 @@ class Settings:
     proxies: tuple[str, ...] = field(default=(), repr=False)
     #: CAPTCHAAI_PROXY_COOLOFF: seconds a proxy the API reported bad stays quarantined.
     proxy_cooloff: float = 300.0
+    #: CAPTCHAAI_VISIBILITY_TIMEOUT: seconds before a dead worker's unacknowledged
+    #: messages are delivered again (every countdown stays below half of it).
+    visibility_timeout: float = 60.0
+    #: CAPTCHAAI_BULK_POLL: "auto" (ask for many captchas in one ``ids=`` request where the
+    #: API supports it) or "off" (one id per request).
+    bulk_poll: str = "auto"
+    #: CAPTCHAAI_BULK_WINDOW: at most one bulk request per this many seconds
+    #: (unset: a quarter of the poll interval).
+    bulk_window: float | None = None
     #: KAFKA_BOOTSTRAP_SERVERS: the Kafka brokers of the bridge and the producer helper.
     kafka_bootstrap_servers: str = "localhost:9092"
     #: KAFKA_TASKS_TOPIC: tasks to solve (JSON with task_id, method, sitekey, pageurl, ...).
@@ -128,14 +137,19 @@ class Settings:
         )
         _check("CAPTCHAAI_PREWARM_EVERY", self.prewarm_every > 0, "must be > 0")
         _check("CAPTCHAAI_PROXY_COOLOFF", self.proxy_cooloff > 0, "must be > 0")
+        _check("CAPTCHAAI_VISIBILITY_TIMEOUT", self.visibility_timeout >= 4, "must be >= 4")
+        _check("CAPTCHAAI_BULK_POLL", self.bulk_poll in ("auto", "off"), 'must be "auto" or "off"')
+        _check(
+            "CAPTCHAAI_BULK_WINDOW",
+            self.bulk_window is None or self.bulk_window > 0,
+            "must be > 0",
+        )
         for method, life in self.token_lifetimes.items():
             _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
         self._check_kafka()
 
     def _check_kafka(self) -> None:
-        _check(
-            "KAFKA_BOOTSTRAP_SERVERS", bool(self.kafka_bootstrap_servers.strip()), "must be set"
-        )
+        _check("KAFKA_BOOTSTRAP_SERVERS", bool(self.kafka_bootstrap_servers.strip()), "must be set")
         topics = {
             "KAFKA_TASKS_TOPIC": self.kafka_tasks_topic,
             "KAFKA_RESULTS_TOPIC": self.kafka_results_topic,
@@ -180,6 +194,10 @@ class Settings:
         if self.kafka_max_in_flight is not None:
             return self.kafka_max_in_flight
         return 2 * self.threads
+
+    @property
+    def bulk_window_s(self) -> float:
+        return self.bulk_window if self.bulk_window is not None else self.poll_interval / 4
 
     @property
     def refill_reserve(self) -> int:
@@ -282,6 +300,14 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "proxies": ("CAPTCHAAI_PROXIES", _proxies),
     "proxy_cooloff": ("CAPTCHAAI_PROXY_COOLOFF", float),
     "flower_no_auth": ("CAPTCHAAI_FLOWER_NO_AUTH", _flag),
+    "kafka_bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS", str),
+    "kafka_tasks_topic": ("KAFKA_TASKS_TOPIC", str),
+    "kafka_results_topic": ("KAFKA_RESULTS_TOPIC", str),
+    "kafka_dead_letter_topic": ("KAFKA_DEAD_LETTER_TOPIC", str),
+    "kafka_group_id": ("KAFKA_GROUP_ID", str),
+    "kafka_max_in_flight": ("KAFKA_MAX_IN_FLIGHT", int),
+    "kafka_result_ttl": ("KAFKA_RESULT_TTL", float),
+    "kafka_client_config": ("KAFKA_CLIENT_CONFIG", _client_config),
 }
 
 #: Every environment variable the settings read (used by the compose-file check).

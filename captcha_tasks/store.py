@@ -14,6 +14,7 @@ from .client import CaptchaAIClient, Timeout
 from .errors import ConfigurationError
 from .keys import Keys
 from .limiter import LimiterConfig, ThreadLimiter
+from .polling import AnswerBoard, Poller
 from .settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -80,7 +81,21 @@ def proxies() -> ProxyPool:
     return ProxyPool(redis_client(), keys(), quarantine_s=get_settings().proxy_cooloff)
 
 
+@lru_cache(maxsize=1)
+def answer_board() -> AnswerBoard:
+    return AnswerBoard(redis_client(), keys(), get_settings().bulk_window_s)
+
+
+@lru_cache(maxsize=1)
+def poller() -> Poller:
+    from .tasks import wake_polls
+
+    settings = get_settings()
+    bulk = settings.bulk_poll == "auto"
+    return Poller(answer_board(), api_client(), limiter(), wake_polls, bulk=bulk)
+
+
 def reset() -> None:
     """Drop every cached handle (after fork, or when settings change)."""
-    for cached in (redis_client, keys, api_client, limiter, pools, proxies):
+    for cached in (redis_client, keys, api_client, limiter, pools, proxies, answer_board, poller):
         cached.cache_clear()

@@ -25,8 +25,9 @@ from .celery_app import app
 from .client import NOT_READY, Answer
 from .limiter import Handout
 from .methods import SolveRequest, build_request
-from .outcome import Solved, iso, parse_iso
+from .outcome import Failed, Solved, iso, parse_iso
 from .settings import get_settings
+from .stream import cancelled, emit
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,11 @@ class SolveTask(Task):
     """``solve`` validates its arguments at the call site, before anything is queued."""
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        kwargs = normalize_solve_args(args or (), kwargs or {})
+        kwargs = dict(kwargs or {})
+        batch = kwargs.pop("_batch", None)
+        kwargs = normalize_solve_args(args or (), kwargs)
+        if batch is not None:
+            kwargs["_batch"] = batch
         return super().apply_async((), kwargs, **options)
 
 
@@ -71,11 +76,16 @@ def solve(
 ) -> Any:
     """Solve one captcha; the result is an outcome dict (see :mod:`captcha_tasks.outcome`)."""
     started = time.time()
+    batch = params.pop("_batch", None)
     request = build_request(method, sitekey, pageurl, **params)
+    job = new_job(self.request.id, request, started)
+    job["batch"] = batch
+    if cancelled(job):
+        raise Ignore()  # the batch was abandoned before this solve started
     pooled = _from_pool(request, started)
     if pooled is not None:
+        emit(job, pooled)
         return pooled
-    job = new_job(self.request.id, request, started)
     return self.replace(submit.s(job) | poll.s())
 
 
@@ -133,6 +143,10 @@ def submit(self: Task, job: Job) -> Job:
 def _submit_step(task: Task, job: Job) -> Job:
     limiter = store.limiter()
     try:
+        if cancelled(job):
+            log.info("solve %s dropped: its batch was abandoned", job["solve_id"])
+            _finish(job, emit_outcome=False)
+            raise Ignore()
         if not _hold_slot(task, job):
             log.info("solve %s parked: every thread is busy", job["solve_id"])
             raise Ignore()
@@ -153,6 +167,8 @@ def _hold_slot(task: Task, job: Job) -> bool:
         "sig": dict(task.signature_from_request(task.request, args=(job,), kwargs={})),
         "result_id": job["solve_id"],
         "pool": job.get("pool"),
+        "batch": job.get("batch"),
+        "method": job["request"]["method"],
     }
     return store.limiter().acquire(
         job["solve_id"],
@@ -168,25 +184,32 @@ def poll(self: Task, job: Job) -> dict[str, Any]:
     try:
         outcome = _poll_step(self, job)
     except errors.CaptchaTasksError as exc:
-        _finish(job)
+        _claim(job)
+        _finish(job, failure=exc)
         _count_error(exc.code)
         raise
     _finish(job, outcome)
     return outcome
 
 
+def _claim(job: Job) -> None:
+    """Only one copy of a poll (scheduled, woken or redelivered) finishes a captcha."""
+    if not store.answer_board().claim(job["captcha_id"]):
+        raise Ignore()
+
+
 def _poll_step(task: Task, job: Job) -> dict[str, Any]:
     now = time.time()
+    if not store.answer_board().in_flight(job["captcha_id"]):
+        raise Ignore()  # another copy of this poll already finished the captcha
     wait = job["next_poll_at"] - now
     if wait > 0.05:
         _again(task, job, wait)
-    limiter = store.limiter()
     try:
-        limiter.renew(job["solve_id"])
-        wait = limiter.poll_wait()
-        if wait > 0:
-            _again(task, job, wait)
-        answer = store.api_client().get(job["captcha_id"])
+        store.limiter().renew(job["solve_id"])
+        answer = store.poller().fetch(job["captcha_id"], job["request"]["method"])
+        if isinstance(answer, float):
+            _again(task, job, answer)  # the account's res.php budget is spent for now
     except errors.RetryableError as exc:
         _count_error(exc.code)
         _transport_retry(task, job, exc)
@@ -201,10 +224,21 @@ def _poll_step(task: Task, job: Job) -> dict[str, Any]:
     return _deliver(task, job, answer, now)
 
 
-def _finish(job: Job, outcome: dict[str, Any] | None = None) -> None:
-    """The captcha is over: give its thread back, and fill its pool if it was a refill."""
+def _finish(
+    job: Job,
+    outcome: dict[str, Any] | None = None,
+    failure: BaseException | None = None,
+    emit_outcome: bool = True,
+) -> None:
+    """The solve is over: give its thread back, fill its pool if it was a refill, and
+    report the outcome to its batch."""
     handout = store.limiter().release(job["solve_id"])
     publish_handout(handout)
+    if emit_outcome:
+        method = job["request"]["method"]
+        elapsed = round(time.time() - job["started"], 3)
+        failed = Failed.from_exception(failure or Exception("no outcome"), method, elapsed)
+        emit(job, outcome or failed.to_dict())
     request = SolveRequest.from_dict(job["request"])
     if request.uses_proxy_pool and "proxy_owner" not in request.params:
         store.proxies().release(_proxy_owner(request, job))
@@ -232,6 +266,7 @@ def publish_handout(handout: Handout) -> None:
             "the solve deadline passed while waiting for a free thread", "ERROR_SOLVE_TIMEOUT"
         )
         app.backend.mark_as_failure(parked.payload["result_id"], exc)
+        emit(parked.payload, Failed.from_exception(exc, parked.payload.get("method")).to_dict())
         if parked.payload.get("pool"):
             store.pools().refill_finished(parked.payload["pool"], parked.lease_id)
 
@@ -255,6 +290,7 @@ def submit_job(job: Job, now: float | None = None) -> Job:
         captcha_id = store.api_client().submit(_with_pool_proxy(request, job))
         submitted_at = time.time()
         _remember_submission(r, keys.submission(job["solve_id"]), captcha_id, job, life)
+    store.answer_board().register(captcha_id, request.method)
     wait = timing.first_wait(r, keys, get_settings(), request.method, request.initial_wait)
     return {
         **job,
@@ -326,6 +362,7 @@ def _not_ready(task: Task, job: Job, now: float) -> NoReturn:
 
 
 def _deliver(task: Task, job: Job, answer: Answer, now: float) -> dict[str, Any]:
+    _claim(job)
     request = SolveRequest.from_dict(job["request"])
     r, keys = store.redis_client(), store.keys()
     timing.record_solve_time(r, keys, request.method, now - job["submitted_at"])
@@ -359,6 +396,8 @@ def _resubmit(task: Task, job: Job, exc: errors.CaptchaTasksError) -> NoReturn:
     fresh = {**job, "attempt": job["attempt"] + 1, "resubmits": job.get("resubmits", 0) + 1}
     if task.name == submit.name:
         _again(task, fresh, 0)  # submit's chain already ends in poll
+    if store.answer_board().in_flight(job["captcha_id"]):
+        _claim(job)
     task.replace(submit.s(fresh) | poll.s())
     raise Ignore()  # replace() always raises; this keeps type checkers informed
 
@@ -379,7 +418,8 @@ def _again(task: Task, job: Job, countdown: float) -> NoReturn:
     remaining = job["deadline"] - time.time()
     if remaining <= 0:
         raise errors.SolveTimeout("solve deadline passed", captcha_id=job.get("captcha_id"))
-    countdown = max(0.0, min(countdown, remaining, BACKOFF_CAP))
+    cap = min(BACKOFF_CAP, get_settings().visibility_timeout / 2)
+    countdown = max(0.0, min(countdown, remaining, cap))
     sig = task.signature_from_request(
         task.request,
         args=(job,),
@@ -387,8 +427,18 @@ def _again(task: Task, job: Job, countdown: float) -> NoReturn:
         countdown=countdown,
         retries=(task.request.retries or 0) + 1,
     )
+    if task.name == poll.name:
+        # A bulk poll that sees this captcha finish re-publishes this message at once.
+        wake = task.signature_from_request(task.request, args=(job,), kwargs={})
+        store.answer_board().remember_poll(job["captcha_id"], dict(wake))
     sig.apply_async()
     raise Ignore()
+
+
+def wake_polls(messages: list[dict[str, Any]]) -> None:
+    """Publish the poll messages of captchas a bulk poll found finished."""
+    for message in messages:
+        app.signature(message).apply_async()
 
 
 def token_life(request: SolveRequest) -> float:

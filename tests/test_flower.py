@@ -28,6 +28,8 @@ TASK_NAMES = (
     "captcha_tasks.poll",
     "captcha_tasks.prewarm",
 )
+#: Names on Flower's task list after one solve (solve's own row becomes its final poll).
+LISTED_NAMES = TASK_NAMES[1:]
 
 
 def _flower_env(**extra: str) -> dict[str, str]:
@@ -203,10 +205,21 @@ def _prime_events(flower: FlowerProcess) -> None:
 
 
 def _solved_in_flower(flower: FlowerProcess, solve_id: str) -> bool:
+    # solve replaces itself with submit | poll and the chain's last poll takes solve's id
+    # (that is how solve.delay().get() gets the token), so Flower shows that id as poll.
     tasks = flower.api_tasks()
     names = {info.get("name") for info in tasks.values()}
     solve = tasks.get(solve_id) or {}
-    return solve.get("state") == "SUCCESS" and set(TASK_NAMES) <= names
+    return solve.get("state") == "SUCCESS" and set(LISTED_NAMES) <= names
+
+
+def flower_worker_name(flower: FlowerProcess) -> str:
+    """The node name of the (single) worker Flower knows."""
+    resp = requests.get(f"{flower.url}/api/workers", auth=(USER, PASSWORD), timeout=10)
+    resp.raise_for_status()
+    names = list(resp.json())
+    assert len(names) == 1, names
+    return str(names[0])
 
 
 def _authorize(driver: Any) -> None:
@@ -232,22 +245,36 @@ def test_flower_lists_solved_task_without_secrets(
     _prime_events(flower)
     result = solve.delay(method="turnstile", sitekey="0x4AAAAAAAflower", pageurl=PAGE, proxy=PROXY)
     assert result.get(timeout=60)["status"] == "solved"
-    wait_until(lambda: _solved_in_flower(flower, result.id), 30, interval=0.5, what="Flower")
+    try:
+        wait_until(lambda: _solved_in_flower(flower, result.id), 30, interval=0.5)
+    except TimeoutError:
+        seen = {k: (v.get("name"), v.get("state")) for k, v in flower.api_tasks().items()}
+        pytest.fail(f"Flower did not list {result.id} as SUCCESS and {LISTED_NAMES}: {seen}")
 
     _authorize(browser)
     browser.get(f"{flower.url}/tasks")
     WebDriverWait(browser, 30).until(lambda d: result.id in d.page_source)
-    table = browser.find_element(By.TAG_NAME, "table").text
-    for name in TASK_NAMES:
+    table = browser.find_element(By.ID, "tasks-table").text
+    for name in LISTED_NAMES:
         assert name in table, f"{name} missing from Flower's task list"
     browser.save_screenshot(str(output_dir / "flower-tasks.png"))
     pages = {"tasks": browser.page_source}
+
+    # Every task, solve included, under its readable name on the worker's page.
+    browser.get(f"{flower.url}/worker/{flower_worker_name(flower)}")
+    WebDriverWait(browser, 30).until(lambda d: TASK_NAMES[0] in d.page_source)
+    for name in TASK_NAMES:
+        assert name in browser.page_source, f"{name} missing from the worker's task list"
+    pages["worker"] = browser.page_source
 
     browser.get(f"{flower.url}/task/{result.id}")
     WebDriverWait(browser, 30).until(lambda d: "SUCCESS" in d.page_source)
     browser.save_screenshot(str(output_dir / "flower-task.png"))
     pages["task"] = browser.page_source
 
+    pages["api"] = requests.get(
+        f"{flower.url}/api/tasks", auth=(USER, PASSWORD), timeout=5
+    ).text  # every task, not only the first page of the table
     api_key = os.environ["CAPTCHAAI_API_KEY"]
     for page, html in pages.items():
         assert api_key not in html, f"the API key is on Flower's {page} page"

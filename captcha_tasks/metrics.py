@@ -1,0 +1,299 @@
+"""Prometheus metrics, read from Redis on every scrape.
+
+    captcha-tasks metrics --host 0.0.0.0 --port 9808        # GET /metrics
+
+Every figure lives in Redis (the limiter's slots, the pools, the counters the workers
+keep), so one exporter process serves the whole deployment and needs no worker to be
+alive.  The collector is registered on a registry of its own, never on prometheus-client's
+global one: Flower serves that one on its own (unauthenticated) ``/metrics``.
+
+With Redis unreachable the endpoint answers ``503`` with the reason, so the scrape fails
+visibly instead of reporting zeros.
+
+Exposed (``captcha_tasks_`` prefix):
+
+* ``threads_in_use``, ``threads_plan``, ``threads_capacity``,
+  ``thread_utilisation_ratio``, ``parked_submits``
+* per pool: ``pool_live_tokens``, ``pool_size``, ``pool_target_tokens``,
+  ``pool_refills_in_flight``, ``pool_hit_ratio``, ``pool_waste_ratio``,
+  ``pool_takes_per_second``, and the counters ``pool_tokens_added_total``,
+  ``pool_tokens_taken_total``, ``pool_tokens_expired_total``, ``pool_misses_total``
+* ``api_errors_total{code}``, ``solved_total{method,source}``
+* ``solve_seconds{method}``: a gauge histogram of the recent solve times per method (the
+  samples the adaptive first poll keeps), for ``histogram_quantile``
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import click
+import redis
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from . import store
+from .errors import StoreUnavailable
+from .methods import METHODS
+from .pools import PoolNotFound
+from .settings import get_settings
+
+log = logging.getLogger(__name__)
+
+PREFIX = "captcha_tasks"
+DEFAULT_PORT = 9808
+#: Upper bounds (s) of the solve-time buckets: image captchas take seconds, tokens tens.
+SOLVE_TIME_BUCKETS = (1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0)
+#: Errors that mean "Redis is not answering", not "the exporter is broken".
+UNAVAILABLE = (StoreUnavailable, redis.RedisError, OSError)
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+_POOL_GAUGES = (
+    ("live", "pool_live_tokens", "Usable tokens in the pool now (expired ones excluded)."),
+    ("size", "pool_size", "The pool's configured maximum size."),
+    ("target", "pool_target_tokens", "Tokens the pool is being kept at (measured demand)."),
+    ("inflight", "pool_refills_in_flight", "Refill solves in flight for the pool."),
+    ("hit_rate", "pool_hit_ratio", "Takes served from the pool / all takes."),
+    ("waste", "pool_waste_ratio", "Tokens that expired unused / tokens added."),
+    ("take_rate", "pool_takes_per_second", "Recent takes (hits and misses) per second."),
+)
+_POOL_COUNTERS = (
+    ("added", "pool_tokens_added", "Tokens added to the pool."),
+    ("taken", "pool_tokens_taken", "Tokens taken from the pool (hits)."),
+    ("expired", "pool_tokens_expired", "Tokens dropped from the pool unused, expired."),
+    ("misses", "pool_misses", "Takes that found the pool empty."),
+)
+
+
+def _name(suffix: str) -> str:
+    return f"{PREFIX}_{suffix}"
+
+
+class StoreCollector(Collector):
+    """Reads the deployment's state from Redis each time Prometheus scrapes."""
+
+    def collect(self) -> Iterator[Metric]:
+        """Every metric; raises (a Redis error) when Redis does not answer."""
+        yield from self._threads()
+        yield from self._pools()
+        yield from self._api_errors()
+        yield from self._solves()
+
+    def describe(self) -> Iterable[Metric]:
+        # Nothing up front: registering must not need Redis (metrics are read per scrape).
+        return []
+
+    def _threads(self) -> Iterator[Metric]:
+        settings = get_settings()
+        limiter = store.limiter()
+        in_use = limiter.in_use()
+        yield _gauge("threads_in_use", "Provider threads held by captchas in flight.", in_use)
+        yield _gauge(
+            "threads_plan", "Concurrent threads of the plan (CAPTCHAAI_THREADS).", settings.threads
+        )
+        yield _gauge(
+            "threads_capacity",
+            "Threads this deployment may use (plan minus CAPTCHAAI_THREADS_RESERVED).",
+            settings.capacity,
+        )
+        yield _gauge(
+            "thread_utilisation_ratio",
+            "Threads in use / threads this deployment may use.",
+            in_use / settings.capacity,
+        )
+        yield _gauge(
+            "parked_submits",
+            "Submits waiting in Redis for a free thread.",
+            limiter.parked_count(),
+        )
+
+    def _pools(self) -> Iterator[Metric]:
+        statuses = _pool_statuses()
+        for field, suffix, doc in _POOL_GAUGES:
+            family = GaugeMetricFamily(_name(suffix), doc, labels=["pool"])
+            for status in statuses:
+                if status[field] is not None:  # a ratio is undefined before any take / add
+                    family.add_metric([status["name"]], float(status[field]))
+            yield family
+        for field, suffix, doc in _POOL_COUNTERS:
+            counter = CounterMetricFamily(_name(suffix), doc, labels=["pool"])
+            for status in statuses:
+                counter.add_metric([status["name"]], float(status[field]))
+            yield counter
+
+    def _api_errors(self) -> Iterator[Metric]:
+        counts: dict[str, str] = store.redis_client().hgetall(store.keys().api_errors())  # type: ignore[assignment]
+        family = CounterMetricFamily(
+            _name("api_errors"), "Error answers and failures by code.", labels=["code"]
+        )
+        for code, count in sorted(counts.items()):
+            family.add_metric([code], float(count))
+        yield family
+
+    def _solves(self) -> Iterator[Metric]:
+        r, keys = store.redis_client(), store.keys()
+        solved = CounterMetricFamily(
+            _name("solved"),
+            "Captchas solved, by method and source (api / pool).",
+            labels=["method", "source"],
+        )
+        times = GaugeHistogramMetricFamily(
+            _name("solve_seconds"),
+            "Recent solve times (submit to answer seen) per method; a sliding window.",
+            labels=["method"],
+        )
+        for method in sorted(METHODS):
+            counts: dict[str, str] = r.hgetall(keys.solved_counter(method))  # type: ignore[assignment]
+            for source, count in sorted(counts.items()):
+                solved.add_metric([method, source], float(count))
+            samples = [float(x) for x in r.lrange(keys.solve_times(method), 0, -1)]
+            if samples:
+                times.add_metric([method], _buckets(samples), sum(samples))
+        yield solved
+        yield times
+
+
+def _gauge(suffix: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(_name(suffix), doc, value=float(value))
+
+
+def _pool_statuses() -> list[dict[str, Any]]:
+    pools = store.pools()
+    statuses = []
+    for spec in pools.all():
+        try:
+            statuses.append(pools.status(spec.name))
+        except PoolNotFound:
+            continue  # unregistered between the listing and its status
+    return statuses
+
+
+def _buckets(samples: list[float]) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` pairs, ``+Inf`` last."""
+    bounds = [*SOLVE_TIME_BUCKETS, float("inf")]
+    return [
+        ("+Inf" if bound == float("inf") else repr(bound), float(sum(s <= bound for s in samples)))
+        for bound in bounds
+    ]
+
+
+# -- HTTP ------------------------------------------------------------------------------
+
+
+def make_wsgi_app(collector: Collector | None = None) -> WSGIApp:
+    """A WSGI app answering ``GET /metrics`` (and ``/``) from ``collector`` (default: a
+    :class:`StoreCollector`); ``503`` with the reason while Redis is unreachable."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector or StoreCollector())
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
+            return _reply(start_response, "404 Not Found", "not found: metrics are on /metrics\n")
+        encoder, content_type = choose_encoder(environ.get("HTTP_ACCEPT", ""))
+        try:
+            body = encoder(registry)
+        except UNAVAILABLE as exc:
+            log.warning("metrics unavailable: %s", _reason(exc))
+            return _reply(
+                start_response,
+                "503 Service Unavailable",
+                f"captcha-tasks metrics unavailable: {_reason(exc)}\n",
+                [("Retry-After", "5")],
+            )
+        except Exception:  # a bug must cost one scrape, not the exporter
+            log.exception("collecting metrics failed")
+            return _reply(start_response, "500 Internal Server Error", "collecting failed\n")
+        start_response(
+            "200 OK", [("Content-Type", content_type), ("Content-Length", str(len(body)))]
+        )
+        return [body]
+
+    return app
+
+
+def _reason(exc: BaseException) -> str:
+    # redis-py's messages name host and port, never the password.
+    return f"Redis unreachable ({type(exc).__name__}: {exc})"
+
+
+def _reply(
+    start_response: StartResponse,
+    status: str,
+    text: str,
+    headers: list[tuple[str, str]] | None = None,
+) -> list[bytes]:
+    body = text.encode()
+    start_response(
+        status,
+        [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(body))),
+            *(headers or []),
+        ],
+    )
+    return [body]
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    # A slow Redis answer must not hold up the next scrape or a health check.
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+        log.debug("%s - " + format, self.address_string(), *args)
+
+
+def make_metrics_server(host: str, port: int, app: WSGIApp | None = None) -> WSGIServer:
+    """A bound, not yet serving, threaded HTTP server for ``app`` (port 0: a free one)."""
+    return make_server(
+        host,
+        port,
+        app or make_wsgi_app(),
+        server_class=_ThreadingServer,
+        handler_class=_QuietHandler,
+    )
+
+
+def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
+    """Serve ``/metrics`` on ``host:port`` until the process is stopped."""
+    with make_metrics_server(host, port) as server:
+        server.serve_forever()
+
+
+def serve_in_thread(host: str = "127.0.0.1", port: int = 0) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``/metrics`` from a daemon thread (e.g. inside a worker or a web app); stop it
+    with ``server.shutdown()``."""
+    server = make_metrics_server(host, port)
+    thread = threading.Thread(
+        target=server.serve_forever, name="captcha-tasks-metrics", daemon=True
+    )
+    thread.start()
+    return server, thread
+
+
+@click.command("metrics")
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Interface (0.0.0.0 in a container)."
+)
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
+def metrics_command(host: str, port: int) -> None:
+    """Serve Prometheus metrics read from Redis (GET /metrics)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    get_settings()  # a bad setting stops the exporter now, not at the first scrape
+    click.echo(f"captcha-tasks metrics on http://{host}:{port}/metrics")
+    serve(port, host)

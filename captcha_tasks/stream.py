@@ -1,0 +1,154 @@
+"""Streaming batch results: each outcome as soon as whichever worker finished it.
+
+:func:`stream` queues ``solve`` tasks a window at a time and yields one outcome dict per
+task, in completion order, each with its ``index`` in the input.  Workers append every
+outcome of a batch to one Redis stream (:func:`emit`); the caller blocks on ``XREAD`` of
+that stream, so results arrive through Redis from any worker without polling each
+``AsyncResult``.  An abandoned stream (the caller stops iterating, or Ctrl-C) marks the
+batch cancelled: its queued solves and queued or parked submits then end without calling
+the API (and without taking pooled tokens), while captchas already at the provider are
+still polled to the end so their threads are given back.  Celery's own ``revoke`` is not
+used for this: it would also drop the poll tasks of captchas already paid for.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import errors, store
+from .outcome import Failed
+from .settings import get_settings
+
+log = logging.getLogger(__name__)
+
+STREAM_TTL = 24 * 3600
+READ_BLOCK_MS = 500
+
+
+def emit(job: Mapping[str, Any], outcome: Mapping[str, Any]) -> None:
+    """Worker side: append a batch job's outcome to its batch's stream."""
+    batch = job.get("batch")
+    if not batch:
+        return
+    r, keys = store.redis_client(), store.keys()
+    key = keys.batch_results(batch["id"])
+    entry = json.dumps({**outcome, "index": batch["index"]})
+    pipe = r.pipeline(transaction=False)
+    pipe.xadd(key, {"outcome": entry})
+    pipe.expire(key, STREAM_TTL)
+    pipe.execute()
+
+
+def cancelled(job: Mapping[str, Any]) -> bool:
+    """Worker side: whether the job's batch was abandoned by its caller."""
+    batch = job.get("batch")
+    if not batch:
+        return False
+    return bool(store.redis_client().exists(store.keys().batch_cancelled(batch["id"])))
+
+
+@dataclass
+class _Pending:
+    task_id: str
+    method: str | None
+    sent_at: float
+
+
+@dataclass
+class _Batch:
+    batch_id: str
+    timeout: float
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    last_id: str = "0-0"
+
+
+def stream(
+    tasks: Iterable[Mapping[str, Any]],
+    *,
+    timeout_per_task: float | None = None,
+    window: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """Solve ``tasks`` (dicts of ``solve`` keyword arguments) and yield each outcome dict,
+    with its input ``index``, in completion order.
+
+    A failed task yields ``{"status": "failed", "error": CODE, ...}`` and the stream goes
+    on.  ``window`` bounds the tasks queued at once (default: twice the usable threads —
+    one set in flight at the provider, one parked and ready to take a freed thread).
+    ``timeout_per_task`` (default: the solve timeout plus a minute) fails a task whose
+    result never arrives.
+    """
+    settings = get_settings()
+    size = window or 2 * settings.capacity
+    if size < 1:
+        raise errors.ValidationError("window must be at least 1")
+    batch = _Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
+    source = enumerate(tasks)
+    exhausted = False
+    try:
+        while True:
+            while not exhausted and len(batch.pending) < size:
+                item = next(source, None)
+                if item is None:
+                    exhausted = True
+                    break
+                failure = _queue(batch, *item)
+                if failure is not None:
+                    yield failure
+            if exhausted and not batch.pending:
+                return
+            yield from _arrived(batch)
+            yield from _timed_out(batch)
+    finally:
+        _abandon(batch)
+
+
+def _queue(batch: _Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] | None:
+    from .tasks import solve
+
+    try:
+        result = solve.apply_async(
+            kwargs={**task, "_batch": {"id": batch.batch_id, "index": index}}
+        )
+    except errors.ValidationError as exc:
+        return {**Failed.from_exception(exc, task.get("method")).to_dict(), "index": index}
+    batch.pending[index] = _Pending(result.id, task.get("method"), time.monotonic())
+    return None
+
+
+def _arrived(batch: _Batch) -> Iterator[dict[str, Any]]:
+    r, keys = store.redis_client(), store.keys()
+    key = keys.batch_results(batch.batch_id)
+    reply: Any = r.xread({key: batch.last_id}, count=500, block=READ_BLOCK_MS)
+    for _stream, entries in reply or []:
+        for entry_id, fields in entries:
+            batch.last_id = entry_id
+            outcome = json.loads(fields["outcome"])
+            if batch.pending.pop(outcome["index"], None) is not None:
+                yield outcome
+        r.xtrim(key, minid=batch.last_id)
+
+
+def _timed_out(batch: _Batch) -> Iterator[dict[str, Any]]:
+    now = time.monotonic()
+    late = [i for i, p in batch.pending.items() if now - p.sent_at > batch.timeout]
+    for index in late:
+        pending = batch.pending.pop(index)
+        exc = errors.SolveTimeout(f"no result within {batch.timeout:.0f}s")
+        yield {**Failed.from_exception(exc, pending.method).to_dict(), "index": index}
+
+
+def _abandon(batch: _Batch) -> None:
+    r, keys = store.redis_client(), store.keys()
+    try:
+        if batch.pending:
+            r.set(keys.batch_cancelled(batch.batch_id), "1", ex=STREAM_TTL)
+            log.info("batch %s abandoned: %d tasks cancelled", batch.batch_id, len(batch.pending))
+        r.delete(keys.batch_results(batch.batch_id))
+    except Exception:  # never hide the caller's own exception (Ctrl-C) behind ours
+        log.warning("could not cancel batch %s", batch.batch_id, exc_info=True)
