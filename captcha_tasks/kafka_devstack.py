@@ -181,8 +181,9 @@ class KafkaBroker(_Process):
         # A cluster id is 16 random bytes in URL-safe base64 without padding.
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         _run_logged(
+            # "--cluster-id=": an id may start with "-", which would read as an option.
             [java, *JVM_OPTIONS, "-cp", classpath, "kafka.tools.StorageTool", "format",
-             "-t", cluster_id, "-c", str(config)],
+             f"--cluster-id={cluster_id}", f"--config={config}"],
             self.log_path,
             120,
         )  # fmt: skip

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -33,8 +34,11 @@ from .methods import METHODS
 BULK_IDS = 100
 BULK_SUPPORT_TTL = 3600
 ANSWER_TTL = 600
+#: Poll tasks due per bulk window (aggregate), so one of them leads soon after it opens.
+LEADS_PER_WINDOW = 4
 
-Wake = Callable[[list[dict[str, Any]]], None]
+#: Called by a bulk poll with the finished captchas' lease ids and poll messages.
+Finished = Callable[[list[str], list[dict[str, Any]]], None]
 
 
 class AnswerBoard:
@@ -45,8 +49,9 @@ class AnswerBoard:
         self.keys = keys
         self.window_ms = max(1, int(window_s * 1000))
 
-    def register(self, captcha_id: str, method: str) -> None:
-        self.r.hset(self.keys.inflight_captchas(), captcha_id, method)
+    def register(self, captcha_id: str, method: str, lease_id: str) -> None:
+        value = f"{method}|{lease_id}"
+        self.r.hset(self.keys.inflight_captchas(), captcha_id, value)
 
     def in_flight(self, captcha_id: str) -> bool:
         return bool(self.r.hexists(self.keys.inflight_captchas(), captcha_id))
@@ -71,9 +76,19 @@ class AnswerBoard:
         """True for the first poll in the window: it makes the bulk request."""
         return bool(self.r.set(self.keys.bulk_poll_lock(), "1", nx=True, px=self.window_ms))
 
+    def in_flight_count(self) -> int:
+        return int(self.r.hlen(self.keys.inflight_captchas()))
+
     def pipe_safe_in_flight(self) -> list[str]:
         entries: dict[str, str] = self.r.hgetall(self.keys.inflight_captchas())  # type: ignore[assignment]
-        return [cid for cid, method in entries.items() if _pipe_safe(method)]
+        return [cid for cid, value in entries.items() if _pipe_safe(value.split("|")[0])]
+
+    def lease_ids(self, captcha_ids: list[str]) -> list[str]:
+        """The thread-slot lease ids of in-flight captchas."""
+        if not captcha_ids:
+            return []
+        values = self.r.hmget(self.keys.inflight_captchas(), captcha_ids)
+        return [str(v).split("|", 1)[1] for v in values if v]
 
     def publish(self, answers: dict[str, str]) -> list[str]:
         """Store final answers; returns the ids stored for the first time (to wake)."""
@@ -120,6 +135,12 @@ def decode(stored: str, captcha_id: str) -> str:
     return rest
 
 
+@dataclass(frozen=True)
+class Fetched:
+    value: Answer | _Pending | float
+    led: bool = False
+
+
 class Poller:
     """Fetches one captcha's answer, coalescing with the other poll tasks when it can."""
 
@@ -128,25 +149,51 @@ class Poller:
         board: AnswerBoard,
         client: CaptchaAIClient,
         limiter: ThreadLimiter,
-        wake: Wake,
+        finished: Finished,
         bulk: bool = True,
     ) -> None:
         self.board = board
         self.client = client
         self.limiter = limiter
-        self.wake = wake
+        self.finished = finished
         self.bulk = bulk
 
-    def fetch(self, captcha_id: str, method: str) -> Answer | _Pending | float:
-        """The answer, :data:`NOT_READY`, or seconds to wait for the request budget."""
-        if not (self.bulk and _pipe_safe(method)) or self.board.bulk_supported() is False:
-            return self._single(captcha_id)
+    def uses_bulk(self, method: str) -> bool:
+        return self.bulk and _pipe_safe(method) and self.board.bulk_supported() is not False
+
+    def next_interval(
+        self, method: str, poll_interval: float, typical_s: float, led: bool = False
+    ) -> float:
+        """Seconds until a not-ready captcha's next poll.
+
+        With bulk polling a poll costs no request unless it leads, and leads only once a
+        window.  Polling more often than the poll interval while few captchas are in
+        flight keeps a leader due in every window, so a finished captcha is seen within
+        about one window; with many in flight the plain interval already does that.
+        """
+        if not self.uses_bulk(method):
+            return poll_interval
+        window = self.board.window_ms / 1000
+        in_flight = max(1, self.board.in_flight_count())
+        if led:
+            # Leaders follow each other about once per typical solve time per captcha in
+            # flight, so a bulk request per finished captcha (never more than one per
+            # window): a lone captcha is not polled harder than the plain interval.
+            return min(poll_interval, max(window, typical_s / in_flight))
+        spread = window * in_flight / LEADS_PER_WINDOW
+        return min(poll_interval, max(window, spread))
+
+    def fetch(self, captcha_id: str, method: str) -> Fetched:
+        """The answer, :data:`NOT_READY`, or seconds to wait for the request budget; and
+        whether this call led a bulk request."""
+        if not self.uses_bulk(method):
+            return Fetched(self._single(captcha_id))
         stored = self.board.stored_answer(captcha_id)
         if stored is not None:
-            return decode(stored, captcha_id)
+            return Fetched(decode(stored, captcha_id))
         if not self.board.try_lead():
-            return NOT_READY  # a bulk request in this window found it unfinished
-        return self._lead(captcha_id)
+            return Fetched(NOT_READY)  # a bulk request in this window found it unfinished
+        return Fetched(self._lead(captcha_id), led=True)
 
     def _single(self, captcha_id: str) -> Answer | _Pending | float:
         wait = self.limiter.poll_wait()
@@ -167,8 +214,10 @@ class Poller:
                 self.board.set_bulk_supported(False)
                 return self.client.get(captcha_id)
             finals.update(_finals(replies))
-        fresh = self.board.publish(finals)
-        self.wake(self.board.poll_messages([c for c in fresh if c != captcha_id]))
+        fresh = [c for c in self.board.publish(finals) if c != captcha_id]
+        # The provider's threads are free already: give the slots back now, then wake the
+        # polls that deliver the answers.
+        self.finished(self.board.lease_ids(fresh), self.board.poll_messages(fresh))
         own = finals.get(captcha_id)
         return NOT_READY if own is None else decode(own, captcha_id)
 

@@ -79,7 +79,7 @@ class Settings:
     #: API supports it) or "off" (one id per request).
     bulk_poll: str = "auto"
     #: CAPTCHAAI_BULK_WINDOW: at most one bulk request per this many seconds
-    #: (unset: a quarter of the poll interval).
+    #: (unset: a fifth of the poll interval).
     bulk_window: float | None = None
     #: KAFKA_BOOTSTRAP_SERVERS: the Kafka brokers of the bridge and the producer helper.
     kafka_bootstrap_servers: str = "localhost:9092"
@@ -197,7 +197,7 @@ class Settings:
 
     @property
     def bulk_window_s(self) -> float:
-        return self.bulk_window if self.bulk_window is not None else self.poll_interval / 4
+        return self.bulk_window if self.bulk_window is not None else self.poll_interval / 5
 
     @property
     def refill_reserve(self) -> int:
@@ -299,6 +299,9 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pools": ("CAPTCHAAI_POOLS", _pools),
     "proxies": ("CAPTCHAAI_PROXIES", _proxies),
     "proxy_cooloff": ("CAPTCHAAI_PROXY_COOLOFF", float),
+    "visibility_timeout": ("CAPTCHAAI_VISIBILITY_TIMEOUT", float),
+    "bulk_poll": ("CAPTCHAAI_BULK_POLL", lambda s: s.lower()),
+    "bulk_window": ("CAPTCHAAI_BULK_WINDOW", float),
     "flower_no_auth": ("CAPTCHAAI_FLOWER_NO_AUTH", _flag),
     "kafka_bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS", str),
     "kafka_tasks_topic": ("KAFKA_TASKS_TOPIC", str),

@@ -88,11 +88,11 @@ def answer_board() -> AnswerBoard:
 
 @lru_cache(maxsize=1)
 def poller() -> Poller:
-    from .tasks import wake_polls
+    from .tasks import finished_elsewhere
 
     settings = get_settings()
     bulk = settings.bulk_poll == "auto"
-    return Poller(answer_board(), api_client(), limiter(), wake_polls, bulk=bulk)
+    return Poller(answer_board(), api_client(), limiter(), finished_elsewhere, bulk=bulk)
 
 
 def reset() -> None:

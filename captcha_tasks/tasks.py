@@ -203,11 +203,12 @@ def _poll_step(task: Task, job: Job) -> dict[str, Any]:
     if not store.answer_board().in_flight(job["captcha_id"]):
         raise Ignore()  # another copy of this poll already finished the captcha
     wait = job["next_poll_at"] - now
-    if wait > 0.05:
-        _again(task, job, wait)
+    if wait > 0.05 and store.answer_board().stored_answer(job["captcha_id"]) is None:
+        _again(task, job, wait)  # early, and no bulk poll has woken us with an answer
     try:
         store.limiter().renew(job["solve_id"])
-        answer = store.poller().fetch(job["captcha_id"], job["request"]["method"])
+        fetched = store.poller().fetch(job["captcha_id"], job["request"]["method"])
+        answer = fetched.value
         if isinstance(answer, float):
             _again(task, job, answer)  # the account's res.php budget is spent for now
     except errors.RetryableError as exc:
@@ -220,7 +221,7 @@ def _poll_step(task: Task, job: Job) -> dict[str, Any]:
         _count_error(exc.code)
         _pool_proxy_failed(task, job, exc)
     if answer is NOT_READY:
-        _not_ready(task, job, now)
+        _not_ready(task, job, now, fetched.led)
     return _deliver(task, job, answer, now)
 
 
@@ -290,7 +291,7 @@ def submit_job(job: Job, now: float | None = None) -> Job:
         captcha_id = store.api_client().submit(_with_pool_proxy(request, job))
         submitted_at = time.time()
         _remember_submission(r, keys.submission(job["solve_id"]), captcha_id, job, life)
-    store.answer_board().register(captcha_id, request.method)
+    store.answer_board().register(captcha_id, request.method, job["solve_id"])
     wait = timing.first_wait(r, keys, get_settings(), request.method, request.initial_wait)
     return {
         **job,
@@ -354,11 +355,16 @@ def _remember_submission(r: Any, key: str, captcha_id: str, job: Job, life: floa
 # -- poll outcomes ---------------------------------------------------------------------
 
 
-def _not_ready(task: Task, job: Job, now: float) -> NoReturn:
+def _not_ready(task: Task, job: Job, now: float, led: bool) -> NoReturn:
     settings = get_settings()
+    request = SolveRequest.from_dict(job["request"])
+    typical = timing.typical_solve_time(store.redis_client(), store.keys(), settings, request)
+    interval = store.poller().next_interval(
+        request.method, settings.poll_interval, typical, led=led
+    )
     job = {**job, "polls": job.get("polls", 0) + 1, "last_not_ready": now}
-    job["next_poll_at"] = now + settings.poll_interval
-    _again(task, job, settings.poll_interval)
+    job["next_poll_at"] = now + interval
+    _again(task, job, interval)
 
 
 def _deliver(task: Task, job: Job, answer: Answer, now: float) -> dict[str, Any]:
@@ -435,8 +441,11 @@ def _again(task: Task, job: Job, countdown: float) -> NoReturn:
     raise Ignore()
 
 
-def wake_polls(messages: list[dict[str, Any]]) -> None:
-    """Publish the poll messages of captchas a bulk poll found finished."""
+def finished_elsewhere(lease_ids: list[str], messages: list[dict[str, Any]]) -> None:
+    """A bulk poll found these captchas finished: free their threads, wake their polls."""
+    limiter = store.limiter()
+    for lease_id in lease_ids:
+        publish_handout(limiter.release(lease_id))
     for message in messages:
         app.signature(message).apply_async()
 

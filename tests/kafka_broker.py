@@ -3,7 +3,7 @@ topics and a consumer group per test, bridge processes, and a reader of output t
 
 Import the fixtures into a test module (conftest.py belongs to the core suite)::
 
-    from kafka_broker import kafka, kafka_broker, start_bridge  # noqa: F401
+    from kafka_broker import kafka_broker_fixture, kafka_fixture, start_bridge_fixture
 
 The broker's jars come from Maven Central on the first run and are cached (see
 :mod:`captcha_tasks.kafka_devstack`).  Without Java 17+ or Maven the tests that need the
@@ -38,8 +38,8 @@ from captcha_tasks.settings import Settings
 TEST_CLIENT_CONFIG = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
 
 
-@pytest.fixture(scope="session")
-def kafka_broker(output_dir: Path) -> Iterator[KafkaBroker]:
+@pytest.fixture(scope="session", name="kafka_broker")
+def kafka_broker_fixture(output_dir: Path) -> Iterator[KafkaBroker]:
     """One broker for the whole session, stopped and deleted at the end."""
     problem = missing_tools()
     if problem:
@@ -63,14 +63,19 @@ class KafkaSetup:
     settings: Settings
     env: dict[str, str]
     partitions: int
+    readers: list[TopicReader] = field(default_factory=list)
 
     def reader(self, topic: str) -> TopicReader:
-        return TopicReader(self.settings, topic)
+        """A reader of ``topic`` from its beginning, closed after the test."""
+        reader = TopicReader(self.settings, topic)
+        self.readers.append(reader)
+        return reader
 
 
-@pytest.fixture
-def kafka(kafka_broker: KafkaBroker) -> Callable[..., KafkaSetup]:
+@pytest.fixture(name="kafka")
+def kafka_fixture(kafka_broker: KafkaBroker) -> Iterator[Callable[..., KafkaSetup]]:
     """Factory: fresh topics (``partitions`` each) and a fresh group for this test."""
+    setups: list[KafkaSetup] = []
 
     def make(partitions: int = 6, **settings: Any) -> KafkaSetup:
         suffix = uuid.uuid4().hex[:8]
@@ -85,13 +90,17 @@ def kafka(kafka_broker: KafkaBroker) -> Callable[..., KafkaSetup]:
         }
         resolved = Settings.from_env({**os.environ, **env})
         create_topics(resolved, partitions=partitions)
-        return KafkaSetup(resolved, env, partitions)
+        setups.append(KafkaSetup(resolved, env, partitions))
+        return setups[-1]
 
-    return make
+    yield make
+    for setup in setups:
+        for reader in setup.readers:
+            reader.close()
 
 
-@pytest.fixture
-def start_bridge(output_dir: Path) -> Iterator[Callable[..., BridgeProcess]]:
+@pytest.fixture(name="start_bridge")
+def start_bridge_fixture(output_dir: Path) -> Iterator[Callable[..., BridgeProcess]]:
     """Factory for bridge processes; every one is stopped after the test."""
     started: list[BridgeProcess] = []
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
@@ -20,7 +19,7 @@ from captcha_tasks import solve, store
 from captcha_tasks.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.errors import FatalError
 from captcha_tasks.metrics import SOLVE_TIME_BUCKETS, _buckets, make_wsgi_app, serve_in_thread
-from captcha_tasks.tasks import create_pool, take_token
+from captcha_tasks.tasks import create_pool, prewarm
 
 PAGE = "https://example.com/metrics"
 POOL = "metrics-pool"
@@ -56,7 +55,7 @@ def metrics_url() -> Iterator[str]:
 
 
 def _pool_idle() -> dict[str, Any]:
-    """The pool's status once its refills have landed (the worker is then idle)."""
+    """The pool's status once its refills have landed."""
     pools = store.pools()
 
     def idle() -> dict[str, Any] | None:
@@ -70,7 +69,7 @@ def _pool_idle() -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_metrics_report_threads_pools_errors_and_solve_times(
-    worker: CeleryProcess, sandbox: Any, clean_state: None, metrics_url: str
+    worker: CeleryProcess, sandbox: Any, clean_state: None, metrics_url: str, redis_conn: Any
 ) -> None:
     results = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(3)]
     assert all(r.get(timeout=30)["status"] == "solved" for r in results)
@@ -78,12 +77,16 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
     with pytest.raises(FatalError) as failed:
         bad.get(timeout=30)
 
+    # PoolStore.take, unlike take_token, starts no refill in the background: nothing may
+    # run on the worker while the limiter is filled below.
+    pools = store.pools()
     create_pool(POOL, "turnstile", "metrics-key", PAGE, size=2, ttl=120)
-    store.pools().reset_stats(POOL)
-    assert take_token(POOL) is None  # a miss: it also starts the refills
+    pools.reset_stats(POOL)
+    assert pools.take(POOL) is None  # a miss
+    assert prewarm.delay(POOL).get(timeout=30)[POOL] >= 1
     _pool_idle()
-    assert take_token(POOL) is not None  # a hit
-    pool_status = _pool_idle()
+    assert pools.take(POOL) is not None  # a hit
+    pool_status = pools.status(POOL)
 
     # Hold every thread and park one submit behind them.
     limiter = store.limiter()
@@ -94,8 +97,6 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
     assert not limiter.acquire("metrics-parked", payload={}, deadline_in_s=30)
     try:
         samples = _scrape(metrics_url)
-        if os.environ.get("CT_PRINT_METRICS"):
-            print(requests.get(metrics_url, timeout=10).text)
     finally:
         for lease in [*held, "metrics-parked"]:
             limiter.release(lease)
@@ -112,7 +113,7 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
     assert _value(samples, "captcha_tasks_pool_target_tokens", **pool) == pool_status["target"]
     assert _value(samples, "captcha_tasks_pool_tokens_taken_total", **pool) == 1
     assert _value(samples, "captcha_tasks_pool_misses_total", **pool) == 1
-    assert _value(samples, "captcha_tasks_pool_tokens_added_total", **pool) >= 2
+    assert _value(samples, "captcha_tasks_pool_tokens_added_total", **pool) >= 1
     assert _value(samples, "captcha_tasks_pool_hit_ratio", **pool) == 0.5
     assert _value(samples, "captcha_tasks_pool_refills_in_flight", **pool) == 0
 
@@ -121,10 +122,8 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
 
     turnstile = {"method": "turnstile"}
     solved = _value(samples, "captcha_tasks_solved_total", method="turnstile", source="api")
-    assert solved >= 3 + 2  # three solves and at least two pool refills
-    recent = redis.Redis.from_url(os.environ["REDIS_URL"]).llen(
-        store.keys().solve_times("turnstile")
-    )
+    assert solved >= 3 + 1  # three solves and at least one pool refill
+    recent = redis_conn.llen(store.keys().solve_times("turnstile"))
     assert _value(samples, "captcha_tasks_solve_seconds_gcount", **turnstile) == recent
     assert _value(samples, "captcha_tasks_solve_seconds_bucket", le="+Inf", **turnstile) == recent
     assert 0 < _value(samples, "captcha_tasks_solve_seconds_gsum", **turnstile) < recent * 5

@@ -56,3 +56,12 @@ def test_secrets_not_in_repr() -> None:
     )
     assert "supersecret123" not in repr(s)
     assert "hunter2" not in repr(s)
+
+
+def test_every_setting_has_its_environment_variable() -> None:
+    from dataclasses import fields
+
+    from captcha_tasks.settings import _ENV
+
+    assert {f.name for f in fields(Settings)} == set(_ENV)
+    assert len(ENVIRONMENT_VARIABLES) == len(_ENV)
