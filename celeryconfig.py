@@ -35,7 +35,8 @@ broker_transport_options = {
 result_backend_transport_options = {"retry_policy": {"timeout": 5.0}}
 broker_connection_retry_on_startup = True
 result_expires = 3600
-result_extended = True
+# Extended results would store raw task arguments (a caller's proxy password) in Redis.
+result_extended = False
 # Each in-flight poll is an ETA message the worker holds in memory.
 worker_eta_task_limit = max(2000, 2 * _settings.threads)
 worker_prefetch_multiplier = 4

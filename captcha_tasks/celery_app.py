@@ -5,7 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from celery import Celery
-from celery.signals import beat_init, worker_init, worker_process_init
+from celery.signals import (
+    after_setup_logger,
+    after_setup_task_logger,
+    beat_init,
+    worker_init,
+    worker_process_init,
+)
 
 from . import settings as _settings
 from . import store
@@ -28,3 +34,13 @@ def _register_pools(**_: Any) -> None:
     from .tasks import register_configured_pools
 
     register_configured_pools()
+
+
+@after_setup_logger.connect
+@after_setup_task_logger.connect
+def _redact_logs(logger: Any = None, **_: Any) -> None:
+    # No API key, proxy password, cookie value or whole token in any log line.
+    from . import redact
+
+    redact.install(logger)
+    redact.install()

@@ -240,6 +240,8 @@ class Bridge:
     def _handle(self, message: Message) -> None:
         error = message.error()
         if error is not None:
+            if error.fatal():
+                raise KafkaException(error)
             log.warning("consumer error: %s", error)
             return
         number, offset = message.partition(), message.offset()
@@ -426,15 +428,20 @@ class Bridge:
             return
         offsets = [TopicPartition(self.topic, number, offset) for number, offset in points.items()]
         try:
-            if sync:
-                self.consumer.commit(offsets=offsets, asynchronous=False)
-            else:
-                self.consumer.commit(offsets=offsets, asynchronous=True)
+            self._send_commit(offsets, sync)
         except KafkaException as exc:
             # Not fatal: the messages are redelivered and answered from Redis.
             log.warning("offset commit failed: %s", exc)
             return
         self.tracker.mark_committed(points)
+
+    def _send_commit(self, offsets: list[TopicPartition], sync: bool) -> None:
+        if not sync:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+            return
+        for tp in self.consumer.commit(offsets=offsets, asynchronous=False):
+            if tp.error is not None:
+                raise KafkaException(tp.error)
 
     def _back_pressure(self) -> None:
         pending = self.tracker.pending_count()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +52,29 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 _librdkafka_log = logging.getLogger("captcha_tasks.librdkafka")
+
+
+class RepeatFilter(logging.Filter):
+    """Let one of identical log lines through per ``every_s`` seconds: librdkafka logs a
+    connection failure on each reconnect attempt, which would flood the log."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        text = record.getMessage()
+        if now - self._last.get(text, -self.every_s) < self.every_s:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()  # bounded memory; at worst one extra line per message
+        self._last[text] = now
+        return True
+
+
+_librdkafka_log.addFilter(RepeatFilter())
 
 #: Messages librdkafka prefetches per partition: a backlog stays on the brokers.
 PREFETCH_MESSAGES = 1000
@@ -104,6 +128,7 @@ def producer_config(settings: Settings) -> dict[str, Any]:
 
 
 def admin_config(settings: Settings) -> dict[str, Any]:
+    """An admin client of the same cluster (topics, group descriptions)."""
     return _layered(settings, {})
 
 
@@ -298,4 +323,5 @@ def _lag_of(
 
 
 def total_lag(lags: Iterable[PartitionLag]) -> int:
+    """The group's lag over every partition."""
     return sum(item.lag for item in lags)

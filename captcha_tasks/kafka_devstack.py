@@ -76,6 +76,7 @@ def missing_tools() -> str | None:
 
 
 def cache_root() -> Path:
+    """Where resolved broker jars are kept between runs."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "captcha-tasks" / "kafka"
 
@@ -165,6 +166,7 @@ class KafkaBroker(_Process):
 
     @property
     def bootstrap_servers(self) -> str:
+        """``KAFKA_BOOTSTRAP_SERVERS`` for this broker."""
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 90) -> Self:

@@ -70,6 +70,7 @@ class Source:
     key: bytes | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The ``source`` field of a dead letter."""
         return {"topic": self.topic, "partition": self.partition, "offset": self.offset}
 
 
@@ -139,10 +140,12 @@ def dead_letter_headers(letter: dict[str, Any]) -> Headers:
 
 
 def encode(data: dict[str, Any]) -> bytes:
+    """Compact UTF-8 JSON, as every message of the bridge is written."""
     return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def decode(value: bytes | str) -> dict[str, Any]:
+    """A JSON object written by :func:`encode`."""
     data = json.loads(value)
     if not isinstance(data, dict):
         raise ValueError("expected a JSON object")

@@ -104,4 +104,5 @@ class OffsetTracker:
             self._partitions.pop(number, None)
 
     def partitions(self) -> set[int]:
+        """Partitions with consumed messages tracked."""
         return set(self._partitions)

@@ -149,3 +149,7 @@ class Keys:
     def batch_cancelled(self, batch_id: str) -> str:
         """String with a TTL: the batch was abandoned; its queued submits must not run."""
         return self._k("batch", batch_id, "cancelled")
+
+    def request_secrets(self, solve_id: str) -> str:
+        """Hash with a TTL: a solve's proxy and cookies, kept out of task messages."""
+        return self._k("solve", solve_id, "secrets")

@@ -138,17 +138,18 @@ return {dispatched, dropped}
 
 RENEW_LUA = (
     """
--- Extend a captcha's lease (a captcha at the provider holds a thread whatever happened).
+-- Extend a captcha's lease.  A released lease is never brought back: a late poll of a
+-- captcha whose slot a bulk poll already gave back must not take a thread again.
 -- KEYS[1] = slots
 -- ARGV[1] = lease id, ARGV[2] = lease length, ms
--- returns 1 if the lease was still held, 0 if it had expired and was taken again
+-- returns 1 if the lease was held and is extended, 0 if there was none
 """
     + _NOW_MS
     + """
 local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not held then return 0 end
 redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-if held and tonumber(held) > now then return 1 end
-return 0
+return 1
 """
 )
 
@@ -282,7 +283,7 @@ class ThreadLimiter:
         return Handout(_pairs(dispatched), _pairs(dropped))
 
     def renew(self, lease_id: str) -> bool:
-        """Extend a captcha's lease; False if it had expired (it is held again now)."""
+        """Extend a captcha's lease; False if it holds none (released or long expired)."""
         args: list[Arg] = [lease_id, _ms(self.config.lease_s)]
         return bool(_guard(lambda: self._renew(keys=[self.keys.slots()], args=args)))
 

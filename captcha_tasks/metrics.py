@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 PREFIX = "captcha_tasks"
 DEFAULT_PORT = 9808
 #: Upper bounds (s) of the solve-time buckets: image captchas take seconds, tokens tens.
-SOLVE_TIME_BUCKETS = (1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0)
+SOLVE_TIME_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0)
 #: Errors that mean "Redis is not answering", not "the exporter is broken".
 UNAVAILABLE = (StoreUnavailable, redis.RedisError, OSError)
 
@@ -254,7 +254,8 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+    # Requests go to the debug log, not stderr (the parameter name is the base class's).
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s - " + format, self.address_string(), *args)
 
 

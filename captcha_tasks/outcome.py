@@ -45,7 +45,13 @@ class Solved:
     status: Literal["solved"] = "solved"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        # status first, the token last: a truncated repr shows the facts, not the secret
+        return {
+            "status": data.pop("status"),
+            **{k: v for k, v in data.items() if k != "token"},
+            "token": data["token"],
+        }
 
     @property
     def expires_ts(self) -> float:

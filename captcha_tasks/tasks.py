@@ -11,6 +11,7 @@ overall deadline.  The API key is never in a job: workers read it from settings.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -24,8 +25,9 @@ from . import errors, store, timing
 from .celery_app import app
 from .client import NOT_READY, Answer
 from .limiter import Handout
-from .methods import SolveRequest, build_request
+from .methods import POOL_PROXY, SolveRequest, build_request
 from .outcome import Failed, Solved, iso, parse_iso
+from .redact import SECRET_PARAMS, mask_params
 from .settings import get_settings
 from .stream import cancelled, emit
 
@@ -39,13 +41,23 @@ BACKOFF_BASE = 0.5
 BACKOFF_CAP = 30.0
 
 
+#: Task results are shown (worker log, Flower) cut at this many characters; outcome dicts
+#: put the token last, so it is cut short or left out.
+RESULT_REPR_MAX = 230
+
+
 class SolveTask(Task):
     """``solve`` validates its arguments at the call site, before anything is queued."""
+
+    resultrepr_maxsize = RESULT_REPR_MAX
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         kwargs = dict(kwargs or {})
         batch = kwargs.pop("_batch", None)
         kwargs = normalize_solve_args(args or (), kwargs)
+        # Flower and task events show this instead of the arguments: no proxy password,
+        # no cookie values, no image body.
+        options.setdefault("kwargsrepr", repr(mask_params(kwargs)))
         if batch is not None:
             kwargs["_batch"] = batch
         return super().apply_async((), kwargs, **options)
@@ -86,7 +98,52 @@ def solve(
     if pooled is not None:
         emit(job, pooled)
         return pooled
-    return self.replace(submit.s(job) | poll.s())
+    _stash_secrets(job, request)
+    return self.replace(_chain(job))
+
+
+def _chain(job: Job) -> Any:
+    return submit.s(job).set(argsrepr=_job_repr(job)) | poll.s()
+
+
+def _job_repr(job: Job) -> str:
+    """A readable, secret-free label of a job for Flower and the worker log."""
+    request = job["request"]
+    parts = [request["method"], str(request.get("sitekey") or ""), f"solve={job['solve_id']}"]
+    if job.get("captcha_id"):
+        parts.append(f"captcha={job['captcha_id']}")
+    if job.get("attempt"):
+        parts.append(f"attempt={job['attempt']}")
+    return "(" + " ".join(p for p in parts if p) + ")"
+
+
+def _stash_secrets(job: Job, request: SolveRequest) -> None:
+    """Keep the caller's proxy and cookies out of every later task message: they wait in
+    Redis for the submit that needs them."""
+    secret = {k: v for k, v in request.params.items() if k in SECRET_PARAMS and v != POOL_PROXY}
+    if not secret:
+        return
+    r, key = store.redis_client(), store.keys().request_secrets(job["solve_id"])
+    pipe = r.pipeline(transaction=True)
+    pipe.hset(key, mapping={k: json.dumps(v) for k, v in secret.items()})
+    pipe.expire(key, int(get_settings().solve_timeout) + 600)
+    pipe.execute()
+    params = {k: v for k, v in request.params.items() if k not in secret}
+    job["request"] = {**job["request"], "params": params, "secrets": sorted(secret)}
+
+
+def _full_request(job: Job) -> SolveRequest:
+    """The job's request with its stashed proxy and cookies put back (submit only)."""
+    request = SolveRequest.from_dict(job["request"])
+    names = job["request"].get("secrets")
+    if not names:
+        return request
+    stored = store.redis_client().hmget(store.keys().request_secrets(job["solve_id"]), names)
+    if any(v is None for v in stored):
+        raise errors.SolveTimeout("the solve's proxy/cookies expired before it was submitted")
+    found = {n: json.loads(str(v)) for n, v in zip(names, stored, strict=True)}
+    params = {**request.params, **found}
+    return SolveRequest(request.method, request.sitekey, request.pageurl, params)
 
 
 def new_job(
@@ -178,7 +235,7 @@ def _hold_slot(task: Task, job: Job) -> bool:
     )
 
 
-@app.task(bind=True, name="captcha_tasks.poll")
+@app.task(bind=True, name="captcha_tasks.poll", resultrepr_maxsize=RESULT_REPR_MAX)
 def poll(self: Task, job: Job) -> dict[str, Any]:
     """Ask for the job's answer; reschedule while it is not ready."""
     try:
@@ -235,6 +292,8 @@ def _finish(
     report the outcome to its batch."""
     handout = store.limiter().release(job["solve_id"])
     publish_handout(handout)
+    if job["request"].get("secrets"):
+        store.redis_client().delete(store.keys().request_secrets(job["solve_id"]))
     if emit_outcome:
         method = job["request"]["method"]
         elapsed = round(time.time() - job["started"], 3)
@@ -288,7 +347,7 @@ def submit_job(job: Job, now: float | None = None) -> Job:
             "reusing captcha %s for solve %s (redelivered submit)", captcha_id, job["solve_id"]
         )
     else:
-        captcha_id = store.api_client().submit(_with_pool_proxy(request, job))
+        captcha_id = store.api_client().submit(_with_pool_proxy(_full_request(job), job))
         submitted_at = time.time()
         _remember_submission(r, keys.submission(job["solve_id"]), captcha_id, job, life)
     store.answer_board().register(captcha_id, request.method, job["solve_id"])
@@ -404,7 +463,7 @@ def _resubmit(task: Task, job: Job, exc: errors.CaptchaTasksError) -> NoReturn:
         _again(task, fresh, 0)  # submit's chain already ends in poll
     if store.answer_board().in_flight(job["captcha_id"]):
         _claim(job)
-    task.replace(submit.s(fresh) | poll.s())
+    task.replace(_chain(fresh))
     raise Ignore()  # replace() always raises; this keeps type checkers informed
 
 
@@ -432,6 +491,8 @@ def _again(task: Task, job: Job, countdown: float) -> NoReturn:
         kwargs={},
         countdown=countdown,
         retries=(task.request.retries or 0) + 1,
+        argsrepr=_job_repr(job),  # Celery does not carry argsrepr over by itself
+        kwargsrepr="{}",
     )
     if task.name == poll.name:
         # A bulk poll that sees this captcha finish re-publishes this message at once.
@@ -522,7 +583,7 @@ def _dispatch_refill(pool: str, request: SolveRequest) -> None:
     refill_id = f"refill-{uuid.uuid4().hex}"
     job = new_job(refill_id, request, pool=pool)
     store.pools().refill_started(pool, refill_id, get_settings().solve_timeout)
-    (submit.s(job) | poll.s().set(task_id=refill_id)).apply_async()
+    (submit.s(job).set(argsrepr=_job_repr(job)) | poll.s().set(task_id=refill_id)).apply_async()
 
 
 def register_configured_pools() -> int:

@@ -80,7 +80,7 @@ def _run_flower_expecting_exit(env: dict[str, str]) -> subprocess.CompletedProce
     port = free_port()
     argv = [sys.executable, "-m", "celery", "-A", "captcha_tasks", "flower", f"--port={port}"]
     # run() kills the child if it is still running at the timeout (the test then fails).
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
 
 
 # -- the start-up check ------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from captcha_tasks.kafka_claims import ClaimStore
 from captcha_tasks.kafka_client import (
     INSTALL_HINT,
     PartitionLag,
+    RepeatFilter,
     TaskProducer,
     consumer_config,
     producer_config,
@@ -105,6 +107,17 @@ def test_client_config_cannot_switch_off_what_correctness_needs() -> None:
     assert consumer["auto.offset.reset"] == "earliest"
     producer = producer_config(s)
     assert (producer["acks"], producer["enable.idempotence"]) == ("all", True)
+
+
+def test_repeated_librdkafka_lines_are_let_through_once_a_minute() -> None:
+    repeat = RepeatFilter(every_s=60)
+
+    def record(text: str) -> logging.LogRecord:
+        return logging.LogRecord("librdkafka", logging.ERROR, __file__, 1, text, None, None)
+
+    assert repeat.filter(record("Connect to 127.0.0.1:9 failed"))
+    assert not repeat.filter(record("Connect to 127.0.0.1:9 failed"))
+    assert repeat.filter(record("Authentication failed"))
 
 
 def test_lag_counts_from_the_earliest_offset_until_the_group_commits() -> None:

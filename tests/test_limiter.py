@@ -125,6 +125,14 @@ def test_renew_keeps_a_lease_alive(redis_conn: Any, keys: Keys) -> None:
     assert redis_conn.zscore(keys.slots(), "a") >= score_before
 
 
+def test_renew_never_brings_back_a_released_lease(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    lim.release("a")
+    assert lim.renew("a") is False
+    assert lim.in_use() == 0
+
+
 def test_parked_past_deadline_is_dropped(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
     lim.acquire("a", payload=payload(0), deadline_in_s=60)

@@ -1,0 +1,78 @@
+"""Keep secrets out of logs, Flower and task events.
+
+The API key, proxy passwords and cookie values are never written out; tokens are cut to
+a short prefix.  :class:`RedactingFilter` is installed on every handler of a Celery
+process (worker, beat, flower) and can be added to an application's own logging.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from .settings import get_settings
+
+#: Solve parameters that must never appear in a log line, a task event or Flower.
+SECRET_PARAMS = frozenset({"proxy", "cookies"})
+TOKEN_PREFIX = 8
+
+_PROXY_CREDS = re.compile(r"(?P<user>[\w.%+-]+):(?P<pw>[^@\s'\"/]+)@(?P<host>[\w.-]+:\d+)")
+_TOKEN_FIELD = re.compile(
+    r"(?P<head>['\"]token['\"]\s*:\s*['\"])(?P<tok>[^'\"]{" + str(TOKEN_PREFIX) + ",})"
+)
+_COOKIES_FIELD = re.compile(r"(?P<head>['\"]cookies['\"]\s*:\s*['\"])(?P<val>[^'\"]*)")
+_KEY_FIELD = re.compile(r"(?P<head>\bkey=)(?P<val>[^&\s'\"]+)")
+
+
+def mask_proxy(proxy: str) -> str:
+    """``user:pass@host:port`` -> ``user:***@host:port``."""
+    return _PROXY_CREDS.sub(r"\g<user>:***@\g<host>", proxy)
+
+
+def mask_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of solve keyword arguments that is safe to show."""
+    shown: dict[str, Any] = {}
+    for name, value in params.items():
+        if name == "proxy" and isinstance(value, str):
+            shown[name] = mask_proxy(value) if "@" in value else value
+        elif name == "cookies":
+            shown[name] = "***"
+        elif name == "body" and isinstance(value, str | bytes):
+            shown[name] = f"<image, {len(value)} base64 chars>"
+        else:
+            shown[name] = value
+    return shown
+
+
+def redact_text(text: str) -> str:
+    """Remove the API key, proxy passwords and cookie values; shorten tokens."""
+    key = get_settings().api_key
+    if key and key in text:
+        text = text.replace(key, "***")
+    text = _PROXY_CREDS.sub(r"\g<user>:***@\g<host>", text)
+    text = _COOKIES_FIELD.sub(r"\g<head>***", text)
+    text = _KEY_FIELD.sub(r"\g<head>***", text)
+    return _TOKEN_FIELD.sub(lambda m: m.group("head") + m.group("tok")[:TOKEN_PREFIX] + "…", text)
+
+
+class RedactingFilter(logging.Filter):
+    """A logging filter that redacts every record's final message."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact_text(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        if record.exc_info and record.exc_info[1] is not None:
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+        return True
+
+
+def install(logger: logging.Logger | None = None) -> None:
+    """Add the filter to every handler of ``logger`` (default: the root logger)."""
+    target = logger or logging.getLogger()
+    for handler in target.handlers:
+        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
