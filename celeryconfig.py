@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from kombu import Queue  # type: ignore[attr-defined]
 
+from captcha_tasks.keys import Keys
 from captcha_tasks.settings import get_settings
 
 _settings = get_settings()
@@ -73,3 +74,12 @@ beat_schedule = {
         "options": {"expires": _settings.prewarm_every},
     },
 }
+
+# Optional standby beat with celery-redbeat (`pip install captcha-tasks[redbeat]`, then
+# `celery -A captcha_tasks beat -S redbeat.RedBeatScheduler`): only the holder of its Redis
+# lock ticks; a standby takes over at most redbeat_lock_timeout after a crash.
+redbeat_redis_url = _settings.redis_url
+redbeat_redis_options: dict[str, object] = {}
+redbeat_key_prefix = Keys(_settings.key_prefix).redbeat_prefix()
+redbeat_lock_timeout = 30
+beat_max_loop_interval = 5

@@ -13,15 +13,22 @@ from celery.signals import (
     worker_process_init,
 )
 
+from . import flower_auth, store
 from . import settings as _settings
-from . import store
 
-app = Celery("captcha_tasks")
+# Not the "current" app: a Django or Flask project's own Celery app stays theirs, and
+# their shared tasks never pick up our configuration (see examples/).
+app = Celery("captcha_tasks", set_as_current=False)
 app.config_from_object("celeryconfig")
+flower_auth.install(app)
+
+
+def _ours(sender: Any) -> bool:
+    return getattr(sender, "app", app) is app
 
 
 @worker_process_init.connect
-def _fresh_handles(**_: Any) -> None:
+def _fresh_handles(sender: Any = None, **_: Any) -> None:
     # A forked child must not share its parent's sockets.
     store.reset()
     _settings.reset_settings()
@@ -29,8 +36,11 @@ def _fresh_handles(**_: Any) -> None:
 
 @worker_init.connect
 @beat_init.connect
-def _register_pools(**_: Any) -> None:
-    # Pools declared in CAPTCHAAI_POOLS become visible to every process through Redis.
+def _register_pools(sender: Any = None, **_: Any) -> None:
+    # Pools declared in CAPTCHAAI_POOLS become visible to every process through Redis;
+    # a framework's own worker in the same process tree has nothing to register.
+    if not _ours(sender):
+        return
     from .tasks import register_configured_pools
 
     register_configured_pools()

@@ -290,5 +290,13 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _register_extras() -> None:
+    from .metrics import metrics_command
+
+    cli.add_command(metrics_command)
+
+
+_register_extras()
+
 if __name__ == "__main__":
     main()

@@ -153,3 +153,7 @@ class Keys:
     def request_secrets(self, solve_id: str) -> str:
         """Hash with a TTL: a solve's proxy and cookies, kept out of task messages."""
         return self._k("solve", solve_id, "secrets")
+
+    def redbeat_prefix(self) -> str:
+        """Prefix of celery-redbeat's schedule and lock keys (optional HA beat)."""
+        return self._k("redbeat") + ":"

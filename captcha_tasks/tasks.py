@@ -82,7 +82,7 @@ def normalize_solve_args(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@app.task(bind=True, base=SolveTask, name="captcha_tasks.solve")
+@app.task(bind=True, base=SolveTask, name="captcha_tasks.solve", shared=False)
 def solve(
     self: Task, method: str, sitekey: str | None = None, pageurl: str | None = None, **params: Any
 ) -> Any:
@@ -185,7 +185,7 @@ def _from_pool(request: SolveRequest, started: float) -> dict[str, Any] | None:
     ).to_dict()
 
 
-@app.task(bind=True, name="captcha_tasks.submit")
+@app.task(bind=True, name="captcha_tasks.submit", shared=False)
 def submit(self: Task, job: Job) -> Job:
     """Take a thread slot (or park), submit the job's captcha at most once per attempt,
     and hand the job to ``poll``."""
@@ -193,7 +193,7 @@ def submit(self: Task, job: Job) -> Job:
         return _submit_step(self, job)
     except errors.CaptchaTasksError as exc:
         _finish(job)
-        _count_error(exc.code)
+        _count_error(exc.code, exc)
         raise
 
 
@@ -212,10 +212,10 @@ def _submit_step(task: Task, job: Job) -> Job:
             _again(task, job, wait)
         return submit_job(job)
     except errors.RetryableError as exc:
-        _count_error(exc.code)
+        _count_error(exc.code, exc)
         _transport_retry(task, job, exc)
     except errors.ProxyError as exc:
-        _count_error(exc.code)
+        _count_error(exc.code, exc)
         _pool_proxy_failed(task, job, exc)
 
 
@@ -235,7 +235,7 @@ def _hold_slot(task: Task, job: Job) -> bool:
     )
 
 
-@app.task(bind=True, name="captcha_tasks.poll", resultrepr_maxsize=RESULT_REPR_MAX)
+@app.task(bind=True, name="captcha_tasks.poll", resultrepr_maxsize=RESULT_REPR_MAX, shared=False)
 def poll(self: Task, job: Job) -> dict[str, Any]:
     """Ask for the job's answer; reschedule while it is not ready."""
     try:
@@ -243,7 +243,7 @@ def poll(self: Task, job: Job) -> dict[str, Any]:
     except errors.CaptchaTasksError as exc:
         _claim(job)
         _finish(job, failure=exc)
-        _count_error(exc.code)
+        _count_error(exc.code, exc)
         raise
     _finish(job, outcome)
     return outcome
@@ -269,13 +269,13 @@ def _poll_step(task: Task, job: Job) -> dict[str, Any]:
         if isinstance(answer, float):
             _again(task, job, answer)  # the account's res.php budget is spent for now
     except errors.RetryableError as exc:
-        _count_error(exc.code)
+        _count_error(exc.code, exc)
         _transport_retry(task, job, exc)
     except errors.ResubmitError as exc:
-        _count_error(exc.code)
+        _count_error(exc.code, exc)
         _resubmit(task, job, exc)
     except errors.ProxyError as exc:
-        _count_error(exc.code)
+        _count_error(exc.code, exc)
         _pool_proxy_failed(task, job, exc)
     if answer is NOT_READY:
         _not_ready(task, job, now, fetched.led)
@@ -516,14 +516,18 @@ def token_life(request: SolveRequest) -> float:
     return float(overrides.get(request.method, request.spec.token_life))
 
 
-def _count_error(code: str) -> None:
+def _count_error(code: str, exc: BaseException | None = None) -> None:
+    if exc is not None:
+        if getattr(exc, "_counted", False):
+            return  # an inner handler counted it before re-raising
+        exc._counted = True  # type: ignore[attr-defined]
     try:
         store.redis_client().hincrby(store.keys().api_errors(), code, 1)
     except Exception:  # metrics must never break a solve
         log.debug("could not count error %s", code, exc_info=True)
 
 
-@app.task(name="captcha_tasks.report")
+@app.task(name="captcha_tasks.report", shared=False)
 def report_task(captcha_id: str, good: bool) -> None:
     """Send ``reportgood`` / ``reportbad`` for a solved captcha."""
     store.api_client().report(captcha_id, good=good)
@@ -545,7 +549,7 @@ def report(result: dict[str, Any], *, good: bool) -> Any:
 # -- pools and housekeeping -------------------------------------------------------------
 
 
-@app.task(name="captcha_tasks.prewarm")
+@app.task(name="captcha_tasks.prewarm", shared=False)
 def prewarm(pool: str | None = None) -> dict[str, int]:
     """Beat's tick (and every take): hand out freed slots, then top pools up.
 

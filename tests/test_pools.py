@@ -153,14 +153,20 @@ def test_parse_pools_rejects_non_finite_numbers() -> None:
         )
 
 
-def test_matches_same_site_action_and_version_only() -> None:
+def test_matches_same_site_and_solve_parameters_only() -> None:
     rc = PoolSpec.from_dict(RC)
-    same = build_request("userrecaptcha", "6Lc-site", SITE, version="v3", action="login")
+    same = build_request(
+        "userrecaptcha", "6Lc-site", SITE, version="v3", action="login", min_score=RC["min_score"]
+    )
     assert rc.matches(same)
-    assert rc.matches(
+    # a token solved for another score is not what the caller asked for
+    assert not rc.matches(
         build_request(
             "userrecaptcha", "6Lc-site", SITE, version="v3", action="login", min_score=0.3
         )
+    )
+    assert not rc.matches(
+        build_request("userrecaptcha", "6Lc-site", SITE, version="v3", action="login")
     )
     assert not rc.matches(
         build_request("userrecaptcha", "6Lc-site", SITE, version="v3", action="buy")
@@ -199,7 +205,16 @@ def test_register_get_find_unregister(store: PoolStore) -> None:
     assert [s.name for s in store.all()] == ["rc-login", "ts-home"]
     assert store.find(build_request("turnstile", "0x4AAA", "https://example.com/")) == ts
     assert (
-        store.find(build_request("userrecaptcha", "6Lc-site", SITE, version="v3", action="login"))
+        store.find(
+            build_request(
+                "userrecaptcha",
+                "6Lc-site",
+                SITE,
+                version="v3",
+                action="login",
+                min_score=RC["min_score"],
+            )
+        )
         == rc
     )
     proxied = build_request("turnstile", "0x4AAA", "https://example.com/", proxy="1.2.3.4:8080")
