@@ -14,7 +14,8 @@ from .errors import CaptchaTasksError, ValidationError
 from .methods import METHODS, SolveRequest, build_request
 from .outcome import Failed, Solved, outcome_from_dict
 from .settings import Settings, get_settings
-from .tasks import poll, report, solve, submit
+from .stream import stream
+from .tasks import create_pool, poll, report, solve, submit, take_token
 
 __all__ = [
     "METHODS",
@@ -28,11 +29,14 @@ __all__ = [
     "ValidationError",
     "app",
     "build_request",
+    "create_pool",
     "errors",
     "get_settings",
     "outcome_from_dict",
     "poll",
     "report",
     "solve",
+    "stream",
     "submit",
+    "take_token",
 ]
