@@ -148,10 +148,14 @@ class _Process:
 class RedisServer(_Process):
     """A throwaway Redis-compatible server on a free loopback port (no persistence)."""
 
-    def __init__(self, port: int | None = None, log_dir: Path | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, log_dir: Path | None = None, password: str | None = None
+    ) -> None:
         super().__init__("redis", log_dir)
         self.port = port or free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.password = password
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10) -> Self:
         binary = find_redis_server()
@@ -163,6 +167,7 @@ class RedisServer(_Process):
                 "--save", "",
                 "--appendonly", "no",
                 "--dir", str(self.log_dir),
+                *(["--requirepass", self.password] if self.password else []),
             ]
         )  # fmt: skip
         wait_until(lambda: redis_reachable(self.url), timeout, what="the Redis server")

@@ -354,11 +354,13 @@ class Bridge:
             )
             self.claims.count("failed")
         # Stored before it is produced: a crash in between re-publishes the same answer.
-        stored = self.claims.complete(
+        kept = self.claims.complete(
             task.task_id, encode(result).decode(), encode(letter).decode() if letter else ""
         )
-        if not stored:
+        if not kept.stored:  # answered by another bridge meanwhile: repeat its answer
             self.claims.count("answered_twice")
+            result = decode(kept.result)
+            letter = decode(kept.dead_letter) if kept.dead_letter else None
         self._publish(wait.messages, key=task.task_id.encode(), result=result, letter=letter)
 
     def _recheck(self, now: float) -> None:

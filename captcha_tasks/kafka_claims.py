@@ -93,11 +93,15 @@ COMPLETE_LUA = """
 -- Store the answer published for a task; the first answer stored is the one kept.
 -- KEYS[1] = the task's claim; ARGV[1] = result JSON; ARGV[2] = dead letter JSON or ''
 -- ARGV[3] = TTL, ms
--- returns 1 when stored, 0 when an answer was already there
-if redis.call('HGET', KEYS[1], 'state') == 'done' then return 0 end
+-- returns {1, result, dead letter} when stored, {0, the kept result, its dead letter}
+-- when another answer was stored first
+if redis.call('HGET', KEYS[1], 'state') == 'done' then
+  local kept = redis.call('HMGET', KEYS[1], 'result', 'dead_letter')
+  return {0, kept[1], kept[2] or ''}
+end
 redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[1], 'dead_letter', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return 1
+return {1, ARGV[1], ARGV[2]}
 """
 
 RELEASE_LUA = """
@@ -126,6 +130,15 @@ class Claim:
     @property
     def ours(self) -> bool:
         return self.state in ("new", "takeover")
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What :meth:`ClaimStore.complete` kept for a task (JSON texts)."""
+
+    stored: bool
+    result: str
+    dead_letter: str
 
 
 class ClaimStore:
@@ -199,10 +212,12 @@ class ClaimStore:
         args: list[Arg] = [celery_id, self._open_ttl_ms]
         return bool(_guard(lambda: self._dispatched(keys=[self._key(task_id)], args=args)))
 
-    def complete(self, task_id: str, result: str, dead_letter: str = "") -> bool:
-        """Keep the answer published for ``task_id`` for ``KAFKA_RESULT_TTL``."""
+    def complete(self, task_id: str, result: str, dead_letter: str = "") -> Answer:
+        """Keep the answer for ``task_id`` for ``KAFKA_RESULT_TTL``; returns the answer to
+        publish: this one, or the one another bridge stored first."""
         args: list[Arg] = [result, dead_letter, _ms(self.result_ttl)]
-        return bool(_guard(lambda: self._complete(keys=[self._key(task_id)], args=args)))
+        stored, kept, letter = _guard(lambda: self._complete(keys=[self._key(task_id)], args=args))
+        return Answer(bool(int(stored)), _text(kept), _text(letter))
 
     def release(self, task_id: str, celery_id: str) -> bool:
         """Drop ``celery_id``'s undispatched claim (its dispatch failed)."""

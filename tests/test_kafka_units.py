@@ -257,8 +257,14 @@ def test_one_claim_per_task_until_its_owner_is_presumed_dead(clean_state: None) 
 def test_a_done_claim_returns_the_first_answer_stored(clean_state: None, redis_conn: Any) -> None:
     claims = make_claims()
     claims.claim("t-2", "c1")
-    assert claims.complete("t-2", '{"status": "solved"}', '{"reason": "x"}')
-    assert not claims.complete("t-2", '{"status": "failed"}')
+    first = claims.complete("t-2", '{"status": "solved"}', '{"reason": "x"}')
+    assert (first.stored, first.result) == (True, '{"status": "solved"}')
+    second = claims.complete("t-2", '{"status": "failed"}')
+    assert (second.stored, second.result, second.dead_letter) == (
+        False,
+        '{"status": "solved"}',
+        '{"reason": "x"}',
+    )
     done = claims.claim("t-2", "c3")
     assert (done.state, done.result, done.dead_letter) == (
         "done",

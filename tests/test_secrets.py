@@ -3,11 +3,17 @@ data, worker logs and task events; tokens are not logged whole."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from test_flower import PASSWORD, USER, FlowerProcess, _flower_env
 
 from captcha_tasks import solve
+from captcha_tasks.devstack import CeleryProcess, RedisServer, wait_until
 from captcha_tasks.settings import get_settings
 from captcha_tasks.stream import stream
 
@@ -41,10 +47,12 @@ def dump_redis(conn: Any) -> str:
     return "\n".join(parts)
 
 
-def test_no_secret_in_redis_logs_or_events(
-    sandbox: Any, start_worker: Any, redis_conn: Any
+def test_no_secret_in_redis_logs_or_flower(
+    sandbox: Any, start_worker: Any, redis_conn: Any, output_dir: Path
 ) -> None:
     worker = start_worker(name="secrets-worker")
+    flower = FlowerProcess(_flower_env(FLOWER_BASIC_AUTH=f"{USER}:{PASSWORD}"), output_dir)
+    flower.start()
     secret_task = {
         "method": "turnstile",
         "sitekey": "k",
@@ -61,9 +69,47 @@ def test_no_secret_in_redis_logs_or_events(
     everything = dump_redis(redis_conn)
     log = worker.log_text()
     assert "succeeded" in log  # the log did record the tasks
-    for haystack, where in ((everything, "Redis"), (log, "worker log")):
+    try:
+        wait_until(lambda: len(flower.api_tasks()) >= 10, 20, what="Flower to see the tasks")
+        flower_output = str(flower.api_tasks())
+    finally:
+        flower.stop()
+    assert "captcha_tasks.submit" in flower_output
+    sources = ((everything, "Redis"), (log, "worker log"), (flower_output, "Flower API"))
+    for haystack, where in sources:
         assert api_key not in haystack, where
         assert PROXY_PASSWORD not in haystack, where
         assert COOKIE_VALUE not in haystack, where
     for token in tokens:
         assert token not in log
+        assert token not in flower_output
+
+
+def test_password_protected_redis_for_broker_results_and_store(
+    sandbox: Any, output_dir: Path
+) -> None:
+    password = "pw-" + os.urandom(6).hex()
+    with RedisServer(log_dir=output_dir / "redis-auth", password=password) as server:
+        server.start()
+        env = {**os.environ, "REDIS_URL": server.url}
+        worker = CeleryProcess("worker", env=env, log_dir=output_dir, name="auth-worker")
+        with worker:
+            worker.start()
+            cli = [
+                sys.executable,
+                "-m",
+                "captcha_tasks.cli",
+                "solve",
+                "--method",
+                "turnstile",
+                "--sitekey",
+                "k",
+                "--pageurl",
+                "https://example.com/",
+                "--timeout",
+                "30",
+            ]
+            done = subprocess.run(cli, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert sandbox.verify(done.stdout.strip())["success"] is True
+        assert password not in worker.log_text()
