@@ -43,7 +43,7 @@ worker_eta_task_limit = max(2000, 2 * _settings.threads)
 worker_prefetch_multiplier = 4
 # Polls are countdown (ETA) messages a few hundred ms apart; the timer thread must not
 # oversleep them (Celery's default lets it sleep up to a second).
-worker_timer_precision = 0.05
+worker_timer_precision = 0.01
 task_track_started = False
 task_time_limit = 120
 task_soft_time_limit = 100

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -36,9 +35,14 @@ BULK_SUPPORT_TTL = 3600
 ANSWER_TTL = 600
 #: Poll tasks due per bulk window (aggregate), so one of them leads soon after it opens.
 LEADS_PER_WINDOW = 4
+#: Bulk requests per finished captcha the baton aims at: how soon a finished captcha is
+#: seen, traded against res.php requests (2captcha allows 20 per captcha).
+BULK_PER_CAPTCHA = 1.2
 
 #: Called by a bulk poll with the finished captchas' lease ids and poll messages.
 Finished = Callable[[list[str], list[dict[str, Any]]], None]
+#: Publishes a poll message as the next bulk leader, after this many seconds.
+Baton = Callable[[dict[str, Any], float], None]
 
 
 class AnswerBoard:
@@ -135,14 +139,15 @@ def decode(stored: str, captcha_id: str) -> str:
     return rest
 
 
-@dataclass(frozen=True)
-class Fetched:
-    value: Answer | _Pending | float
-    led: bool = False
-
-
 class Poller:
-    """Fetches one captcha's answer, coalescing with the other poll tasks when it can."""
+    """Fetches one captcha's answer, coalescing with the other poll tasks when it can.
+
+    After each bulk request the leader passes a *baton*: one extra poll message, for a
+    captcha still in flight, due about one finished captcha later (at least one window,
+    at most one poll interval).  Whoever runs it leads the next bulk request, so bulk
+    requests keep coming while captchas are in flight without waiting for a scheduled
+    poll to fall due, at roughly one request per finished captcha.
+    """
 
     def __init__(
         self,
@@ -150,50 +155,52 @@ class Poller:
         client: CaptchaAIClient,
         limiter: ThreadLimiter,
         finished: Finished,
+        baton: Baton,
+        *,
+        poll_interval: float,
         bulk: bool = True,
     ) -> None:
         self.board = board
         self.client = client
         self.limiter = limiter
         self.finished = finished
+        self.baton = baton
+        self.poll_interval = poll_interval
         self.bulk = bulk
+
+    @property
+    def window_s(self) -> float:
+        return self.board.window_ms / 1000
 
     def uses_bulk(self, method: str) -> bool:
         return self.bulk and _pipe_safe(method) and self.board.bulk_supported() is not False
 
-    def next_interval(
-        self, method: str, poll_interval: float, typical_s: float, led: bool = False
-    ) -> float:
-        """Seconds until a not-ready captcha's next poll.
+    def next_interval(self, method: str) -> float:
+        """Seconds until a not-ready captcha's next scheduled poll.
 
-        With bulk polling a poll costs no request unless it leads, and leads only once a
-        window.  Polling more often than the poll interval while few captchas are in
-        flight keeps a leader due in every window, so a finished captcha is seen within
-        about one window; with many in flight the plain interval already does that.
+        With bulk polling a poll costs no request unless it leads; with few captchas in
+        flight, polling more often than the poll interval keeps one due in every window.
         """
         if not self.uses_bulk(method):
-            return poll_interval
-        window = self.board.window_ms / 1000
-        in_flight = max(1, self.board.in_flight_count())
-        if led:
-            # Leaders follow each other about once per typical solve time per captcha in
-            # flight, so a bulk request per finished captcha (never more than one per
-            # window): a lone captcha is not polled harder than the plain interval.
-            return min(poll_interval, max(window, typical_s / in_flight))
-        spread = window * in_flight / LEADS_PER_WINDOW
-        return min(poll_interval, max(window, spread))
+            return self.poll_interval
+        spread = self.window_s * self.board.in_flight_count() / LEADS_PER_WINDOW
+        return min(self.poll_interval, max(self.window_s, spread))
 
-    def fetch(self, captcha_id: str, method: str) -> Fetched:
-        """The answer, :data:`NOT_READY`, or seconds to wait for the request budget; and
-        whether this call led a bulk request."""
+    def fetch(self, captcha_id: str, method: str, typical_s: float) -> Answer | _Pending | float:
+        """The answer, :data:`NOT_READY`, or seconds to wait for the request budget."""
         if not self.uses_bulk(method):
-            return Fetched(self._single(captcha_id))
+            return self._single(captcha_id)
         stored = self.board.stored_answer(captcha_id)
         if stored is not None:
-            return Fetched(decode(stored, captcha_id))
+            return decode(stored, captcha_id)
         if not self.board.try_lead():
-            return Fetched(NOT_READY)  # a bulk request in this window found it unfinished
-        return Fetched(self._lead(captcha_id), led=True)
+            return NOT_READY  # a bulk request in this window found it unfinished
+        return self._lead(captcha_id, typical_s)
+
+    def lead_only(self, typical_s: float) -> None:
+        """A baton whose own captcha already finished: lead for the others, if due."""
+        if self.board.try_lead():
+            self._lead(None, typical_s)
 
     def _single(self, captcha_id: str) -> Answer | _Pending | float:
         wait = self.limiter.poll_wait()
@@ -201,8 +208,11 @@ class Poller:
             return wait
         return self.client.get(captcha_id)
 
-    def _lead(self, captcha_id: str) -> Answer | _Pending | float:
-        ids = list(dict.fromkeys([captcha_id, *self.board.pipe_safe_in_flight()]))
+    def _lead(self, captcha_id: str | None, typical_s: float) -> Answer | _Pending | float:
+        own = [captcha_id] if captcha_id else []
+        ids = list(dict.fromkeys([*own, *self.board.pipe_safe_in_flight()]))
+        if not ids:
+            return NOT_READY
         chunks = [ids[i : i + BULK_IDS] for i in range(0, len(ids), BULK_IDS)]
         wait = self.limiter.poll_wait(len(chunks))
         if wait > 0:
@@ -212,14 +222,26 @@ class Poller:
             replies = self._ask(chunk)
             if replies is None:
                 self.board.set_bulk_supported(False)
-                return self.client.get(captcha_id)
+                return self.client.get(captcha_id) if captcha_id else NOT_READY
             finals.update(_finals(replies))
         fresh = [c for c in self.board.publish(finals) if c != captcha_id]
         # The provider's threads are free already: give the slots back now, then wake the
         # polls that deliver the answers.
         self.finished(self.board.lease_ids(fresh), self.board.poll_messages(fresh))
-        own = finals.get(captcha_id)
-        return NOT_READY if own is None else decode(own, captcha_id)
+        self._pass_baton([c for c in ids if c not in finals], typical_s)
+        mine = finals.get(captcha_id) if captcha_id else None
+        return NOT_READY if mine is None else decode(mine, str(captcha_id))
+
+    def _pass_baton(self, unfinished: list[str], typical_s: float) -> None:
+        if not unfinished:
+            return
+        messages = self.board.poll_messages(unfinished[:1])
+        if not messages:
+            return
+        # about BULK_PER_CAPTCHA bulk requests per captcha that finishes
+        per_request = typical_s / (BULK_PER_CAPTCHA * len(unfinished))
+        due = min(self.poll_interval, max(self.window_s, per_request))
+        self.baton(messages[0], due)
 
     def _ask(self, chunk: list[str]) -> dict[str, str | _Pending | Exception] | None:
         if len(chunk) > 1:

@@ -88,11 +88,18 @@ def answer_board() -> AnswerBoard:
 
 @lru_cache(maxsize=1)
 def poller() -> Poller:
-    from .tasks import finished_elsewhere
+    from .tasks import finished_elsewhere, pass_baton
 
     settings = get_settings()
-    bulk = settings.bulk_poll == "auto"
-    return Poller(answer_board(), api_client(), limiter(), finished_elsewhere, bulk=bulk)
+    return Poller(
+        answer_board(),
+        api_client(),
+        limiter(),
+        finished_elsewhere,
+        pass_baton,
+        poll_interval=settings.poll_interval,
+        bulk=settings.bulk_poll == "auto",
+    )
 
 
 def reset() -> None:

@@ -257,18 +257,26 @@ def _claim(job: Job) -> None:
 
 def _poll_step(task: Task, job: Job) -> dict[str, Any]:
     now = time.time()
-    if not store.answer_board().in_flight(job["captcha_id"]):
+    board, poller = store.answer_board(), store.poller()
+    method = job["request"]["method"]
+    baton = bool(job.get("baton"))
+    if not board.in_flight(job["captcha_id"]):
+        if baton:
+            poller.lead_only(_typical_solve_time(method))
         raise Ignore()  # another copy of this poll already finished the captcha
     wait = job["next_poll_at"] - now
-    if wait > 0.05 and store.answer_board().stored_answer(job["captcha_id"]) is None:
+    if not baton and wait > 0.05 and board.stored_answer(job["captcha_id"]) is None:
         _again(task, job, wait)  # early, and no bulk poll has woken us with an answer
     try:
         store.limiter().renew(job["solve_id"])
-        fetched = store.poller().fetch(job["captcha_id"], job["request"]["method"])
-        answer = fetched.value
+        answer = poller.fetch(job["captcha_id"], method, _typical_solve_time(method))
+        if baton and (answer is NOT_READY or isinstance(answer, float)):
+            raise Ignore()  # the baton's work is done; this captcha's own poll goes on
         if isinstance(answer, float):
             _again(task, job, answer)  # the account's res.php budget is spent for now
     except errors.RetryableError as exc:
+        if baton:
+            raise Ignore() from None  # this captcha's own poll retries
         _count_error(exc.code, exc)
         _transport_retry(task, job, exc)
     except errors.ResubmitError as exc:
@@ -278,7 +286,7 @@ def _poll_step(task: Task, job: Job) -> dict[str, Any]:
         _count_error(exc.code, exc)
         _pool_proxy_failed(task, job, exc)
     if answer is NOT_READY:
-        _not_ready(task, job, now, fetched.led)
+        _not_ready(task, job, now)
     return _deliver(task, job, answer, now)
 
 
@@ -414,13 +422,8 @@ def _remember_submission(r: Any, key: str, captcha_id: str, job: Job, life: floa
 # -- poll outcomes ---------------------------------------------------------------------
 
 
-def _not_ready(task: Task, job: Job, now: float, led: bool) -> NoReturn:
-    settings = get_settings()
-    request = SolveRequest.from_dict(job["request"])
-    typical = timing.typical_solve_time(store.redis_client(), store.keys(), settings, request)
-    interval = store.poller().next_interval(
-        request.method, settings.poll_interval, typical, led=led
-    )
+def _not_ready(task: Task, job: Job, now: float) -> NoReturn:
+    interval = store.poller().next_interval(job["request"]["method"])
     job = {**job, "polls": job.get("polls", 0) + 1, "last_not_ready": now}
     job["next_poll_at"] = now + interval
     _again(task, job, interval)
@@ -437,7 +440,7 @@ def _deliver(task: Task, job: Job, answer: Answer, now: float) -> dict[str, Any]
     if time.time() >= expires - EXPIRY_MARGIN:
         log.warning("captcha %s answer expired before delivery; solving again", job["captcha_id"])
         expired = errors.TokenExpired("token expired before delivery", captcha_id=job["captcha_id"])
-        _resubmit(task, job, expired)
+        _resubmit(task, job, expired, claimed=True)
     r.hincrby(keys.solved_counter(request.method), "api", 1)
     return Solved(
         token=answer,
@@ -450,7 +453,9 @@ def _deliver(task: Task, job: Job, answer: Answer, now: float) -> dict[str, Any]
     ).to_dict()
 
 
-def _resubmit(task: Task, job: Job, exc: errors.CaptchaTasksError) -> NoReturn:
+def _resubmit(
+    task: Task, job: Job, exc: errors.CaptchaTasksError, claimed: bool = False
+) -> NoReturn:
     if job.get("resubmits", 0) >= get_settings().max_resubmits:
         raise exc
     if time.time() >= job["deadline"]:
@@ -461,8 +466,8 @@ def _resubmit(task: Task, job: Job, exc: errors.CaptchaTasksError) -> NoReturn:
     fresh = {**job, "attempt": job["attempt"] + 1, "resubmits": job.get("resubmits", 0) + 1}
     if task.name == submit.name:
         _again(task, fresh, 0)  # submit's chain already ends in poll
-    if store.answer_board().in_flight(job["captcha_id"]):
-        _claim(job)
+    if not claimed:
+        _claim(job)  # a woken or redelivered copy of this poll may resubmit too: once only
     task.replace(_chain(fresh))
     raise Ignore()  # replace() always raises; this keeps type checkers informed
 
@@ -500,6 +505,38 @@ def _again(task: Task, job: Job, countdown: float) -> NoReturn:
         store.answer_board().remember_poll(job["captcha_id"], dict(wake))
     sig.apply_async()
     raise Ignore()
+
+
+_TYPICAL: dict[str, tuple[float, float]] = {}
+
+
+def _typical_solve_time(method: str) -> float:
+    """The method's median solve time, read from Redis at most once a second."""
+    now = time.monotonic()
+    cached = _TYPICAL.get(method)
+    if cached and cached[0] > now:
+        return cached[1]
+    spec = build_request(**_probe_args(method))
+    value = timing.typical_solve_time(store.redis_client(), store.keys(), get_settings(), spec)
+    _TYPICAL[method] = (now + 1.0, value)
+    return value
+
+
+def _probe_args(method: str) -> dict[str, Any]:
+    # typical_solve_time only needs the method (and its default first wait)
+    if method == "base64":
+        return {"method": method, "body": "AA=="}
+    extra = {"challenge": "x"} if method == "geetest" else {}
+    return {"method": method, "sitekey": "x", "pageurl": "https://x.invalid/", **extra}
+
+
+def pass_baton(message: dict[str, Any], countdown: float) -> None:
+    """Publish a copy of a captcha's poll as the next bulk leader."""
+    sig = app.signature(message)
+    job = dict(sig.args[0])
+    job["baton"] = True
+    sig.args = (job,)
+    sig.apply_async(countdown=countdown)
 
 
 def finished_elsewhere(lease_ids: list[str], messages: list[dict[str, Any]]) -> None:

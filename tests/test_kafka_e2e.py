@@ -24,9 +24,17 @@ from kafka_broker import (  # noqa: F401  (the fixtures are used by name)
 )
 
 from captcha_tasks import store
-from captcha_tasks.devstack import ALL_QUEUES, wait_until
+from captcha_tasks.devstack import wait_until
 from captcha_tasks.kafka_claims import ClaimStore
-from captcha_tasks.kafka_client import Producer, TaskProducer, consumer_lag, producer_config
+from captcha_tasks.kafka_client import (
+    Consumer,
+    Producer,
+    TaskProducer,
+    TopicPartition,
+    consumer_config,
+    consumer_lag,
+    producer_config,
+)
 from captcha_tasks.kafka_messages import task_value
 from captcha_tasks.settings import get_settings
 
@@ -53,9 +61,11 @@ def claims_stats(setup: KafkaSetup) -> dict[str, int]:
 
 
 def celery_backlog() -> int:
-    """Solve requests waiting in Redis: queued Celery messages plus parked submits."""
+    """Captchas waiting in Redis to be submitted: queued solve and submit messages plus
+    parked submits (one each per captcha).  Poll messages are left out: a captcha can
+    briefly have two (its countdown poll and one a bulk poll woke)."""
     r = store.redis_client()
-    queued = sum(int(r.llen(q)) for q in ALL_QUEUES)  # type: ignore[arg-type]
+    queued = sum(int(r.llen(q)) for q in ("captcha.solve", "captcha.submit"))  # type: ignore[arg-type]
     return queued + store.limiter().parked_count()
 
 
@@ -267,3 +277,43 @@ def test_lag_reports_before_and_after_consumption(
     after = lag_cli(setup, "--max-lag", "0")
     assert after.returncode == 0, after.stderr
     assert lag_table(after.stdout) == {"0": ("4", 4, 0), "1": ("3", 3, 0), "total": ("", 0, 0)}
+
+
+def test_answered_tasks_redelivered_are_republished_not_solved_again(
+    kafka: Callable[..., KafkaSetup],
+    start_bridge: Any,
+    start_worker: Any,
+    sandbox: Any,
+    clean_state: None,
+) -> None:
+    setup = kafka(partitions=2)
+    start_worker(concurrency=16, name="kafka-w5")
+    ids = enqueue_all(setup, 6)
+    first = start_bridge(setup, "bridge-first")
+    results = setup.reader(setup.settings.kafka_results_topic)
+    results.read_until(lambda r: len(r) >= len(ids), 60, "the first answers")
+    wait_until(lambda: sum(p.lag for p in consumer_lag(setup.settings)) == 0, 10, 0.2, "commits")
+    first.stop()
+    rewind(setup)  # as after a crash before the commits: every task comes again
+
+    start_bridge(setup, "bridge-again")
+    results.read_until(lambda r: len(r) >= 2 * len(ids), 60, "the answers again")
+    tokens: dict[str | None, set[str]] = {}
+    for record in results.records:
+        tokens.setdefault(record.key, set()).add(record.value["token"])
+    assert set(tokens) == set(ids)
+    assert all(len(t) == 1 for t in tokens.values()), "the stored answer, not a new one"
+    assert Counter(r.key for r in results.records) == dict.fromkeys(ids, 2)
+    assert sandbox.stats()["submits"] == len(ids)
+    assert claims_stats(setup)["republished"] == len(ids)
+
+
+def rewind(setup: KafkaSetup) -> None:
+    """Commit offset 0 for every partition of the (idle) bridge group."""
+    consumer = Consumer(consumer_config(setup.settings))
+    topic = setup.settings.kafka_tasks_topic
+    offsets = [TopicPartition(topic, p, 0) for p in range(setup.partitions)]
+    try:
+        assert all(tp.error is None for tp in consumer.commit(offsets=offsets, asynchronous=False))
+    finally:
+        consumer.close()
