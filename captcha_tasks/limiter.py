@@ -25,8 +25,8 @@ from typing import Any, TypeVar
 
 import redis
 
-from .errors import StoreUnavailable
 from .keys import Keys
+from .redis_lua import NOW_MS, guard, script, text
 
 T = TypeVar("T")
 Arg = str | int | float
@@ -36,10 +36,7 @@ REFILL = 1
 #: Parked refills sort after every parked on-demand submit.
 _REFILL_BAND = 10**12
 
-_NOW_MS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
+_NOW_MS = NOW_MS
 
 ACQUIRE_LUA = (
     """
@@ -239,11 +236,11 @@ class ThreadLimiter:
         self.r = r
         self.keys = keys
         self.config = config
-        self._acquire = r.register_script(ACQUIRE_LUA)
-        self._release = r.register_script(RELEASE_LUA)
-        self._renew = r.register_script(RENEW_LUA)
-        self._in_rate = r.register_script(IN_RATE_LUA)
-        self._res_rate = r.register_script(RES_RATE_LUA)
+        self._acquire = script(r, ACQUIRE_LUA)
+        self._release = script(r, RELEASE_LUA)
+        self._renew = script(r, RENEW_LUA)
+        self._in_rate = script(r, IN_RATE_LUA)
+        self._res_rate = script(r, RES_RATE_LUA)
 
     def _slot_keys(self) -> list[str]:
         k = self.keys
@@ -264,7 +261,7 @@ class ThreadLimiter:
             _ms(max(0.0, deadline_in_s)),
             _REFILL_BAND,
         ]
-        status, _ = _guard(lambda: self._acquire(keys=self._slot_keys(), args=args))
+        status, _ = _guarded(lambda: self._acquire(keys=self._slot_keys(), args=args))
         return int(status) != 0
 
     def release(self, lease_id: str | None, max_handout: int = 100) -> Handout:
@@ -279,17 +276,17 @@ class ThreadLimiter:
             max_handout,
             _REFILL_BAND,
         ]
-        dispatched, dropped = _guard(lambda: self._release(keys=self._slot_keys()[:3], args=args))
+        dispatched, dropped = _guarded(lambda: self._release(keys=self._slot_keys()[:3], args=args))
         return Handout(_pairs(dispatched), _pairs(dropped))
 
     def renew(self, lease_id: str) -> bool:
         """Extend a captcha's lease; False if it holds none (released or long expired)."""
         args: list[Arg] = [lease_id, _ms(self.config.lease_s)]
-        return bool(_guard(lambda: self._renew(keys=[self.keys.slots()], args=args)))
+        return bool(_guarded(lambda: self._renew(keys=[self.keys.slots()], args=args)))
 
     def in_use(self) -> int:
         """Slots held right now (expired leases not counted)."""
-        return int(_guard(lambda: self._count_live()))
+        return int(_guarded(lambda: self._count_live()))
 
     def _count_live(self) -> int:
         t = self.r.time()
@@ -300,21 +297,21 @@ class ThreadLimiter:
         return max(0, self.config.refill_capacity - self.in_use() - self.parked_count())
 
     def parked_count(self) -> int:
-        return int(_guard(lambda: self.r.zcard(self.keys.parked())))
+        return int(_guarded(lambda: self.r.zcard(self.keys.parked())))
 
     def submit_wait(self) -> float:
         """0 when an ``in.php`` request may go now (it is counted); else seconds to wait."""
         cfg = self.config
         keys = [self.keys.rate("in"), self.keys.rate("hourly")]
         args: list[Arg] = [_ms(cfg.in_window_s), cfg.in_per_window, uuid.uuid4().hex]
-        return int(_guard(lambda: self._in_rate(keys=keys, args=args))) / 1000
+        return int(_guarded(lambda: self._in_rate(keys=keys, args=args))) / 1000
 
     def poll_wait(self, requests: int = 1) -> float:
         """0 when ``requests`` ``res.php`` calls may go now (counted); else seconds to wait."""
         cfg = self.config
         args: list[Arg] = [cfg.res_per_captcha, cfg.res_base, requests]
         keys = [self.keys.rate("hourly")]
-        return int(_guard(lambda: self._res_rate(keys=keys, args=args))) / 1000
+        return int(_guarded(lambda: self._res_rate(keys=keys, args=args))) / 1000
 
 
 def _ms(seconds: float) -> int:
@@ -322,19 +319,9 @@ def _ms(seconds: float) -> int:
 
 
 def _pairs(flat: list[Any]) -> list[Parked]:
-    items = [_text(x) for x in flat]
+    items = [text(x) for x in flat]
     return [Parked(items[i], json.loads(items[i + 1])) for i in range(0, len(items), 2)]
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _guard(call: Callable[[], T]) -> T:
-    """Run a Redis call; an unreachable Redis fails closed with a clear error."""
-    try:
-        return call()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise StoreUnavailable(
-            f"Redis is down ({type(exc).__name__}): nothing is submitted until it is back"
-        ) from None
+def _guarded(call: Callable[[], T]) -> T:
+    return guard(call, "nothing is submitted until it is back")

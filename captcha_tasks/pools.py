@@ -22,9 +22,10 @@ from typing import Any, TypeVar, cast
 
 import redis
 
-from .errors import ConfigurationError, StoreUnavailable, ValidationError
+from .errors import ConfigurationError, ValidationError
 from .keys import Keys
 from .methods import METHODS, PER_REQUEST_PARAMS, Scalar, SolveRequest, build_request
+from .redis_lua import guard, script
 
 T = TypeVar("T")
 
@@ -472,13 +473,13 @@ class PoolStore:
     def __init__(self, r: redis.Redis, keys: Keys) -> None:
         self.r = r
         self.keys = keys
-        self._register = r.register_script(REGISTER_LUA)
-        self._add = r.register_script(ADD_LUA)
-        self._take = r.register_script(TAKE_LUA)
-        self._refill_started = r.register_script(REFILL_STARTED_LUA)
-        self._sweep = r.register_script(SWEEP_LUA)
-        self._snapshot = r.register_script(SNAPSHOT_LUA)
-        self._reset_stats = r.register_script(RESET_STATS_LUA)
+        self._register = script(r, REGISTER_LUA)
+        self._add = script(r, ADD_LUA)
+        self._take = script(r, TAKE_LUA)
+        self._refill_started = script(r, REFILL_STARTED_LUA)
+        self._sweep = script(r, SWEEP_LUA)
+        self._snapshot = script(r, SNAPSHOT_LUA)
+        self._reset_stats = script(r, RESET_STATS_LUA)
 
     # -- definitions -------------------------------------------------------------------
 
@@ -711,8 +712,4 @@ def _not_found(name: str) -> PoolNotFound:
 
 
 def _guard(call: Callable[[], T]) -> T:
-    """Run a Redis call; an unreachable Redis becomes ``StoreUnavailable``."""
-    try:
-        return call()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise StoreUnavailable(f"Redis is down ({type(exc).__name__}): pools unavailable") from exc
+    return guard(call, "pools unavailable")

@@ -20,15 +20,13 @@ import hashlib
 import logging
 import random
 import re
-import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 
 from .keys import Keys
+from .redis_lua import script
 
 __all__ = ["PROXY_TYPES", "ProxyPool", "mask", "proxy_id", "split"]
 
@@ -276,19 +274,6 @@ def _ms(seconds: float, what: str) -> int:
     return max(1, round(seconds * 1000))
 
 
-_SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
-_SCRIPTS_GUARD = threading.Lock()
-
-
-def _script(r: redis.Redis, source: str) -> Script:
-    """``source`` registered once per client instance, however many pools use it."""
-    with _SCRIPTS_GUARD:
-        per_client = _SCRIPTS.setdefault(r, {})
-        if source not in per_client:
-            per_client[source] = r.register_script(source)
-        return per_client[source]
-
-
 # -- pool -----------------------------------------------------------------------------
 class ProxyPool:
     """Proxies shared by many workers: sticky per owner, each assignment with its own TTL."""
@@ -303,11 +288,11 @@ class ProxyPool:
         self._cool_ms = _ms(quarantine_s, "quarantine_s")
         self._r = r
         self._keys = keys
-        self._acquire = _script(r, ACQUIRE_LUA)
-        self._release = _script(r, RELEASE_LUA)
-        self._renew = _script(r, RENEW_LUA)
-        self._quarantine = _script(r, QUARANTINE_LUA)
-        self._quarantined = _script(r, QUARANTINED_LUA)
+        self._acquire = script(r, ACQUIRE_LUA)
+        self._release = script(r, RELEASE_LUA)
+        self._renew = script(r, RENEW_LUA)
+        self._quarantine = script(r, QUARANTINE_LUA)
+        self._quarantined = script(r, QUARANTINED_LUA)
 
     def __repr__(self) -> str:
         return (

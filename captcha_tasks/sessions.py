@@ -24,7 +24,6 @@ import re
 import secrets
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -33,12 +32,12 @@ from types import TracebackType
 from typing import Any
 
 import redis
-from redis.commands.core import Script
 from redis.typing import EncodableT, FieldT
 from requests.cookies import RequestsCookieJar
 
 from .errors import RetryableError
 from .keys import Keys
+from .redis_lua import script
 
 __all__ = [
     "Cookies",
@@ -149,17 +148,6 @@ class ReauthResult:
 
 
 # -- helpers --------------------------------------------------------------------------
-_SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
-_SCRIPTS_GUARD = threading.Lock()
-
-
-def _script(r: redis.Redis, source: str) -> Script:
-    """``source`` registered once per client instance (locks are created per use)."""
-    with _SCRIPTS_GUARD:
-        per_client = _SCRIPTS.setdefault(r, {})
-        if source not in per_client:
-            per_client[source] = r.register_script(source)
-        return per_client[source]
 
 
 def _text(value: Any) -> str:
@@ -326,8 +314,8 @@ class SessionLock:
         self._r = r
         self._key = keys.session_lock(self.domain)
         self._token: str | None = None
-        self._release = _script(r, RELEASE_LUA)
-        self._extend = _script(r, EXTEND_LUA)
+        self._release = script(r, RELEASE_LUA)
+        self._extend = script(r, EXTEND_LUA)
 
     def __repr__(self) -> str:
         # The token stays out: with it anybody could release our lock.
