@@ -11,7 +11,7 @@ WORKDIR /app
 COPY pyproject.toml README.md celeryconfig.py ./
 COPY captcha_tasks ./captcha_tasks
 # The redbeat extra lets beat run with a Redis lock (a standby beat); unused otherwise.
-RUN pip install ".[redbeat]" \
+RUN pip install ".[redbeat,kafka]" \
     && useradd --create-home --uid 10001 app
 
 # Never root: the workers handle third-party input (captcha images, proxies).

@@ -291,9 +291,11 @@ def _pct(value: float | None) -> str:
 
 
 def _register_extras() -> None:
+    from .cli_kafka import register as register_kafka_commands
     from .metrics import metrics_command
 
     cli.add_command(metrics_command)
+    register_kafka_commands(cli)  # kafka-bridge, kafka lag, kafka create-topics
 
 
 _register_extras()

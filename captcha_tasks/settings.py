@@ -75,6 +75,9 @@ class Settings:
     #: CAPTCHAAI_VISIBILITY_TIMEOUT: seconds before a dead worker's unacknowledged
     #: messages are delivered again (every countdown stays below half of it).
     visibility_timeout: float = 60.0
+    #: CAPTCHAAI_SUBMIT_RATE: ``in.php`` requests allowed per 3 s, account wide (2captcha
+    #: bans clients above 60).
+    submit_rate: int = 60
     #: CAPTCHAAI_BULK_POLL: "auto" (ask for many captchas in one ``ids=`` request where the
     #: API supports it) or "off" (one id per request).
     bulk_poll: str = "auto"
@@ -137,6 +140,7 @@ class Settings:
         )
         _check("CAPTCHAAI_PREWARM_EVERY", self.prewarm_every > 0, "must be > 0")
         _check("CAPTCHAAI_PROXY_COOLOFF", self.proxy_cooloff > 0, "must be > 0")
+        _check("CAPTCHAAI_SUBMIT_RATE", self.submit_rate >= 1, "must be at least 1")
         _check("CAPTCHAAI_VISIBILITY_TIMEOUT", self.visibility_timeout >= 4, "must be >= 4")
         _check("CAPTCHAAI_BULK_POLL", self.bulk_poll in ("auto", "off"), 'must be "auto" or "off"')
         _check(
@@ -300,6 +304,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "proxies": ("CAPTCHAAI_PROXIES", _proxies),
     "proxy_cooloff": ("CAPTCHAAI_PROXY_COOLOFF", float),
     "visibility_timeout": ("CAPTCHAAI_VISIBILITY_TIMEOUT", float),
+    "submit_rate": ("CAPTCHAAI_SUBMIT_RATE", int),
     "bulk_poll": ("CAPTCHAAI_BULK_POLL", lambda s: s.lower()),
     "bulk_window": ("CAPTCHAAI_BULK_WINDOW", float),
     "flower_no_auth": ("CAPTCHAAI_FLOWER_NO_AUTH", _flag),

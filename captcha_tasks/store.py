@@ -62,7 +62,10 @@ def limiter() -> ThreadLimiter:
     """The account's thread limiter (its Lua scripts registered once per process)."""
     settings = get_settings()
     config = LimiterConfig(
-        capacity=settings.capacity, reserve=settings.refill_reserve, lease_s=settings.slot_lease
+        capacity=settings.capacity,
+        reserve=settings.refill_reserve,
+        lease_s=settings.slot_lease,
+        in_per_window=settings.submit_rate,
     )
     return ThreadLimiter(redis_client(), keys(), config)
 

@@ -190,11 +190,29 @@ def submit(self: Task, job: Job) -> Job:
     """Take a thread slot (or park), submit the job's captcha at most once per attempt,
     and hand the job to ``poll``."""
     try:
-        return _submit_step(self, job)
+        polled = _submit_step(self, job)
     except errors.CaptchaTasksError as exc:
         _finish(job)
         _count_error(exc.code, exc)
         raise
+    _schedule_first_poll(self, polled)
+    return polled
+
+
+def _schedule_first_poll(task: Task, job: Job) -> None:
+    """Give the chain's ``poll`` its first countdown, and keep its message so that a bulk
+    poll can wake it early."""
+    chain = task.request.chain
+    if not chain:
+        return  # submit called on its own (tests, redelivery tools)
+    following = chain[-1]  # the trace publishes this one with our return value
+    options = following.setdefault("options", {})
+    options["countdown"] = max(0.0, job["next_poll_at"] - time.time())
+    options["argsrepr"] = _job_repr(job)
+    wake = app.signature(following)
+    wake.args = (job,)
+    wake.options.pop("countdown", None)
+    store.answer_board().remember_poll(job["captcha_id"], dict(wake))
 
 
 def _submit_step(task: Task, job: Job) -> Job:
@@ -359,7 +377,7 @@ def submit_job(job: Job, now: float | None = None) -> Job:
         submitted_at = time.time()
         _remember_submission(r, keys.submission(job["solve_id"]), captcha_id, job, life)
     store.answer_board().register(captcha_id, request.method, job["solve_id"])
-    wait = timing.first_wait(r, keys, get_settings(), request.method, request.initial_wait)
+    wait = _first_wait(request)
     return {
         **job,
         "captcha_id": captcha_id,
@@ -508,6 +526,21 @@ def _again(task: Task, job: Job, countdown: float) -> NoReturn:
 
 
 _TYPICAL: dict[str, tuple[float, float]] = {}
+_FIRST_WAIT: dict[tuple[str, float], tuple[float, float]] = {}
+
+
+def _first_wait(request: SolveRequest) -> float:
+    """The adaptive first-poll wait, read from Redis at most once a second per method."""
+    now = time.monotonic()
+    key = (request.method, request.initial_wait)
+    cached = _FIRST_WAIT.get(key)
+    if cached and cached[0] > now:
+        return cached[1]
+    value = timing.first_wait(
+        store.redis_client(), store.keys(), get_settings(), request.method, request.initial_wait
+    )
+    _FIRST_WAIT[key] = (now + 1.0, value)
+    return value
 
 
 def _typical_solve_time(method: str) -> float:

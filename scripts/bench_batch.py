@@ -89,11 +89,10 @@ def follow(proc: subprocess.Popen[str], out: Path | None) -> tuple[float, list[d
                 break
             lines.append(json.loads(text))
         else:
+            done = proc.poll() is not None
             if out is not None and out.exists():
-                lines = [json.loads(t) for t in out.read_text().splitlines() if t.strip()]
-            if proc.poll() is not None:
-                if out is not None and out.exists():
-                    lines = [json.loads(t) for t in out.read_text().splitlines() if t.strip()]
+                lines = _complete_lines(out)
+            if done:
                 break
             time.sleep(0.01)
         if lines and first is None:
@@ -102,28 +101,45 @@ def follow(proc: subprocess.Popen[str], out: Path | None) -> tuple[float, list[d
     return (first if first is not None else float("nan")), lines
 
 
+def _complete_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines written so far (a line still being written is left for later)."""
+    text = path.read_text()
+    complete = text[: text.rfind("\n") + 1]
+    return [json.loads(t) for t in complete.splitlines() if t.strip()]
+
+
 def run_ours(
-    name: str, env: dict[str, str], sandbox: SandboxServer, count: int, log_dir: Path,
-    workers: int = 2, concurrency: int = 16,
+    name: str,
+    env: dict[str, str],
+    sandbox: SandboxServer,
+    count: int,
+    log_dir: Path,
+    workers: int = 2,
+    concurrency: int = 16,
 ) -> Run:
     redis.Redis.from_url(env["REDIS_URL"]).flushall()
     procs = [
-        CeleryProcess("worker", env=env, concurrency=concurrency, log_dir=log_dir,
-                      name=f"{name}-w{n}").start()
+        CeleryProcess(
+            "worker", env=env, concurrency=concurrency, log_dir=log_dir, name=f"{name}-w{n}"
+        ).start()
         for n in range(workers)
     ]
     try:
         source = log_dir / f"{name}-in.jsonl"
-        source.write_text("".join(
-            json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE}) + "\n"
-            for i in range(count)
-        ))
+        source.write_text(
+            "".join(
+                json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE}) + "\n"
+                for i in range(count)
+            )
+        )
         out = log_dir / f"{name}-out.jsonl"
         sandbox.reset()
         start = time.monotonic()
         cli = subprocess.Popen(
             [sys.executable, "-m", "captcha_tasks.cli", "batch", str(source), "-o", str(out)],
-            env={**os.environ, **env}, text=True, stderr=subprocess.DEVNULL,
+            env={**os.environ, **env},
+            text=True,
+            stderr=subprocess.DEVNULL,
         )
         first, lines = follow(cli, out)
         wall = time.monotonic() - start
@@ -138,9 +154,22 @@ def run_peer(sandbox: SandboxServer, count: int) -> Run:
     sandbox.reset()
     start = time.monotonic()
     peer = subprocess.Popen(
-        [sys.executable, str(HERE / "seed_asyncio_solver.py"), "--base-url", sandbox.url,
-         "--key", KEY, "--count", str(count), "--max-concurrent", "15", "--sleep", "0.5"],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            str(HERE / "seed_asyncio_solver.py"),
+            "--base-url",
+            sandbox.url,
+            "--key",
+            KEY,
+            "--count",
+            str(count),
+            "--max-concurrent",
+            "15",
+            "--sleep",
+            "0.5",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     first, lines = follow(peer, None)
     wall = time.monotonic() - start
@@ -148,32 +177,59 @@ def run_peer(sandbox: SandboxServer, count: int) -> Run:
 
 
 def _summarise(
-    name: str, wall: float, first: float, lines: list[dict[str, Any]], sandbox: SandboxServer,
+    name: str,
+    wall: float,
+    first: float,
+    lines: list[dict[str, Any]],
+    sandbox: SandboxServer,
     rss: float,
 ) -> Run:
     stats = sandbox.stats()
     solved = sum(1 for line in lines if line["status"] == "solved")
-    return Run(name, wall, first, solved, len(lines) - solved, stats["res_php_requests"],
-               stats["res_php_ids"], stats["submits"], rss)
+    return Run(
+        name,
+        wall,
+        first,
+        solved,
+        len(lines) - solved,
+        stats["res_php_requests"],
+        stats["res_php_ids"],
+        stats["submits"],
+        rss,
+    )
 
 
 def print_table(runs: list[Run]) -> None:
-    print(f"\n{'run':<28} {'wall s':>7} {'first s':>8} {'solved':>6} {'failed':>6} "
-          f"{'res.php':>7} {'res/solve':>9} {'ids/req':>7} {'RSS MiB':>8}")
+    print(
+        f"\n{'run':<28} {'wall s':>7} {'first s':>8} {'solved':>6} {'failed':>6} "
+        f"{'res.php':>7} {'res/solve':>9} {'ids/req':>7} {'RSS MiB':>8}"
+    )
     for r in runs:
         per = r.res_requests / max(1, r.solved)
         ids = r.res_ids / max(1, r.res_requests)
-        print(f"{r.name:<28} {r.wall_s:>7.2f} {r.first_s:>8.2f} {r.solved:>6} {r.failed:>6} "
-              f"{r.res_requests:>7} {per:>9.2f} {ids:>7.1f} {r.rss_mb:>8.1f}")
+        print(
+            f"{r.name:<28} {r.wall_s:>7.2f} {r.first_s:>8.2f} {r.solved:>6} {r.failed:>6} "
+            f"{r.res_requests:>7} {per:>9.2f} {ids:>7.1f} {r.rss_mb:>8.1f}"
+        )
 
 
-def batch_mode(args: argparse.Namespace, base_env: dict[str, str], sandbox: SandboxServer,
-               log_dir: Path) -> int:
-    env = {**base_env, "CAPTCHAAI_THREADS": "15", "CAPTCHAAI_POLL_INTERVAL": "0.5",
-           "CAPTCHAAI_INITIAL_WAIT": "1"}
+def batch_mode(
+    args: argparse.Namespace, base_env: dict[str, str], sandbox: SandboxServer, log_dir: Path
+) -> int:
+    env = {
+        **base_env,
+        "CAPTCHAAI_THREADS": "15",
+        "CAPTCHAAI_POLL_INTERVAL": "0.5",
+        "CAPTCHAAI_INITIAL_WAIT": "1",
+    }
     bulk = run_ours("(a) batch, bulk ids=", env, sandbox, args.count, log_dir)
-    per_id = run_ours("(a') batch, one id per req", {**env, "CAPTCHAAI_BULK_POLL": "off"},
-                      sandbox, args.count, log_dir)
+    per_id = run_ours(
+        "(a') batch, one id per req",
+        {**env, "CAPTCHAAI_BULK_POLL": "off"},
+        sandbox,
+        args.count,
+        log_dir,
+    )
     peer = run_peer(sandbox, args.count)
     print_table([bulk, per_id, peer])
     ideal = args.count * 1.5 / 15
@@ -190,12 +246,19 @@ def batch_mode(args: argparse.Namespace, base_env: dict[str, str], sandbox: Sand
     return 0 if all(ok for _, ok in checks) else 1
 
 
-def inflight_mode(args: argparse.Namespace, base_env: dict[str, str], sandbox: SandboxServer,
-                  log_dir: Path) -> int:
+def inflight_mode(
+    args: argparse.Namespace, base_env: dict[str, str], sandbox: SandboxServer, log_dir: Path
+) -> int:
     n = args.count
-    env = {**base_env, "CAPTCHAAI_THREADS": str(n), "CAPTCHAAI_POLL_INTERVAL": "5",
-           "CAPTCHAAI_INITIAL_WAIT": "30", "CAPTCHAAI_SOLVE_TIMEOUT": "600",
-           "CAPTCHAAI_SLOT_LEASE": "300", "CAPTCHAAI_VISIBILITY_TIMEOUT": "120"}
+    env = {
+        **base_env,
+        "CAPTCHAAI_THREADS": str(n),
+        "CAPTCHAAI_POLL_INTERVAL": "5",
+        "CAPTCHAAI_INITIAL_WAIT": "30",
+        "CAPTCHAAI_SOLVE_TIMEOUT": "600",
+        "CAPTCHAAI_SLOT_LEASE": "300",
+        "CAPTCHAAI_VISIBILITY_TIMEOUT": "120",
+    }
     run = run_ours("in-flight scale", env, sandbox, n, log_dir, workers=1, concurrency=64)
     r = redis.Redis.from_url(base_env["REDIS_URL"])
     info: Any = r.info("memory")
@@ -224,8 +287,12 @@ def main() -> int:
     with RedisServer(log_dir=log_dir) as redis_server:
         redis_server.start()
         sandbox = SandboxServer(config).start()
-        base_env = {"REDIS_URL": redis_server.url, "CAPTCHAAI_BASE_URL": sandbox.url,
-                    "CAPTCHAAI_API_KEY": KEY, "CAPTCHAAI_KEY_PREFIX": "bench"}
+        base_env = {
+            "REDIS_URL": redis_server.url,
+            "CAPTCHAAI_BASE_URL": sandbox.url,
+            "CAPTCHAAI_API_KEY": KEY,
+            "CAPTCHAAI_KEY_PREFIX": "bench",
+        }
         os.environ.update(base_env)
         try:
             mode = inflight_mode if args.inflight else batch_mode

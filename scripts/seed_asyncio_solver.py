@@ -39,7 +39,11 @@ async def submit_task(
 
 
 async def poll_task(
-    session: aiohttp.ClientSession, base: str, key: str, task_id: str, sleep: float,
+    session: aiohttp.ClientSession,
+    base: str,
+    key: str,
+    task_id: str,
+    sleep: float,
     timeout: float = 300,
 ) -> tuple[str | None, str | None]:
     start = time.monotonic()
@@ -57,8 +61,13 @@ async def poll_task(
 
 
 async def solve_one(
-    session: aiohttp.ClientSession, base: str, key: str, index: int, task: dict[str, Any],
-    semaphore: asyncio.Semaphore, sleep: float,
+    session: aiohttp.ClientSession,
+    base: str,
+    key: str,
+    index: int,
+    task: dict[str, Any],
+    semaphore: asyncio.Semaphore,
+    sleep: float,
 ) -> dict[str, Any]:
     async with semaphore:
         start = time.monotonic()
@@ -92,8 +101,9 @@ async def main_async(args: argparse.Namespace) -> None:
         {"method": "turnstile", "sitekey": "SITE_KEY", "pageurl": f"https://example.com/page{i}"}
         for i in range(args.count)
     ]
-    async for result in stream_results(args.base_url, args.key, tasks, args.max_concurrent,
-                                       args.sleep):
+    async for result in stream_results(
+        args.base_url, args.key, tasks, args.max_concurrent, args.sleep
+    ):
         print(json.dumps(result), flush=True)
 
 
