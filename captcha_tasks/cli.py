@@ -158,7 +158,12 @@ def account() -> None:
     click.echo(f"balance: {client.balance():.4f}")
     info = client.threads_info()
     if info:
-        click.echo(f"threads: {info.get('working_threads', '?')}/{info['threads']} in use")
+        click.echo(f"threads (API): {info.get('working_threads', '?')}/{info['threads']} in use")
+    limiter = store.limiter()
+    click.echo(
+        f"threads (this deployment): {limiter.in_use()}/{limiter.config.capacity} in use, "
+        f"{limiter.parked_count()} submits parked"
+    )
 
 
 @cli.command()

@@ -194,3 +194,20 @@ def test_async_result_state_is_success(sandbox: Any) -> None:
     res = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
     res.get(timeout=GET_TIMEOUT)
     assert AsyncResult(res.id).state == "SUCCESS"
+
+
+def test_account_command_shows_balance_and_threads(sandbox: Any) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "captcha_tasks.cli", "account"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    balance = sandbox.stats()["config"].get("balance")
+    assert f"balance: {balance:.4f}" in done.stdout
+    assert "threads (API): 0/" in done.stdout
+    assert f"/{get_settings().capacity} in use" in done.stdout
