@@ -40,6 +40,8 @@ SANDBOX_DEFAULTS = {
     "error_rate": 0.0,
     "bulk": True,
     "thread_error": "ERROR_NO_SLOT_AVAILABLE",
+    # the real token lives (tests that shorten them must not leak into later tests)
+    "token_ttl": {"userrecaptcha": 120.0, "turnstile": 300.0, "geetest": 120.0, "base64": 600.0},
 }
 
 
