@@ -37,7 +37,7 @@ ANSWER_TTL = 600
 LEADS_PER_WINDOW = 4
 #: Bulk requests per finished captcha the baton aims at: how soon a finished captcha is
 #: seen, traded against res.php requests (2captcha allows 20 per captcha).
-BULK_PER_CAPTCHA = 1.2
+BULK_PER_CAPTCHA = 1.25
 
 #: Called by a bulk poll with the finished captchas' lease ids and poll messages.
 Finished = Callable[[list[str], list[dict[str, Any]]], None]

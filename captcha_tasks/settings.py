@@ -82,7 +82,7 @@ class Settings:
     #: API supports it) or "off" (one id per request).
     bulk_poll: str = "auto"
     #: CAPTCHAAI_BULK_WINDOW: at most one bulk request per this many seconds
-    #: (unset: an eighth of the poll interval).
+    #: (unset: a tenth of the poll interval).
     bulk_window: float | None = None
     #: KAFKA_BOOTSTRAP_SERVERS: the Kafka brokers of the bridge and the producer helper.
     kafka_bootstrap_servers: str = "localhost:9092"
@@ -201,7 +201,7 @@ class Settings:
 
     @property
     def bulk_window_s(self) -> float:
-        return self.bulk_window if self.bulk_window is not None else self.poll_interval / 8
+        return self.bulk_window if self.bulk_window is not None else self.poll_interval / 10
 
     @property
     def refill_reserve(self) -> int:
