@@ -25,7 +25,7 @@ from . import errors, store, timing
 from .celery_app import app
 from .client import NOT_READY, Answer
 from .limiter import Handout
-from .methods import POOL_PROXY, SolveRequest, build_request
+from .methods import METHODS, POOL_PROXY, SolveRequest, build_request
 from .outcome import Failed, Solved, iso, parse_iso
 from .redact import SECRET_PARAMS, mask_params
 from .settings import get_settings
@@ -549,18 +549,11 @@ def _typical_solve_time(method: str) -> float:
     cached = _TYPICAL.get(method)
     if cached and cached[0] > now:
         return cached[1]
-    spec = build_request(**_probe_args(method))
-    value = timing.typical_solve_time(store.redis_client(), store.keys(), get_settings(), spec)
+    value = timing.typical_solve_time(
+        store.redis_client(), store.keys(), get_settings(), method, METHODS[method].initial_wait
+    )
     _TYPICAL[method] = (now + 1.0, value)
     return value
-
-
-def _probe_args(method: str) -> dict[str, Any]:
-    # typical_solve_time only needs the method (and its default first wait)
-    if method == "base64":
-        return {"method": method, "body": "AA=="}
-    extra = {"challenge": "x"} if method == "geetest" else {}
-    return {"method": method, "sitekey": "x", "pageurl": "https://x.invalid/", **extra}
 
 
 def pass_baton(message: dict[str, Any], countdown: float) -> None:
@@ -642,7 +635,9 @@ def _top_up(spec: Any) -> int:
         request = build_request(**spec.solve_kwargs())
         count = pools.plan(
             spec.name,
-            solve_time_s=timing.typical_solve_time(r, keys, settings, request),
+            solve_time_s=timing.typical_solve_time(
+                r, keys, settings, request.method, request.initial_wait
+            ),
             margin_s=settings.prewarm_every + settings.poll_interval,
             free_slots=store.limiter().free_for_refills(),
         )

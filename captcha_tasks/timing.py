@@ -13,7 +13,6 @@ from __future__ import annotations
 import redis
 
 from .keys import Keys
-from .methods import SolveRequest
 from .settings import Settings
 
 SAMPLE_WINDOW = 200
@@ -51,10 +50,10 @@ def percentile(sorted_values: list[float], pct: float) -> float:
 
 
 def typical_solve_time(
-    r: redis.Redis, keys: Keys, settings: Settings, request: SolveRequest
+    r: redis.Redis, keys: Keys, settings: Settings, method: str, default: float
 ) -> float:
-    """The median observed solve time of the request's method (cold: its first wait)."""
-    samples = sorted(float(x) for x in r.lrange(keys.solve_times(request.method), 0, -1))
+    """The median observed solve time of ``method`` (cold: its first wait)."""
+    samples = sorted(float(x) for x in r.lrange(keys.solve_times(method), 0, -1))
     if len(samples) < settings.adaptive_min_samples:
-        return first_wait(r, keys, settings, request.method, request.initial_wait)
+        return first_wait(r, keys, settings, method, default)
     return percentile(samples, 50)
