@@ -19,6 +19,7 @@ message, never deliver twice.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,8 +54,9 @@ class AnswerBoard:
         self.keys = keys
         self.window_ms = max(1, int(window_s * 1000))
 
-    def register(self, captcha_id: str, method: str, lease_id: str) -> None:
-        value = f"{method}|{lease_id}"
+    def register(self, captcha_id: str, method: str, lease_id: str, first_poll: float) -> None:
+        """A captcha at the provider: its method, thread lease and first-poll time."""
+        value = f"{method}|{lease_id}|{first_poll:.3f}"
         self.r.hset(self.keys.inflight_captchas(), captcha_id, value)
 
     def in_flight(self, captcha_id: str) -> bool:
@@ -83,16 +85,22 @@ class AnswerBoard:
     def in_flight_count(self) -> int:
         return int(self.r.hlen(self.keys.inflight_captchas()))
 
-    def pipe_safe_in_flight(self) -> list[str]:
+    def pipe_safe_in_flight(self) -> dict[str, float]:
+        """Pipe-safe captchas in flight, with the time each is first worth polling."""
         entries: dict[str, str] = self.r.hgetall(self.keys.inflight_captchas())  # type: ignore[assignment]
-        return [cid for cid, value in entries.items() if _pipe_safe(value.split("|")[0])]
+        found = {}
+        for cid, value in entries.items():
+            method, _lease, first_poll = value.split("|")
+            if _pipe_safe(method):
+                found[cid] = float(first_poll)
+        return found
 
     def lease_ids(self, captcha_ids: list[str]) -> list[str]:
         """The thread-slot lease ids of in-flight captchas."""
         if not captcha_ids:
             return []
         values = self.r.hmget(self.keys.inflight_captchas(), captcha_ids)
-        return [str(v).split("|", 1)[1] for v in values if v]
+        return [str(v).split("|")[1] for v in values if v]
 
     def publish(self, answers: dict[str, str]) -> list[str]:
         """Store final answers; returns the ids stored for the first time (to wake)."""
@@ -209,8 +217,9 @@ class Poller:
         return self.client.get(captcha_id)
 
     def _lead(self, captcha_id: str | None, typical_s: float) -> Answer | _Pending | float:
+        in_flight = self.board.pipe_safe_in_flight()
         own = [captcha_id] if captcha_id else []
-        ids = list(dict.fromkeys([*own, *self.board.pipe_safe_in_flight()]))
+        ids = list(dict.fromkeys([*own, *in_flight]))
         if not ids:
             return NOT_READY
         chunks = [ids[i : i + BULK_IDS] for i in range(0, len(ids), BULK_IDS)]
@@ -228,20 +237,22 @@ class Poller:
         # The provider's threads are free already: give the slots back now, then wake the
         # polls that deliver the answers.
         self.finished(self.board.lease_ids(fresh), self.board.poll_messages(fresh))
-        self._pass_baton([c for c in ids if c not in finals], typical_s)
+        self._pass_baton({c: t for c, t in in_flight.items() if c not in finals}, typical_s)
         mine = finals.get(captcha_id) if captcha_id else None
         return NOT_READY if mine is None else decode(mine, str(captcha_id))
 
-    def _pass_baton(self, unfinished: list[str], typical_s: float) -> None:
+    def _pass_baton(self, unfinished: dict[str, float], typical_s: float) -> None:
         if not unfinished:
-            return
-        messages = self.board.poll_messages(unfinished[:1])
-        if not messages:
             return
         # about BULK_PER_CAPTCHA bulk requests per captcha that finishes
         per_request = typical_s / (BULK_PER_CAPTCHA * len(unfinished))
         due = min(self.poll_interval, max(self.window_s, per_request))
-        self.baton(messages[0], due)
+        nearest = min(unfinished, key=unfinished.__getitem__)
+        if unfinished[nearest] > time.time() + due:
+            return  # nothing is worth asking for yet: the captchas' own first polls lead
+        messages = self.board.poll_messages([nearest])
+        if messages:
+            self.baton(messages[0], due)
 
     def _ask(self, chunk: list[str]) -> dict[str, str | _Pending | Exception] | None:
         if len(chunk) > 1:

@@ -16,6 +16,7 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from celery import Task
@@ -376,8 +377,9 @@ def submit_job(job: Job, now: float | None = None) -> Job:
         captcha_id = store.api_client().submit(_with_pool_proxy(_full_request(job), job))
         submitted_at = time.time()
         _remember_submission(r, keys.submission(job["solve_id"]), captcha_id, job, life)
-    store.answer_board().register(captcha_id, request.method, job["solve_id"])
     wait = _first_wait(request)
+    earliest = submitted_at + _earliest_ready(request)
+    store.answer_board().register(captcha_id, request.method, job["solve_id"], earliest)
     return {
         **job,
         "captcha_id": captcha_id,
@@ -525,35 +527,42 @@ def _again(task: Task, job: Job, countdown: float) -> NoReturn:
     raise Ignore()
 
 
-_TYPICAL: dict[str, tuple[float, float]] = {}
-_FIRST_WAIT: dict[tuple[str, float], tuple[float, float]] = {}
+# Timing figures come from Redis samples; each process reads them at most once a second.
+_MEMO: dict[tuple[Any, ...], tuple[float, float]] = {}
+
+
+def _memo(key: tuple[Any, ...], compute: Callable[[], float]) -> float:
+    now = time.monotonic()
+    cached = _MEMO.get(key)
+    if cached and cached[0] > now:
+        return cached[1]
+    value = compute()
+    _MEMO[key] = (now + 1.0, value)
+    return value
 
 
 def _first_wait(request: SolveRequest) -> float:
-    """The adaptive first-poll wait, read from Redis at most once a second per method."""
-    now = time.monotonic()
-    key = (request.method, request.initial_wait)
-    cached = _FIRST_WAIT.get(key)
-    if cached and cached[0] > now:
-        return cached[1]
-    value = timing.first_wait(
-        store.redis_client(), store.keys(), get_settings(), request.method, request.initial_wait
+    """The adaptive first-poll wait of the request's method."""
+    method, default = request.method, request.initial_wait
+    return _memo(("first", method, default), lambda: _timing(timing.first_wait, method, default))
+
+
+def _earliest_ready(request: SolveRequest) -> float:
+    """Seconds after submit before which a bulk poll need not ask for the captcha."""
+    method, default = request.method, request.initial_wait
+    return _memo(
+        ("earliest", method, default), lambda: _timing(timing.earliest_ready, method, default)
     )
-    _FIRST_WAIT[key] = (now + 1.0, value)
-    return value
 
 
 def _typical_solve_time(method: str) -> float:
-    """The method's median solve time, read from Redis at most once a second."""
-    now = time.monotonic()
-    cached = _TYPICAL.get(method)
-    if cached and cached[0] > now:
-        return cached[1]
-    value = timing.typical_solve_time(
-        store.redis_client(), store.keys(), get_settings(), method, METHODS[method].initial_wait
-    )
-    _TYPICAL[method] = (now + 1.0, value)
-    return value
+    """The method's median solve time."""
+    default = METHODS[method].initial_wait
+    return _memo(("typical", method), lambda: _timing(timing.typical_solve_time, method, default))
+
+
+def _timing(figure: Callable[..., float], method: str, default: float) -> float:
+    return figure(store.redis_client(), store.keys(), get_settings(), method, default)
 
 
 def pass_baton(message: dict[str, Any], countdown: float) -> None:

@@ -57,3 +57,14 @@ def typical_solve_time(
     if len(samples) < settings.adaptive_min_samples:
         return first_wait(r, keys, settings, method, default)
     return percentile(samples, 50)
+
+
+def earliest_ready(
+    r: redis.Redis, keys: Keys, settings: Settings, method: str, default: float
+) -> float:
+    """Seconds after submit before which a captcha of ``method`` is rarely solved (the 5th
+    percentile of observed times; cold: the first wait).  Bulk polls skip younger ones."""
+    samples = sorted(float(x) for x in r.lrange(keys.solve_times(method), 0, -1))
+    if len(samples) < settings.adaptive_min_samples:
+        return first_wait(r, keys, settings, method, default)
+    return percentile(samples, 5)
