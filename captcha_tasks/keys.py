@@ -57,9 +57,6 @@ class Keys:
         """Sorted set: recent requests to ``in.php`` / ``res.php`` (sliding window)."""
         return self._k("limiter", "rate", endpoint)
 
-    def limiter_peak(self) -> str:
-        return self._k("limiter", "peak")
-
     # -- token pools -----------------------------------------------------------------
     def pool_registry(self) -> str:
         """Hash: pool name -> JSON definition."""

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from .errors import CaptchaTasksError, from_api_code
+from .errors import CaptchaTasksError
 
 Token = str | dict[str, Any]
 
@@ -53,10 +53,6 @@ class Solved:
             "token": data["token"],
         }
 
-    @property
-    def expires_ts(self) -> float:
-        return parse_iso(self.expires_at)
-
 
 @dataclass(frozen=True)
 class Failed:
@@ -77,9 +73,6 @@ class Failed:
         if isinstance(exc, CaptchaTasksError):
             return cls(exc.code, exc.message or exc.code, method, exc.captcha_id, elapsed_s)
         return cls("ERROR_INTERNAL", f"{type(exc).__name__}: {exc}", method, None, elapsed_s)
-
-    def to_exception(self) -> CaptchaTasksError:
-        return from_api_code(self.error, self.captcha_id, self.message)
 
 
 Outcome = Solved | Failed

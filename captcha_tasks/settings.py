@@ -184,10 +184,6 @@ class Settings:
         return cls(**values)
 
     @property
-    def has_api_key(self) -> bool:
-        return bool(self.api_key)
-
-    @property
     def capacity(self) -> int:
         """Threads this deployment may use: the plan's minus the reserved headroom."""
         return self.threads - self.threads_reserved
