@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 import time
 from typing import Any
 
@@ -207,7 +208,8 @@ def test_account_command_shows_balance_and_threads(sandbox: Any) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stderr
-    balance = sandbox.stats()["config"].get("balance")
-    assert f"balance: {balance:.4f}" in done.stdout
-    assert "threads (API): 0/" in done.stdout
+    config = sandbox.stats()["config"]
+    assert f"balance: {config['balance']:.4f}" in done.stdout
+    # the sandbox may still be finishing an earlier test's captcha: any count, its plan
+    assert re.search(rf"threads \(API\): \d+/{config['threads']} in use", done.stdout)
     assert f"/{get_settings().capacity} in use" in done.stdout
