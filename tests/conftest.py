@@ -120,6 +120,19 @@ def redis_conn(redis_url: str) -> Iterator[Any]:
 
 
 @pytest.fixture
+def keys(redis_conn: Any) -> Iterator[Any]:
+    """Key names under a prefix of the test's own, deleted afterwards."""
+    from uuid import uuid4
+
+    from captcha_tasks.keys import Keys
+
+    k = Keys(prefix=f"t-{uuid4().hex}")
+    yield k
+    for key in redis_conn.scan_iter(k.all_patterns()):
+        redis_conn.delete(key)
+
+
+@pytest.fixture
 def clean_state(redis_conn: Any) -> Iterator[None]:
     """Forget captcha-tasks' own keys (solve-time samples, submissions) around a test."""
     from captcha_tasks import store

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,14 +14,6 @@ from captcha_tasks.devstack import free_port, wait_until
 from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.keys import Keys
 from captcha_tasks.limiter import LimiterConfig, ThreadLimiter
-
-
-@pytest.fixture
-def keys(redis_conn: Any) -> Iterator[Keys]:
-    k = Keys(prefix=f"t-{uuid.uuid4().hex}")
-    yield k
-    for key in redis_conn.scan_iter(k.all_patterns()):
-        redis_conn.delete(key)
 
 
 def make(redis_conn: Any, keys: Keys, **overrides: Any) -> ThreadLimiter:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import threading
-from collections.abc import Iterator
 from typing import Any
-from uuid import uuid4
 
 import pytest
 import redis
@@ -65,14 +63,6 @@ def token(n: int | str) -> dict[str, Any]:
 def captcha_id(taken: dict[str, Any] | None) -> str:
     assert taken is not None, "expected a token, got a miss"
     return str(taken["captcha_id"])
-
-
-@pytest.fixture
-def keys(redis_conn: redis.Redis) -> Iterator[Keys]:
-    k = Keys(prefix=f"t-{uuid4().hex}")
-    yield k
-    for key in redis_conn.scan_iter(k.all_patterns(), count=1000):
-        redis_conn.delete(key)
 
 
 @pytest.fixture

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from typing import Any
-from uuid import uuid4
 
 import pytest
 
@@ -15,14 +13,6 @@ from captcha_tasks.proxies import ProxyPool, mask, proxy_id, split
 
 PASSWORD = "hunter2-s3cret"
 PROXIES = [f"user{i}:{PASSWORD}@10.0.0.{i}:8080" for i in range(1, 6)]
-
-
-@pytest.fixture
-def keys(redis_conn: Any) -> Iterator[Keys]:
-    k = Keys(prefix=f"t-{uuid4().hex}")
-    yield k
-    for key in redis_conn.scan_iter(k.all_patterns()):
-        redis_conn.delete(key)
 
 
 def make_pool(redis_conn: Any, keys: Keys, *proxies: str, **kwargs: float) -> ProxyPool:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
-from uuid import uuid4
 
 import pytest
 from requests.cookies import RequestsCookieJar
@@ -31,14 +29,6 @@ from captcha_tasks.sessions import (
 
 DOMAIN = "example.com"
 SECRET = "s3cr3t-cookie-value"
-
-
-@pytest.fixture
-def keys(redis_conn: Any) -> Iterator[Keys]:
-    k = Keys(prefix=f"t-{uuid4().hex}")
-    yield k
-    for key in redis_conn.scan_iter(k.all_patterns()):
-        redis_conn.delete(key)
 
 
 @pytest.fixture
