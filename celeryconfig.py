@@ -1,6 +1,6 @@
 """Every Celery setting of captcha-tasks, in one place.
 
-Read by ``captcha_tasks.celery_app`` with ``config_from_object("celeryconfig")``; the
+Read by ``captcha_tasks.worker.app`` with ``config_from_object("celeryconfig")``; the
 values that depend on the deployment come from :mod:`captcha_tasks.settings`.
 """
 

@@ -8,14 +8,15 @@ result.get(timeout=120)["token"]
 from __future__ import annotations
 
 from . import errors
-from .celery_app import app
 from .client import NOT_READY, CaptchaAIClient
 from .errors import CaptchaTasksError, ValidationError
 from .methods import METHODS, SolveRequest, build_request
 from .outcome import Failed, Solved, outcome_from_dict
 from .settings import Settings, get_settings
+from .state import store
 from .stream import stream
-from .tasks import create_pool, poll, report, solve, submit, take_token
+from .worker.app import app
+from .worker.tasks import create_pool, poll, report, solve, submit, take_token
 
 __all__ = [
     "METHODS",
@@ -36,6 +37,7 @@ __all__ = [
     "poll",
     "report",
     "solve",
+    "store",
     "stream",
     "submit",
     "take_token",

@@ -44,11 +44,11 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from . import store
 from .errors import StoreUnavailable
 from .methods import METHODS
-from .pools import PoolNotFound
 from .settings import get_settings
+from .state import store
+from .state.pools import PoolNotFound
 
 log = logging.getLogger(__name__)
 

@@ -102,7 +102,7 @@ class Settings:
     #: KAFKA_CLIENT_CONFIG: JSON object of extra librdkafka settings (SASL, TLS, ...).
     kafka_client_config: Mapping[str, Any] = field(default_factory=dict, repr=False)
     #: CAPTCHAAI_FLOWER_NO_AUTH: let ``celery flower`` start without authentication (only
-    #: behind a proxy that authenticates; see :mod:`captcha_tasks.flower_auth`).
+    #: behind a proxy that authenticates; see :mod:`captcha_tasks.worker.flower_auth`).
     flower_no_auth: bool = False
 
     def __post_init__(self) -> None:
@@ -239,13 +239,13 @@ def _lifetimes(raw: str) -> dict[str, float]:
 
 
 def _pools(raw: str) -> tuple[Any, ...]:
-    from .pools import parse_pools  # pools imports methods, which must not import settings
+    from .state.pools import parse_pools  # pools imports methods, which must not import settings
 
     return parse_pools(raw)
 
 
 def _proxies(raw: str) -> tuple[str, ...]:
-    from .proxies import mask, split
+    from .state.proxies import mask, split
 
     items = tuple(p.strip() for p in raw.replace("\n", ",").split(",") if p.strip())
     for index, proxy in enumerate(items):

@@ -21,9 +21,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import errors, store
+from . import errors
 from .outcome import Failed
 from .settings import get_settings
+from .state import store
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ def stream(
 
 
 def _queue(batch: _Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] | None:
-    from .tasks import solve
+    from .worker.tasks import solve
 
     try:
         result = solve.apply_async(

@@ -23,8 +23,8 @@ from typing import Any
 
 import requests
 
-from captcha_tasks.devstack import CeleryProcess, RedisServer
-from captcha_tasks.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer
+from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 
 KEY = "bench-key"
 PAGE = "https://example.com/bench"

@@ -2,7 +2,7 @@
 """Kafka bridge benchmark (not a test; prints a table).
 
 Starts its own Redis, sandbox (instant solves, generous threads), one Celery worker, a
-single-node Kafka broker (from Maven Central, see ``captcha_tasks.kafka_devstack``) and
+single-node Kafka broker (from Maven Central, see ``captcha_tasks.dev.kafka_broker``) and
 one bridge, and stops them all.  Measures:
 
 * throughput: ``--tasks`` tasks enqueued at once through the bridge, and the same number
@@ -28,10 +28,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from captcha_tasks.devstack import CeleryProcess, RedisServer
-from captcha_tasks.kafka_devstack import BridgeProcess, KafkaBroker, missing_tools
-from captcha_tasks.limiter import LimiterConfig
-from captcha_tasks.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer
+from captcha_tasks.dev.kafka_broker import BridgeProcess, KafkaBroker, missing_tools
+from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.state.limiter import LimiterConfig
 
 KEY = "bench-key"
 PAGE = "https://example.com/bench-kafka"
@@ -101,7 +101,7 @@ class Results:
     """Reads the results topic from its end (no group), by task id."""
 
     def __init__(self) -> None:
-        from captcha_tasks.kafka_client import Consumer, TopicPartition, consumer_config
+        from captcha_tasks.kafka.client import Consumer, TopicPartition, consumer_config
         from captcha_tasks.settings import get_settings
 
         settings = get_settings()
@@ -133,7 +133,7 @@ class Results:
 
 def run(args: Any, sandbox: SandboxServer) -> int:
     from captcha_tasks import solve
-    from captcha_tasks.kafka_client import TaskProducer
+    from captcha_tasks.kafka.client import TaskProducer
 
     producer = TaskProducer()
     results = Results()

@@ -23,8 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from captcha_tasks.devstack import CeleryProcess, RedisServer, wait_until
-from captcha_tasks.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until
+from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 
 KEY = "bench-key"
 PAGE = "https://example.com/bench-pool"
@@ -108,7 +108,7 @@ def timed_takes(
 
 def bench_latency(samples: int) -> bool:
     from captcha_tasks import solve, store
-    from captcha_tasks.tasks import take_token
+    from captcha_tasks.worker.tasks import take_token
 
     pools = store.pools()
 
@@ -137,7 +137,7 @@ def bench_latency(samples: int) -> bool:
 
 def bench_steady(seconds: int, warmup: int) -> bool:
     from captcha_tasks import store
-    from captcha_tasks.tasks import take_token
+    from captcha_tasks.worker.tasks import take_token
 
     pools = store.pools()
     run_demand(take_token, warmup)

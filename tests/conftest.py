@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import requests
 
-from captcha_tasks.devstack import CeleryProcess, RedisServer
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer
 
 API_KEY = "test-key-" + os.urandom(6).hex()
 _STATE: dict[str, Any] = {}
@@ -46,7 +46,7 @@ SANDBOX_DEFAULTS = {
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from captcha_tasks.sandbox import SandboxConfig, SandboxServer
+    from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 
     out = Path(os.environ.get("TEST_OUTPUT_DIR") or tempfile.mkdtemp(prefix="ct-tests-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -150,7 +150,7 @@ def purge_broker(redis_url: str) -> None:
     """Drop queued and unacknowledged Celery messages left by an earlier module."""
     import redis
 
-    from captcha_tasks.devstack import ALL_QUEUES
+    from captcha_tasks.dev.devstack import ALL_QUEUES
 
     conn = redis.Redis.from_url(redis_url)
     conn.delete(*ALL_QUEUES, "unacked", "unacked_index", "unacked_mutex")

@@ -1,0 +1,5 @@
+"""``python -m captcha_tasks.cli``."""
+
+from . import main
+
+main()

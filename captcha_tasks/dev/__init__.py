@@ -1,0 +1,1 @@
+"""Development tooling: the sandbox API, local process stacks, the quickstart, a Kafka broker."""

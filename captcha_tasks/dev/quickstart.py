@@ -1,0 +1,156 @@
+"""``captcha-tasks quickstart``: a whole local stack and a demo batch, in one command.
+
+Uses ``REDIS_URL`` if it answers, otherwise starts a Redis-compatible server that pip
+installed; starts the sandbox API when ``CAPTCHAAI_API_KEY`` is not set; starts a worker
+and beat; solves a demo batch printing each token as it arrives.  Every process it
+started is stopped on exit or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..settings import DEFAULT_REDIS_URL
+from .devstack import CeleryProcess, RedisServer, redis_reachable
+from .sandbox import SandboxConfig, SandboxServer
+
+DEMO_PAGE = "https://example.com/quickstart"
+DEMO_TASKS: list[dict[str, Any]] = [
+    {"method": "turnstile", "sitekey": "0x4AAAAAAADemoTurnstile", "pageurl": DEMO_PAGE},
+    {"method": "userrecaptcha", "sitekey": "6LeDemoRecaptchaV2", "pageurl": DEMO_PAGE},
+    {
+        "method": "userrecaptcha",
+        "sitekey": "6LeDemoRecaptchaV3",
+        "pageurl": DEMO_PAGE,
+        "version": "v3",
+        "action": "login",
+        "min_score": 0.7,
+    },
+]
+
+Echo = Callable[[str], None]
+
+
+@dataclass
+class Stack:
+    """The processes and servers one quickstart run started."""
+
+    log_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    sandbox: SandboxServer | None = None
+    processes: list[Any] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for proc in reversed(self.processes):
+            proc.stop()
+        if self.sandbox is not None:
+            self.sandbox.stop()
+
+
+@contextlib.contextmanager
+def running_stack(log_dir: Path, echo: Echo, workers: int = 1) -> Iterator[Stack]:
+    """Start what is missing (Redis, sandbox), a worker and beat; stop them all after."""
+    stack = Stack(log_dir)
+    try:
+        _ensure_redis(stack, echo)
+        _ensure_api(stack, echo)
+        os.environ.update(stack.env)
+        _configure_this_process()
+        for n in range(workers):
+            worker = CeleryProcess("worker", env=stack.env, log_dir=log_dir, name=f"worker{n + 1}")
+            stack.processes.append(worker.start())
+        beat = CeleryProcess("beat", env=stack.env, log_dir=log_dir, name="beat")
+        stack.processes.append(beat.start())
+        echo(f"worker and beat running (logs in {log_dir})")
+        yield stack
+    finally:
+        stack.stop()
+
+
+def _ensure_redis(stack: Stack, echo: Echo) -> None:
+    url = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+    if redis_reachable(url):
+        echo(f"using Redis at {_safe_url(url)}")
+        stack.env["REDIS_URL"] = url
+        return
+    server = RedisServer(log_dir=stack.log_dir).start()
+    stack.processes.append(server)
+    stack.env["REDIS_URL"] = server.url
+    echo(f"{_safe_url(url)} not reachable: started a local server at {server.url}")
+
+
+def _ensure_api(stack: Stack, echo: Echo) -> None:
+    if os.environ.get("CAPTCHAAI_API_KEY"):
+        echo("using the CaptchaAI API at " + os.environ.get("CAPTCHAAI_BASE_URL", "(default)"))
+        return
+    key = "sandbox-" + secrets.token_hex(8)
+    config = SandboxConfig(threads=15, solve_time=1.5, jitter=0.3, api_keys=(key,))
+    stack.sandbox = SandboxServer(config).start()
+    stack.env.update(
+        CAPTCHAAI_API_KEY=key,
+        CAPTCHAAI_BASE_URL=stack.sandbox.url,
+        CAPTCHAAI_THREADS=os.environ.get("CAPTCHAAI_THREADS", "15"),
+        CAPTCHAAI_POLL_INTERVAL=os.environ.get("CAPTCHAAI_POLL_INTERVAL", "0.5"),
+        CAPTCHAAI_INITIAL_WAIT=os.environ.get("CAPTCHAAI_INITIAL_WAIT", "1"),
+    )
+    echo(f"no CAPTCHAAI_API_KEY: started the sandbox API at {stack.sandbox.url}")
+
+
+def _configure_this_process() -> None:
+    from .. import settings
+    from ..state import store
+    from ..worker.app import app
+
+    settings.reset_settings()
+    store.reset()
+    url = settings.get_settings().redis_url
+    app.conf.update(broker_url=url, result_backend=url)
+
+
+def _safe_url(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}:{parts.port or 6379}{parts.path}"
+
+
+def demo_batch(count: int, echo: Echo, verify_url: str | None, timeout: float = 120) -> int:
+    """Solve ``count`` demo captchas, printing each as it arrives; returns failures."""
+    from ..worker.tasks import solve
+
+    pending = {solve.delay(**DEMO_TASKS[i % len(DEMO_TASKS)]): i for i in range(count)}
+    failures = 0
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for res in [r for r in pending if r.ready()]:
+            index = pending.pop(res)
+            failures += _report_one(res, index, echo, verify_url)
+        time.sleep(0.05)
+    for index in pending.values():
+        echo(f"[{index:>2}] timed out")
+    return failures + len(pending)
+
+
+def _report_one(res: Any, index: int, echo: Echo, verify_url: str | None) -> int:
+    import requests
+
+    if res.failed():
+        echo(f"[{index:>2}] FAILED {res.result}")
+        return 1
+    out = res.result
+    token = out["token"]
+    shown = token if isinstance(token, dict) else f"{token[:24]}...({len(token)} chars)"
+    verdict = ""
+    if verify_url and isinstance(token, str):
+        ok = requests.post(f"{verify_url}/siteverify", data={"response": token}, timeout=5).json()
+        verdict = " siteverify=ok" if ok.get("success") else f" siteverify={ok}"
+    echo(f"[{index:>2}] {out['method']:<13} {out['elapsed_s']:5.2f}s {shown}{verdict}")
+    return 0

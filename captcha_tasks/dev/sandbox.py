@@ -1,0 +1,1075 @@
+"""A local CaptchaAI-compatible HTTP API server (the 2captcha ``in.php`` / ``res.php`` protocol).
+
+It is a real HTTP server, not a mock: tests, demos and benchmarks point a client at its
+``url`` and get the provider's behaviour that matters to a client:
+
+* a fixed number of provider threads; a captcha holds one from submit until its answer is
+  ready, and a submit while all are busy is refused with ``thread_error``;
+* answers that take ``solve_time ± jitter`` seconds, on an injectable clock;
+* unsolvable captchas, proxy failures (a ``proxy`` containing ``bad-proxy``) and injected
+  transient errors (HTTP 500, HTML pages, empty bodies, ``ERROR_SERVER_ERROR``);
+* bulk polling with ``res.php?action=get&ids=...`` (switchable);
+* a ``/siteverify`` endpoint that checks tokens the way a protected site would: single
+  use, with a lifetime that starts when the captcha is solved;
+* admin endpoints: ``GET /sandbox/stats``, ``POST /sandbox/reset``, ``POST /sandbox/config``
+  and ``GET /health``.
+
+Run it with ``python -m captcha_tasks.dev.sandbox --port 8765`` or :func:`serve`, or embed it::
+
+    with SandboxServer(SandboxConfig(threads=2, solve_time=0.2)) as sandbox:
+        client = CaptchaAIClient(sandbox.url, "sandbox-key")
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import contextlib
+import dataclasses
+import heapq
+import json
+import math
+import random
+import selectors
+import socket
+import socketserver
+import string
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, cast
+from urllib.parse import parse_qs, urlsplit
+
+__all__ = [
+    "DEFAULT_TOKEN_TTL",
+    "METHODS",
+    "SandboxConfig",
+    "SandboxServer",
+    "main",
+    "parse_cli_args",
+    "serve",
+]
+
+METHODS = ("userrecaptcha", "turnstile", "geetest", "base64")
+DEFAULT_TOKEN_TTL: Mapping[str, float] = {
+    "userrecaptcha": 120.0,
+    "turnstile": 300.0,
+    "geetest": 120.0,
+    "base64": 600.0,
+}
+DEFAULT_PORT = 8765
+FIRST_CAPTCHA_ID = 70_000_000
+MAX_BULK_IDS = 100
+
+_TOKEN_PREFIX = {"userrecaptcha": "03A", "turnstile": "0."}
+_TOKEN_RANDOM_BYTES = 165  # a multiple of 3, so the url-safe base64 text has no padding
+_PIPE_ANSWER_RATE = 0.2
+_IMAGE_LEN = (4, 8)
+_IMAGE_MAX_LEN = 20
+# Keep a captcha readable well past its token's life, but never let a zero ttl make an
+# answer vanish the moment it is ready.
+_MIN_RETENTION = 60.0
+# Bodies bigger than the limit are refused unread, so a client cannot make us buffer
+# arbitrary amounts of memory.
+_MIN_BODY_LIMIT = 1024 * 1024
+_IDLE_CONNECTION_TIMEOUT = 60.0
+
+_TEXT = "text/plain"
+_JSON = "application/json"
+_HTML = "text/html"
+_HTML_500 = (
+    b"<html><head><title>500 Internal Server Error</title></head><body>"
+    b"<center><h1>500 Internal Server Error</h1></center><hr><center>nginx</center>"
+    b"</body></html>"
+)
+_HTML_200 = (
+    b"<!DOCTYPE html><html><head><title>Just a moment...</title></head><body>"
+    b"<h1>Checking your browser before accessing the site.</h1></body></html>"
+)
+
+_COUNTERS = (
+    "in_php_requests",
+    "res_php_requests",
+    "res_php_get_requests",
+    "res_php_ids",
+    "submits",
+    "thread_rejections",
+    "solved_reads",
+    "verifies_ok",
+    "verifies_failed",
+    "reports_bad",
+    "reports_good",
+    "injected_errors",
+)
+
+
+# -- configuration -----------------------------------------------------------------------
+
+
+def _default_token_ttl() -> dict[str, float]:
+    return dict(DEFAULT_TOKEN_TTL)
+
+
+@dataclass
+class SandboxConfig:
+    """How the sandbox behaves; every field is validated on construction."""
+
+    threads: int = 15
+    solve_time: float = 1.5
+    jitter: float = 0.3
+    unsolvable_rate: float = 0.0
+    error_rate: float = 0.0
+    bulk: bool = True
+    api_keys: tuple[str, ...] = ("sandbox-key",)
+    thread_error: str = "ERROR_NO_SLOT_AVAILABLE"
+    token_ttl: dict[str, float] = field(default_factory=_default_token_ttl)
+    balance: float = 10.0
+    max_image_bytes: int = 100 * 1024
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        # Values also arrive as JSON from POST /sandbox/config, so check types, not just ranges.
+        self.threads = _check_int("threads", self.threads, minimum=1)
+        self.solve_time = _check_number("solve_time", self.solve_time, 0.0)
+        self.jitter = _check_number("jitter", self.jitter, 0.0)
+        self.unsolvable_rate = _check_number("unsolvable_rate", self.unsolvable_rate, 0.0, 1.0)
+        self.error_rate = _check_number("error_rate", self.error_rate, 0.0, 1.0)
+        if not isinstance(self.bulk, bool):
+            raise ValueError(f"bulk must be true or false, got {self.bulk!r}")
+        self.api_keys = _check_api_keys(self.api_keys)
+        if not isinstance(self.thread_error, str) or not self.thread_error.strip():
+            raise ValueError("thread_error must be a non-empty error code")
+        self.token_ttl = _check_token_ttl(self.token_ttl)
+        self.balance = _check_number("balance", self.balance, -math.inf)
+        self.max_image_bytes = _check_int("max_image_bytes", self.max_image_bytes, minimum=1)
+        if self.seed is not None:
+            self.seed = _check_int("seed", self.seed, minimum=None)
+
+    def ttl_for(self, method: str) -> float:
+        """Token lifetime in seconds for a captcha method."""
+        return self.token_ttl.get(method, DEFAULT_TOKEN_TTL.get(method, 0.0))
+
+    def public_dict(self) -> dict[str, Any]:
+        """The config as JSON-ready data, without the API keys."""
+        data = dataclasses.asdict(self)
+        del data["api_keys"]
+        return data
+
+
+def _check_int(name: str, value: object, minimum: int | None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_number(name: str, value: object, minimum: float, maximum: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+    if number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if number > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return number
+
+
+def _check_api_keys(value: object) -> tuple[str, ...]:
+    # The message never repeats the value: it holds API keys.
+    if isinstance(value, str) or not isinstance(value, tuple | list):
+        raise ValueError("api_keys must be a list of strings")
+    keys = tuple(value)
+    if not keys or not all(isinstance(key, str) and key for key in keys):
+        raise ValueError("api_keys must hold at least one non-empty string")
+    return keys
+
+
+def _check_token_ttl(value: object) -> dict[str, float]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"token_ttl must map method names to seconds, got {value!r}")
+    ttl: dict[str, float] = {}
+    for method, seconds in value.items():
+        if not isinstance(method, str):
+            raise ValueError(f"token_ttl keys must be method names, got {method!r}")
+        ttl[method] = _check_number(f"token_ttl[{method!r}]", seconds, 0.0)
+    return ttl
+
+
+# -- replies -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    status: int
+    content_type: str
+    body: bytes
+
+
+def _text_reply(text: str, status: int = 200) -> _Reply:
+    return _Reply(status, _TEXT, text.encode())
+
+
+def _json_reply(data: object, status: int = 200) -> _Reply:
+    return _Reply(status, _JSON, json.dumps(data).encode())
+
+
+def _api(ok: bool, request: object, json_mode: bool, text: str | None = None) -> _Reply:
+    """A protocol reply: ``{"status", "request"}`` in JSON mode, else ``text`` (or request)."""
+    if json_mode:
+        return _json_reply({"status": 1 if ok else 0, "request": request})
+    return _text_reply(str(request) if text is None else text)
+
+
+def _fail(code: str, json_mode: bool) -> _Reply:
+    return _api(False, code, json_mode)
+
+
+def _wants_json(params: Mapping[str, str]) -> bool:
+    return params.get("json", "").strip().lower() in ("1", "true")
+
+
+def _injected_reply(kind: int, json_mode: bool) -> _Reply:
+    if kind == 0:
+        return _Reply(500, _HTML, _HTML_500)
+    if kind == 1:
+        return _Reply(200, _HTML, _HTML_200)
+    if kind == 2:
+        return _Reply(200, _TEXT, b"")
+    return _fail("ERROR_SERVER_ERROR", json_mode)
+
+
+# -- submissions -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Submission:
+    """A validated in.php request."""
+
+    method: str
+    sitekey: str = ""
+    pageurl: str = ""
+    challenge: str = ""
+    bad_proxy: bool = False
+    charset: str = string.ascii_lowercase + string.digits
+    min_len: int = _IMAGE_LEN[0]
+    max_len: int = _IMAGE_LEN[1]
+
+
+def _pageurl(params: Mapping[str, str]) -> str | None:
+    url = params.get("pageurl", "").strip()
+    return url if url.lower().startswith(("http://", "https://")) else None
+
+
+def _bad_proxy(params: Mapping[str, str]) -> bool:
+    return "bad-proxy" in params.get("proxy", "")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def _validate_recaptcha(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    googlekey = params.get("googlekey", "").strip()
+    if not googlekey:
+        return "ERROR_GOOGLEKEY"
+    pageurl = _pageurl(params)
+    if pageurl is None:
+        return "ERROR_PAGEURL"
+    if "min_score" in params and not _is_number(params["min_score"]):
+        return "ERROR_BAD_PARAMETERS"
+    return _Submission(
+        "userrecaptcha", sitekey=googlekey, pageurl=pageurl, bad_proxy=_bad_proxy(params)
+    )
+
+
+def _validate_turnstile(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    sitekey = params.get("sitekey", "").strip()
+    if not sitekey:
+        return "ERROR_BAD_PARAMETERS"
+    pageurl = _pageurl(params)
+    if pageurl is None:
+        return "ERROR_PAGEURL"
+    return _Submission("turnstile", sitekey=sitekey, pageurl=pageurl, bad_proxy=_bad_proxy(params))
+
+
+def _validate_geetest(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    gt = params.get("gt", "").strip()
+    challenge = params.get("challenge", "").strip()
+    if not gt or not challenge:
+        return "ERROR_BAD_PARAMETERS"
+    pageurl = _pageurl(params)
+    if pageurl is None:
+        return "ERROR_PAGEURL"
+    return _Submission(
+        "geetest", sitekey=gt, pageurl=pageurl, challenge=challenge, bad_proxy=_bad_proxy(params)
+    )
+
+
+def _decoded_size(body: str) -> int:
+    """Decoded size of a base64 image, 0 when it is empty or not base64."""
+    text = "".join(body.split())
+    if text.startswith("data:") and "," in text:
+        text = text.split(",", 1)[1]
+    try:
+        return len(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError):
+        return 0
+
+
+def _int_param(params: Mapping[str, str], name: str) -> int | None:
+    """A small non-negative integer parameter; 0 when absent, None when malformed."""
+    raw = params.get(name, "").strip()
+    if not raw:
+        return 0
+    return int(raw) if raw.isdigit() and int(raw) <= _IMAGE_MAX_LEN else None
+
+
+def _image_lengths(params: Mapping[str, str]) -> tuple[int, int] | None:
+    min_len, max_len = _int_param(params, "min_len"), _int_param(params, "max_len")
+    if min_len is None or max_len is None or (min_len and max_len and min_len > max_len):
+        return None
+    low = min_len or min(_IMAGE_LEN[0], max_len or _IMAGE_LEN[0])
+    high = max_len or max(_IMAGE_LEN[1], low)
+    return low, high
+
+
+def _validate_image(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    size = _decoded_size(params.get("body", ""))
+    if size == 0:
+        return "ERROR_ZERO_CAPTCHA_FILESIZE"
+    if size > config.max_image_bytes:
+        return "ERROR_TOO_BIG_CAPTCHA_FILESIZE"
+    lengths = _image_lengths(params)
+    if lengths is None:
+        return "ERROR_BAD_PARAMETERS"
+    numeric = params.get("numeric", "").strip()
+    charsets = {"1": string.digits, "2": string.ascii_lowercase}
+    return _Submission(
+        "base64",
+        charset=charsets.get(numeric, string.ascii_lowercase + string.digits),
+        min_len=lengths[0],
+        max_len=lengths[1],
+    )
+
+
+_VALIDATORS: dict[str, Callable[[Mapping[str, str], SandboxConfig], _Submission | str]] = {
+    "userrecaptcha": _validate_recaptcha,
+    "turnstile": _validate_turnstile,
+    "geetest": _validate_geetest,
+    "base64": _validate_image,
+}
+
+
+# -- answers -----------------------------------------------------------------------------
+
+
+def _random_token(rng: random.Random, prefix: str) -> str:
+    return prefix + base64.urlsafe_b64encode(rng.randbytes(_TOKEN_RANDOM_BYTES)).decode()
+
+
+def _image_answer(rng: random.Random, spec: _Submission) -> str:
+    length = rng.randint(spec.min_len, spec.max_len)
+    chars = [rng.choice(spec.charset) for _ in range(length)]
+    # Real image answers can contain "|", which breaks clients that split on it.
+    if length >= 2 and rng.random() < _PIPE_ANSWER_RATE:
+        chars[rng.randrange(1, length)] = "|"
+    return "".join(chars)
+
+
+def _geetest_text(answer: Mapping[str, str]) -> str:
+    return (
+        f"challenge:{answer['geetest_challenge']},validate:{answer['geetest_validate']},"
+        f"seccode:{answer['geetest_seccode']}"
+    )
+
+
+@dataclass(slots=True, eq=False)
+class _Captcha:
+    captcha_id: str
+    method: str
+    ready_at: float
+    forget_at: float
+    answer: str | dict[str, str] | None
+    error: str | None
+    token: str | None
+    read_epoch: int = -1
+
+
+@dataclass(slots=True, eq=False)
+class _Token:
+    method: str
+    sitekey: str
+    pageurl: str
+    valid_from: float
+    expires_at: float
+    used: bool = False
+
+
+# -- state -------------------------------------------------------------------------------
+
+
+class _State:
+    """Everything the sandbox knows, behind one lock; independent of HTTP."""
+
+    def __init__(self, config: SandboxConfig, clock: Callable[[], float]) -> None:
+        self._lock = threading.Lock()
+        self._clock = clock
+        self._config = dataclasses.replace(config)
+        self._rng = random.Random(config.seed)
+        self._next_id = FIRST_CAPTCHA_ID
+        self._captchas: dict[str, _Captcha] = {}
+        self._tokens: dict[str, _Token] = {}
+        self._by_age: deque[_Captcha] = deque()
+        # Ready times of captchas still holding a thread; the earliest is released first.
+        self._busy: list[float] = []
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._by_method = dict.fromkeys(METHODS, 0)
+        self._peak = 0
+        # reset() bumps the epoch so "read at least once" is counted afresh.
+        self._epoch = 0
+
+    # -- config and stats --------------------------------------------------------------
+    def config(self) -> SandboxConfig:
+        with self._lock:
+            return dataclasses.replace(self._config)
+
+    def body_limit(self) -> int:
+        # A base64 image is 4/3 of its size, and form encoding can inflate it further.
+        return max(_MIN_BODY_LIMIT, 3 * self._config.max_image_bytes)
+
+    def update_config(self, changes: Mapping[str, Any]) -> SandboxConfig:
+        known = {f.name for f in dataclasses.fields(SandboxConfig)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(f"unknown config field(s): {', '.join(unknown)}")
+        with self._lock:
+            self._config = dataclasses.replace(self._config, **changes)
+            if "seed" in changes:
+                self._rng.seed(self._config.seed)
+            return dataclasses.replace(self._config)
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            in_flight = self._release(self._clock())
+            data: dict[str, Any] = dict(self._counts)
+            data["in_flight"] = in_flight
+            data["peak_in_flight"] = self._peak
+            data["captchas_stored"] = len(self._captchas)
+            data["submits_by_method"] = dict(self._by_method)
+            data["config"] = self._config.public_dict()
+            return data
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts = dict.fromkeys(_COUNTERS, 0)
+            self._by_method = dict.fromkeys(METHODS, 0)
+            self._peak = 0
+            self._epoch += 1
+
+    # -- in.php ------------------------------------------------------------------------
+    def in_php(self, params: Mapping[str, str]) -> _Reply:
+        json_mode = _wants_json(params)
+        with self._lock:
+            now = self._clock()
+            self._counts["in_php_requests"] += 1
+            config = self._config
+            problem = self._key_error(params)
+            if problem is not None:
+                return _fail(problem, json_mode)
+            validator = _VALIDATORS.get(params.get("method", "").strip())
+            if validator is None:
+                return _fail("ERROR_BAD_PARAMETERS", json_mode)
+            spec = validator(params, config)
+            if isinstance(spec, str):
+                return _fail(spec, json_mode)
+            injected = self._maybe_inject(json_mode)
+            if injected is not None:
+                return injected
+            self._prune(now)
+            in_flight = self._release(now)
+            if in_flight >= config.threads:
+                self._counts["thread_rejections"] += 1
+                return _fail(config.thread_error, json_mode)
+            self._peak = max(self._peak, in_flight + 1)
+            captcha_id = self._create(spec, now)
+            return _api(True, captcha_id, json_mode, f"OK|{captcha_id}")
+
+    def _key_error(self, params: Mapping[str, str]) -> str | None:
+        key = params.get("key", "")
+        if not key:
+            return "ERROR_KEY_DOES_NOT_EXIST"
+        if key not in self._config.api_keys:
+            return "ERROR_WRONG_USER_KEY"
+        return None
+
+    def _maybe_inject(self, json_mode: bool) -> _Reply | None:
+        rate = self._config.error_rate
+        if rate <= 0.0 or self._rng.random() >= rate:
+            return None
+        self._counts["injected_errors"] += 1
+        return _injected_reply(self._rng.randrange(4), json_mode)
+
+    def _release(self, now: float) -> int:
+        """Free the threads of captchas whose ready time has come; returns the busy count."""
+        while self._busy and self._busy[0] <= now:
+            heapq.heappop(self._busy)
+        return len(self._busy)
+
+    def _prune(self, now: float) -> None:
+        # Creation order is close enough to forget order: an entry that outlives its
+        # neighbours only delays their removal a little.
+        while self._by_age and self._by_age[0].forget_at <= now:
+            captcha = self._by_age.popleft()
+            self._captchas.pop(captcha.captcha_id, None)
+            if captcha.token is not None:
+                self._tokens.pop(captcha.token, None)
+
+    def _create(self, spec: _Submission, now: float) -> str:
+        config, rng = self._config, self._rng
+        captcha_id = str(self._next_id)
+        self._next_id += 1
+        solve = max(0.0, config.solve_time + rng.uniform(-config.jitter, config.jitter))
+        ready_at = now + solve
+        ttl = config.ttl_for(spec.method)
+        error: str | None = None
+        if spec.bad_proxy:
+            error = "ERROR_PROXY_CONNECTION_FAILED"
+        elif rng.random() < config.unsolvable_rate:
+            error = "ERROR_CAPTCHA_UNSOLVABLE"
+        captcha = _Captcha(
+            captcha_id=captcha_id,
+            method=spec.method,
+            ready_at=ready_at,
+            forget_at=ready_at + max(2 * ttl, _MIN_RETENTION),
+            answer=None,
+            error=error,
+            token=None,
+        )
+        if error is None:
+            self._solve(captcha, spec, ready_at + ttl)
+        self._captchas[captcha_id] = captcha
+        self._by_age.append(captcha)
+        heapq.heappush(self._busy, ready_at)
+        self._counts["submits"] += 1
+        self._by_method[spec.method] = self._by_method.get(spec.method, 0) + 1
+        return captcha_id
+
+    def _solve(self, captcha: _Captcha, spec: _Submission, expires_at: float) -> None:
+        """Decide the answer now; it is only revealed once the captcha is ready."""
+        rng = self._rng
+        if spec.method == "base64":
+            captcha.answer = _image_answer(rng, spec)
+            return
+        while True:
+            if spec.method == "geetest":
+                validate = rng.randbytes(16).hex()
+                answer: str | dict[str, str] = {
+                    "geetest_challenge": spec.challenge,
+                    "geetest_validate": validate,
+                    "geetest_seccode": rng.randbytes(16).hex(),
+                }
+                token = validate
+            else:
+                token = _random_token(rng, _TOKEN_PREFIX[spec.method])
+                answer = token
+            if token not in self._tokens:
+                break
+        captcha.answer, captcha.token = answer, token
+        self._tokens[token] = _Token(
+            spec.method, spec.sitekey, spec.pageurl, captcha.ready_at, expires_at
+        )
+
+    # -- res.php -----------------------------------------------------------------------
+    def res_php(self, params: Mapping[str, str]) -> _Reply:
+        json_mode = _wants_json(params)
+        action = params.get("action", "").strip()
+        with self._lock:
+            now = self._clock()
+            self._counts["res_php_requests"] += 1
+            ids, bulk = self._requested_ids(params)
+            if action == "get":
+                self._counts["res_php_get_requests"] += 1
+                self._counts["res_php_ids"] += len(ids)
+            problem = self._key_error(params)
+            if problem is not None:
+                return _fail(problem, json_mode)
+            injected = self._maybe_inject(json_mode)
+            if injected is not None:
+                return injected
+            if action != "get":
+                return self._other_action(action, params, json_mode, now)
+            if bulk:
+                return self._get_many(ids, json_mode, now)
+            return self._get_one(ids, json_mode, now)
+
+    def _requested_ids(self, params: Mapping[str, str]) -> tuple[list[str], bool]:
+        """The ids a get asks for, and whether it is a bulk request."""
+        ids = [part.strip() for part in params.get("ids", "").split(",") if part.strip()]
+        if ids and self._config.bulk:
+            return ids, True
+        # A server without bulk support ignores ``ids`` and sees no ``id`` at all.
+        single = params.get("id", "").strip()
+        return ([single] if single else []), False
+
+    def _get_one(self, ids: Sequence[str], json_mode: bool, now: float) -> _Reply:
+        captcha = self._captchas.get(ids[0]) if ids else None
+        if captcha is None:
+            return _fail("ERROR_WRONG_CAPTCHA_ID", json_mode)
+        if now < captcha.ready_at:
+            return _fail("CAPCHA_NOT_READY", json_mode)
+        if captcha.error is not None or captcha.answer is None:
+            return _fail(captcha.error or "ERROR_CAPTCHA_UNSOLVABLE", json_mode)
+        self._mark_read(captcha)
+        answer = captcha.answer
+        text = _geetest_text(answer) if isinstance(answer, dict) else answer
+        return _api(True, answer, json_mode, f"OK|{text}")
+
+    def _get_many(self, ids: Sequence[str], json_mode: bool, now: float) -> _Reply:
+        if len(ids) > MAX_BULK_IDS:
+            return _fail("ERROR_BAD_PARAMETERS", json_mode)
+        joined = "|".join(self._bulk_item(captcha_id, now) for captcha_id in ids)
+        return _api(True, joined, json_mode)
+
+    def _bulk_item(self, captcha_id: str, now: float) -> str:
+        captcha = self._captchas.get(captcha_id)
+        if captcha is None:
+            return "ERROR_WRONG_CAPTCHA_ID"
+        if now < captcha.ready_at:
+            return "CAPCHA_NOT_READY"
+        if captcha.error is not None or captcha.answer is None:
+            return captcha.error or "ERROR_CAPTCHA_UNSOLVABLE"
+        self._mark_read(captcha)
+        answer = captcha.answer
+        return _geetest_text(answer) if isinstance(answer, dict) else answer
+
+    def _mark_read(self, captcha: _Captcha) -> None:
+        if captcha.read_epoch != self._epoch:
+            captcha.read_epoch = self._epoch
+            self._counts["solved_reads"] += 1
+
+    def _other_action(
+        self, action: str, params: Mapping[str, str], json_mode: bool, now: float
+    ) -> _Reply:
+        if action == "getbalance":
+            return _api(True, _decimal(self._config.balance), json_mode)
+        if action in ("reportbad", "reportgood"):
+            if params.get("id", "").strip() not in self._captchas:
+                return _fail("ERROR_WRONG_CAPTCHA_ID", json_mode)
+            self._counts["reports_bad" if action == "reportbad" else "reports_good"] += 1
+            return _api(True, "OK_REPORT_RECORDED", json_mode)
+        if action == "threadsinfo":
+            info = {"threads": self._config.threads, "working_threads": self._release(now)}
+            text = f"threads={info['threads']}|working_threads={info['working_threads']}"
+            return _api(True, info, json_mode, text)
+        return _fail("ERROR_BAD_PARAMETERS", json_mode)
+
+    # -- siteverify --------------------------------------------------------------------
+    def siteverify(self, params: Mapping[str, str]) -> _Reply:
+        value = params.get("response", "").strip()
+        with self._lock:
+            now = self._clock()
+            token = self._tokens.get(value) if value else None
+            if token is None or now < token.valid_from:
+                return self._verify_failed("unknown-token")
+            if token.used:
+                return self._verify_failed("already-used")
+            if now >= token.expires_at:
+                return self._verify_failed("expired-token")
+            token.used = True
+            self._counts["verifies_ok"] += 1
+            return _json_reply(
+                {
+                    "success": True,
+                    "method": token.method,
+                    "sitekey": token.sitekey,
+                    "pageurl": token.pageurl,
+                }
+            )
+
+    def _verify_failed(self, code: str) -> _Reply:
+        self._counts["verifies_failed"] += 1
+        return _json_reply({"success": False, "error-codes": [code]})
+
+
+def _decimal(value: float) -> str:
+    text = f"{value:.10f}".rstrip("0")
+    return text + "0" if text.endswith(".") else text
+
+
+# -- HTTP --------------------------------------------------------------------------------
+
+
+def _query_params(text: str) -> dict[str, str]:
+    return {name: values[0] for name, values in parse_qs(text, keep_blank_values=True).items()}
+
+
+def _admin_stats(state: _State, body: bytes) -> _Reply:
+    return _json_reply(state.stats())
+
+
+def _admin_reset(state: _State, body: bytes) -> _Reply:
+    state.reset()
+    return _json_reply({"ok": True})
+
+
+def _admin_get_config(state: _State, body: bytes) -> _Reply:
+    return _json_reply(state.config().public_dict())
+
+
+def _admin_set_config(state: _State, body: bytes) -> _Reply:
+    try:
+        changes = json.loads(body or b"{}")
+    except ValueError:
+        return _json_reply({"error": "body must be a JSON object"}, 400)
+    if not isinstance(changes, dict):
+        return _json_reply({"error": "body must be a JSON object"}, 400)
+    try:
+        config = state.update_config(changes)
+    except ValueError as exc:
+        return _json_reply({"error": str(exc)}, 400)
+    return _json_reply(config.public_dict())
+
+
+def _health(state: _State, body: bytes) -> _Reply:
+    return _text_reply("ok")
+
+
+_PROTOCOL_ROUTES: dict[str, Callable[[_State, Mapping[str, str]], _Reply]] = {
+    "/in.php": _State.in_php,
+    "/res.php": _State.res_php,
+    "/siteverify": _State.siteverify,
+}
+_ADMIN_ROUTES: dict[tuple[str, str], Callable[[_State, bytes], _Reply]] = {
+    ("GET", "/health"): _health,
+    ("GET", "/sandbox/stats"): _admin_stats,
+    ("POST", "/sandbox/reset"): _admin_reset,
+    ("GET", "/sandbox/config"): _admin_get_config,
+    ("POST", "/sandbox/config"): _admin_set_config,
+}
+_ADMIN_PATHS = {path for _, path in _ADMIN_ROUTES}
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024
+    allow_reuse_address = True
+    # handle_request() gives up after this long, so a connection that vanished between
+    # select() and accept() cannot block the serve loop (and stop()) forever.
+    timeout = 0.5
+
+    def __init__(self, address: tuple[str, int], state: _State) -> None:
+        self.state = state
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+        self._closing = False
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind does a reverse DNS lookup that can stall for seconds.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name = str(host)
+        self.server_port = int(port)
+
+    def track(self, conn: socket.socket) -> None:
+        with self._connections_lock:
+            self._connections.add(conn)
+            closing = self._closing
+        if closing:
+            _shutdown_socket(conn)
+
+    def untrack(self, conn: socket.socket) -> None:
+        with self._connections_lock:
+            self._connections.discard(conn)
+
+    def close_connections(self) -> None:
+        """Drop keep-alive connections so a stopped sandbox stops answering on them."""
+        with self._connections_lock:
+            self._closing = True
+            connections = list(self._connections)
+        for conn in connections:
+            _shutdown_socket(conn)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exception(), ConnectionError | TimeoutError):
+            return  # clients hanging up are routine, not worth a traceback
+        super().handle_error(request, client_address)
+
+
+def _shutdown_socket(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # the other side may have closed it already
+        conn.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "CaptchaAISandbox/1.0"
+    disable_nagle_algorithm = True  # headers and body go out in separate writes
+    timeout = _IDLE_CONNECTION_TIMEOUT
+
+    def _server(self) -> _HTTPServer:
+        return cast(_HTTPServer, self.server)
+
+    def setup(self) -> None:
+        super().setup()
+        self._server().track(self.connection)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self._server().untrack(self.connection)
+
+    def version_string(self) -> str:
+        return self.server_version
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # Request lines carry the API key in their query string: log nothing.
+        return
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:
+        self._dispatch("POST")
+
+    def _dispatch(self, verb: str) -> None:
+        body = self._read_body()
+        if body is None:
+            return
+        try:
+            reply = self._route(verb, body)
+        except Exception as exc:  # a sandbox bug must still answer, or keep-alive clients hang
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            # Only the type and place: an exception message could contain request data.
+            print(
+                f"sandbox: internal error {type(exc).__name__} at {frame.lineno}",
+                file=sys.stderr,
+            )
+            reply = _text_reply("sandbox internal error", 500)
+        self._send(reply)
+
+    def _read_body(self) -> bytes | None:
+        raw = self.headers.get("Content-Length")
+        if raw is None:
+            return b""
+        limit = self._server().state.body_limit()
+        try:
+            length = int(raw)
+        except ValueError:
+            length = -1
+        if length < 0 or length > limit:
+            # The unread body would be taken for the next request, so hang up afterwards.
+            self.close_connection = True
+            self._send(_text_reply("bad or too large Content-Length", 413 if length > 0 else 400))
+            return None
+        return self.rfile.read(length)
+
+    def _route(self, verb: str, body: bytes) -> _Reply:
+        state = self._server().state
+        url = urlsplit(self.path)
+        protocol = _PROTOCOL_ROUTES.get(url.path)
+        if protocol is not None:
+            return protocol(state, self._params(url.query, body))
+        admin = _ADMIN_ROUTES.get((verb, url.path))
+        if admin is not None:
+            return admin(state, body)
+        if url.path in _ADMIN_PATHS:
+            return _text_reply("Method Not Allowed", 405)
+        return _text_reply("Not Found", 404)
+
+    def _params(self, query: str, body: bytes) -> dict[str, str]:
+        params = _query_params(query)
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+        if body and content_type in ("", "application/x-www-form-urlencoded"):
+            params.update(_query_params(body.decode("utf-8", errors="replace")))
+        return params
+
+    def _send(self, reply: _Reply) -> None:
+        self.send_response(reply.status)
+        self.send_header("Content-Type", reply.content_type)
+        self.send_header("Content-Length", str(len(reply.body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(reply.body)
+
+
+# -- public server -----------------------------------------------------------------------
+
+
+class SandboxServer:
+    """A CaptchaAI-compatible HTTP server on ``host:port`` (0 picks a free port).
+
+    The socket is bound on construction, so :attr:`url` is known before :meth:`start`.
+    """
+
+    def __init__(
+        self,
+        config: SandboxConfig | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._state = _State(config if config is not None else SandboxConfig(), clock)
+        self._httpd = _HTTPServer((host, port), self._state)
+        self._thread: threading.Thread | None = None
+        self._stopped = False
+        # A socket pair wakes the serve loop at once on stop(); polling would delay it.
+        self._wake_r, self._wake_w = socket.socketpair()
+
+    @property
+    def port(self) -> int:
+        """The bound TCP port."""
+        return int(self._httpd.server_address[1])
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:54321``."""
+        host = str(self._httpd.server_address[0])
+        return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    @property
+    def config(self) -> SandboxConfig:
+        """A copy of the current config."""
+        return self._state.config()
+
+    def start(self) -> SandboxServer:
+        """Serve in a background daemon thread; returns self."""
+        if self._thread is not None or self._stopped:
+            raise RuntimeError("a SandboxServer can only be started once")
+        self._thread = threading.Thread(
+            target=self._serve_loop, name=f"captcha-sandbox-{self.port}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _serve_loop(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._httpd.socket, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while True:
+                for key, _ in selector.select():
+                    if key.fileobj is self._wake_r:
+                        return
+                    self._httpd.handle_request()
+
+    def stop(self) -> None:
+        """Stop serving, close the listening socket and drop open connections."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self._thread is not None:
+            self._wake_w.send(b"x")
+            self._thread.join()
+        self._httpd.server_close()
+        self._httpd.close_connections()
+        self._wake_r.close()
+        self._wake_w.close()
+
+    def __enter__(self) -> SandboxServer:
+        if self._thread is None:
+            self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and config, as served by ``GET /sandbox/stats``."""
+        return self._state.stats()
+
+    def reset(self) -> None:
+        """Zero the counters and the in-flight peak; captchas and config are kept."""
+        self._state.reset()
+
+    def update_config(self, **changes: Any) -> SandboxConfig:
+        """Change config fields (validated as in :class:`SandboxConfig`); returns the result."""
+        return self._state.update_config(changes)
+
+
+def serve(host: str, port: int, config: SandboxConfig) -> None:
+    """Run a sandbox in the foreground until interrupted (Ctrl-C)."""
+    server = SandboxServer(config, host, port).start()
+    settings = json.dumps(config.public_dict(), sort_keys=True)
+    print(
+        f"CaptchaAI sandbox on {server.url} ({len(config.api_keys)} API key(s)) config={settings}",
+        flush=True,
+    )
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+def parse_cli_args(argv: Sequence[str] | None = None) -> tuple[str, int, SandboxConfig]:
+    """Parse ``python -m captcha_tasks.dev.sandbox`` arguments into host, port and config."""
+    defaults = SandboxConfig()
+    parser = argparse.ArgumentParser(
+        prog="python -m captcha_tasks.dev.sandbox",
+        description="Run a local CaptchaAI-compatible API server.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--threads", type=int, default=defaults.threads)
+    parser.add_argument("--solve-time", type=float, default=defaults.solve_time)
+    parser.add_argument("--jitter", type=float, default=defaults.jitter)
+    parser.add_argument("--unsolvable-rate", type=float, default=defaults.unsolvable_rate)
+    parser.add_argument("--error-rate", type=float, default=defaults.error_rate)
+    parser.add_argument("--no-bulk", action="store_true", help="ignore res.php ids=")
+    parser.add_argument("--thread-error", default=defaults.thread_error)
+    parser.add_argument("--token-ttl", type=float, help="token lifetime for every method")
+    parser.add_argument("--seed", type=int)
+    args = parser.parse_args(argv)
+    ttl = defaults.token_ttl
+    if args.token_ttl is not None:
+        ttl = dict.fromkeys(ttl, args.token_ttl)
+    try:
+        config = SandboxConfig(
+            threads=args.threads,
+            solve_time=args.solve_time,
+            jitter=args.jitter,
+            unsolvable_rate=args.unsolvable_rate,
+            error_rate=args.error_rate,
+            bulk=not args.no_bulk,
+            thread_error=args.thread_error,
+            token_ttl=ttl,
+            seed=args.seed,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    host: str = args.host
+    port: int = args.port
+    return host, port, config
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of ``python -m captcha_tasks.dev.sandbox``."""
+    serve(*parse_cli_args(argv))
+
+
+if __name__ == "__main__":
+    main()

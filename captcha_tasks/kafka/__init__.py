@@ -1,0 +1,1 @@
+"""The optional Kafka bridge (``pip install 'captcha-tasks[kafka]'``)."""

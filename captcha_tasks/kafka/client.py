@@ -1,0 +1,327 @@
+"""Kafka clients built from settings, the producer helper for scrapers, and consumer lag.
+
+Needs the ``kafka`` extra (``pip install 'captcha-tasks[kafka]'``): importing this module
+without confluent-kafka raises :class:`~captcha_tasks.errors.ConfigurationError` saying
+so.  ``import captcha_tasks`` never imports it.
+
+librdkafka settings are layered: our defaults, then ``KAFKA_CLIENT_CONFIG`` (SASL, TLS,
+timeouts...), then what correctness depends on (bootstrap servers, the group, manual
+commits, ``acks=all`` with idempotence), which always wins.  The settings' values are
+never logged: ``KAFKA_CLIENT_CONFIG`` may hold passwords.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .. import errors
+from ..errors import ConfigurationError
+from ..methods import build_request
+from ..settings import Settings, get_settings
+from .messages import check_task_id, task_value
+
+INSTALL_HINT = "Kafka support is not installed: pip install 'captcha-tasks[kafka]'"
+
+try:
+    from confluent_kafka import (
+        Consumer,
+        KafkaError,
+        KafkaException,
+        Message,
+        Producer,
+        TopicPartition,
+    )
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ConfigurationError(INSTALL_HINT) from exc
+
+__all__ = [
+    "Consumer",
+    "KafkaError",
+    "KafkaException",
+    "Message",
+    "Producer",
+    "TopicPartition",
+]
+
+log = logging.getLogger(__name__)
+_librdkafka_log = logging.getLogger("captcha_tasks.librdkafka")
+
+
+class RepeatFilter(logging.Filter):
+    """Let one of identical log lines through per ``every_s`` seconds: librdkafka logs a
+    connection failure on each reconnect attempt, which would flood the log."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._last: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        now = time.monotonic()
+        text = record.getMessage()
+        if now - self._last.get(text, -self.every_s) < self.every_s:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()  # bounded memory; at worst one extra line per message
+        self._last[text] = now
+        return True
+
+
+_librdkafka_log.addFilter(RepeatFilter())
+
+#: Messages librdkafka prefetches per partition: a backlog stays on the brokers.
+PREFETCH_MESSAGES = 1000
+
+
+class KafkaDeliveryError(errors.RetryableError):
+    """The brokers did not acknowledge a message (after librdkafka's own retries)."""
+
+    default_code = "ERROR_KAFKA_DELIVERY"
+
+
+class KafkaUnavailable(errors.RetryableError):
+    """The brokers did not answer a metadata or admin request in time."""
+
+    default_code = "ERROR_KAFKA_UNAVAILABLE"
+
+
+def _layered(settings: Settings, defaults: dict[str, Any], **required: Any) -> dict[str, Any]:
+    return {
+        "client.id": "captcha-tasks",
+        **defaults,
+        **settings.kafka_client_config,
+        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        "logger": _librdkafka_log,
+        **required,
+    }
+
+
+def consumer_config(settings: Settings, group: str | None = None) -> dict[str, Any]:
+    """A consumer of the bridge's group that commits only what the bridge tells it."""
+    defaults = {
+        # Incremental rebalances: members keep their other partitions while one joins.
+        "partition.assignment.strategy": "cooperative-sticky",
+        "auto.offset.reset": "earliest",  # tasks produced before the first bridge count
+        "queued.min.messages": PREFETCH_MESSAGES,
+    }
+    return _layered(
+        settings,
+        defaults,
+        **{
+            "group.id": group or settings.kafka_group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        },
+    )
+
+
+def producer_config(settings: Settings) -> dict[str, Any]:
+    """A producer whose acknowledged messages are on every in-sync replica, once."""
+    return _layered(settings, {"linger.ms": 5}, **{"acks": "all", "enable.idempotence": True})
+
+
+def admin_config(settings: Settings) -> dict[str, Any]:
+    """An admin client of the same cluster (topics, group descriptions)."""
+    return _layered(settings, {})
+
+
+# -- producer helper for scrapers ---------------------------------------------------------
+
+
+class TaskProducer:
+    """Publish solve tasks to ``KAFKA_TASKS_TOPIC`` (``acks=all``, idempotent).
+
+    ``enqueue`` validates like ``solve.delay`` and returns at once; :meth:`flush` waits
+    for the brokers and raises :class:`KafkaDeliveryError` naming the tasks they refused.
+    Results arrive on ``KAFKA_RESULTS_TOPIC`` keyed by ``task_id``.
+    """
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings or get_settings()
+        self._producer = Producer(producer_config(self.settings))
+        self._failed: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def enqueue(
+        self,
+        task_id: str,
+        method: str,
+        sitekey: str | None = None,
+        pageurl: str | None = None,
+        **params: Any,
+    ) -> str:
+        """Queue one task; ``task_id`` must be unique (a UUID, for example)."""
+        request = build_request(method, sitekey, pageurl, **params)
+        fields: dict[str, Any] = {"method": request.method}
+        if request.sitekey is not None:
+            fields["sitekey"] = request.sitekey
+        if request.pageurl is not None:
+            fields["pageurl"] = request.pageurl
+        fields.update(request.params)
+        value = task_value(check_task_id(task_id), fields)
+        self._produce(task_id, value)
+        return task_id
+
+    def _produce(self, task_id: str, value: bytes) -> None:
+        def delivered(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                with self._lock:
+                    self._failed.append((task_id, err.str()))
+
+        while True:
+            try:
+                self._producer.produce(
+                    self.settings.kafka_tasks_topic,
+                    key=task_id.encode(),
+                    value=value,
+                    on_delivery=delivered,
+                )
+                break
+            except BufferError:
+                self._producer.poll(0.1)  # the local queue is full: let deliveries drain it
+        self._producer.poll(0)
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait until every queued task is acknowledged; raise if any was refused."""
+        left = self._producer.flush(timeout)
+        with self._lock:
+            failed, self._failed = self._failed, []
+        if failed:
+            ids = ", ".join(task_id for task_id, _ in failed[:5])
+            raise KafkaDeliveryError(f"{len(failed)} task(s) not delivered ({ids}): {failed[0][1]}")
+        if left:
+            raise KafkaDeliveryError(f"{left} task(s) still unacknowledged after {timeout}s")
+
+    def __enter__(self) -> TaskProducer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.flush()
+
+
+_shared: TaskProducer | None = None
+_shared_lock = threading.Lock()
+
+
+def enqueue(
+    task_id: str, method: str, sitekey: str | None = None, pageurl: str | None = None, **params: Any
+) -> str:
+    """Publish one task and wait for the brokers' acknowledgement (``acks=all``).
+
+    Validates like ``solve.delay`` (raises :class:`~captcha_tasks.errors.ValidationError`
+    before producing).  ``task_id`` must be unique per task across producers — a UUID is
+    a good choice.  For many tasks, use :class:`TaskProducer` and flush once.
+    """
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = TaskProducer()
+        producer = _shared
+    producer.enqueue(task_id, method, sitekey, pageurl, **params)
+    producer.flush()
+    return task_id
+
+
+# -- topics and lag -----------------------------------------------------------------------
+
+
+def create_topics(
+    settings: Settings | None = None,
+    *,
+    partitions: int = 6,
+    replication_factor: int = 1,
+    timeout: float = 30.0,
+) -> list[str]:
+    """Create the tasks, results and dead-letter topics; returns those that were created."""
+    settings = settings or get_settings()
+    admin = AdminClient(admin_config(settings))
+    names = (
+        settings.kafka_tasks_topic,
+        settings.kafka_results_topic,
+        settings.kafka_dead_letter_topic,
+    )
+    futures = admin.create_topics(
+        [NewTopic(name, partitions, replication_factor) for name in names],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    created = []
+    for name, future in futures.items():
+        try:
+            future.result(timeout)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise KafkaUnavailable(f"could not create topic {name}: {exc}") from None
+        else:
+            created.append(name)
+    return created
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    partition: int
+    #: The group's committed offset (None: nothing committed yet).
+    committed: int | None
+    #: The earliest and the next offset of the partition.
+    start: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        """Messages not yet processed by the group (a new group starts at the earliest)."""
+        position = self.start if self.committed is None else max(self.committed, self.start)
+        return max(0, self.end - position)
+
+
+def consumer_lag(
+    settings: Settings | None = None,
+    *,
+    group: str | None = None,
+    topic: str | None = None,
+    timeout: float = 10.0,
+) -> list[PartitionLag]:
+    """Per partition of the tasks topic: the group's committed offset, the end, the lag."""
+    settings = settings or get_settings()
+    topic = topic or settings.kafka_tasks_topic
+    # A consumer that never subscribes reads the group's offsets without joining it.
+    consumer = Consumer(consumer_config(settings, group))
+    try:
+        partitions = _partitions(consumer, topic, timeout)
+        wanted = [TopicPartition(topic, p) for p in partitions]
+        committed = {tp.partition: tp.offset for tp in consumer.committed(wanted, timeout)}
+        return [
+            _lag_of(consumer, topic, number, committed.get(number, -1), timeout)
+            for number in partitions
+        ]
+    except KafkaException as exc:
+        raise KafkaUnavailable(f"could not read offsets of {topic}: {exc}") from None
+    finally:
+        consumer.close()
+
+
+def _partitions(consumer: Consumer, topic: str, timeout: float) -> list[int]:
+    metadata = consumer.list_topics(topic, timeout=timeout).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        raise KafkaUnavailable(f"topic {topic} does not exist or has no partitions")
+    return sorted(metadata.partitions)
+
+
+def _lag_of(
+    consumer: Consumer, topic: str, number: int, committed: int, timeout: float
+) -> PartitionLag:
+    start, end = consumer.get_watermark_offsets(
+        TopicPartition(topic, number), timeout=timeout, cached=False
+    )
+    return PartitionLag(number, committed if committed >= 0 else None, start, end)
+
+
+def total_lag(lags: Iterable[PartitionLag]) -> int:
+    """The group's lag over every partition."""
+    return sum(item.lag for item in lags)

@@ -1,0 +1,48 @@
+"""Shared plumbing of the Redis-state modules: Lua scripts registered once per client,
+and Redis outages turned into :class:`~captcha_tasks.errors.StoreUnavailable`."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+from redis.commands.core import Script
+
+from ..errors import StoreUnavailable
+
+T = TypeVar("T")
+
+#: Lua prologue: ``now`` in ms on the Redis server's clock (never the hosts' clocks).
+NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+_SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def script(r: redis.Redis, source: str) -> Script:
+    """``source`` registered once per client, however many objects use it (redis-py's
+    ``Script`` runs EVALSHA and reloads the script after a server restart)."""
+    with _LOCK:
+        per_client = _SCRIPTS.setdefault(r, {})
+        if source not in per_client:
+            per_client[source] = r.register_script(source)
+        return per_client[source]
+
+
+def guard(call: Callable[[], T], what: str = "") -> T:
+    """Run a Redis call; an unreachable Redis fails closed with a clear error."""
+    try:
+        return call()
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        suffix = f": {what}" if what else ""
+        raise StoreUnavailable(f"Redis is down ({type(exc).__name__}){suffix}") from None
+
+
+def text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,715 @@
+"""Token pools: pre-solved tokens kept ready so a caller gets one instantly.
+
+A pool holds tokens for one (method, sitekey, pageurl, action / version).  Tokens are
+single-use and short-lived (~120 s reCAPTCHA, ~300 s Turnstile), so each one sits in a
+sorted set scored by its *own* expiry on the Redis server's clock; a take atomically
+drops expired tokens (counted as waste), hands out the soonest-expiring usable one and
+removes it, so every token goes to exactly one caller even across hosts.
+
+Pools are declared in ``CAPTCHAAI_POOLS`` (see :func:`parse_pools`) and registered in
+Redis; :meth:`PoolStore.plan` tells the refiller how many solves to start now.  Wiring
+into the Celery tasks and beat lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar, cast
+
+import redis
+
+from ..errors import ConfigurationError, ValidationError
+from ..keys import Keys
+from ..methods import METHODS, PER_REQUEST_PARAMS, Scalar, SolveRequest, build_request
+from .lua import guard, script
+
+T = TypeVar("T")
+
+ENV_VAR = "CAPTCHAAI_POOLS"
+#: Methods whose answer is a token reusable by anyone on the page.  GeeTest answers are
+#: bound to one page load's ``challenge`` and image captchas to one image.
+POOLABLE_METHODS = frozenset({"userrecaptcha", "turnstile"})
+#: Seconds of take history kept for the take rate.
+TAKE_HISTORY_S = 600.0
+DEFAULT_RATE_WINDOW_S = 60.0
+#: A pool younger than this still has its rate measured over this long, so the first
+#: take after a reset does not read as an enormous rate.
+MIN_RATE_WINDOW_S = 1.0
+#: Safety margin of the refill target used by :meth:`PoolStore.status` by default.
+DEFAULT_MARGIN_S = 5.0
+
+#: Request parameters that must be equal for a pooled token to fit a request.
+_MATCH_PARAMS = ("action", "version", "min_score", "enterprise", "invisible", "data", "pagedata")
+#: What an absent match parameter means to the API.
+_PARAM_DEFAULTS = {("userrecaptcha", "version"): "v2"}
+_FIELDS = ("name", "method", "sitekey", "pageurl", "size", "ttl", "min_remaining")
+# Names go into key names and logs: keep them short and free of ':' and glob characters.
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
+_JSON_TYPES = {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
+
+
+class PoolNotFound(ValidationError):
+    """The named pool is not declared (not in the registry)."""
+
+    default_code = "ERROR_POOL_NOT_FOUND"
+
+
+# -- pool definitions -------------------------------------------------------------------
+
+
+class _Invalid(Exception):
+    """One problem with a pool definition; the caller adds which pool and where."""
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    """One pool's definition.  Constructing it validates it (``ConfigurationError``)."""
+
+    name: str
+    method: str
+    sitekey: str
+    pageurl: str
+    #: Most tokens to keep (the refill target never exceeds it).
+    size: int
+    #: Seconds a pooled token is usable after it is solved (the pool's own life).
+    ttl: float
+    #: A take only returns tokens with at least this many seconds of life left.
+    min_remaining: float
+    #: Method extras: ``action``, ``version``, ``min_score``, ``invisible``, ...
+    params: Mapping[str, Scalar] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        try:
+            request = _validate(self)
+        except _Invalid as bad:
+            raise ConfigurationError(f"pool {_label(self.name)}: {bad}") from None
+        # Keep build_request's clean form (stripped, booleans as 0/1) so equal
+        # definitions compare equal and match the requests build_request makes.
+        object.__setattr__(self, "sitekey", request.sitekey)
+        object.__setattr__(self, "pageurl", request.pageurl)
+        object.__setattr__(self, "params", dict(request.params))
+        object.__setattr__(self, "ttl", float(self.ttl))
+        object.__setattr__(self, "min_remaining", float(self.min_remaining))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat JSON form used by ``CAPTCHAAI_POOLS`` and the registry."""
+        data: dict[str, Any] = {f: getattr(self, f) for f in _FIELDS}
+        data.update(self.params)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> PoolSpec:
+        """Validate a flat definition; errors are prefixed with ``source`` when given."""
+        try:
+            return cls._from_mapping(data)
+        except ConfigurationError as exc:
+            if source is None:
+                raise
+            raise ConfigurationError(f"{source}: {exc.message}") from None
+
+    @classmethod
+    def _from_mapping(cls, data: object) -> PoolSpec:
+        if not isinstance(data, Mapping):
+            raise ConfigurationError(f"a pool must be a JSON object, not {_json_type(data)}")
+        missing = [f for f in _FIELDS if data.get(f) is None]
+        if missing:
+            name = data.get("name")
+            raise ConfigurationError(f"pool {_label(name)}: missing field(s) {', '.join(missing)}")
+        extras = {k: v for k, v in data.items() if k not in _FIELDS}
+        return cls(**{f: data[f] for f in _FIELDS}, params=extras)
+
+    def matches(self, request: SolveRequest) -> bool:
+        """Whether a token of this pool answers ``request``.
+
+        Requests bound to a proxy, cookies, data-s, user agent or image never match:
+        a token solved without them would be rejected by the site.
+        """
+        if request.per_request:
+            return False
+        if (request.method, request.sitekey, request.pageurl) != (
+            self.method,
+            self.sitekey,
+            self.pageurl,
+        ):
+            return False
+        return all(
+            _match_value(self.method, k, self.params.get(k))
+            == _match_value(request.method, k, request.params.get(k))
+            for k in _MATCH_PARAMS
+        )
+
+    def solve_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``solve`` for one refill solve."""
+        return {
+            "method": self.method,
+            "sitekey": self.sitekey,
+            "pageurl": self.pageurl,
+            **self.params,
+        }
+
+
+def parse_pools(text: str) -> tuple[PoolSpec, ...]:
+    """Pools declared in ``CAPTCHAAI_POOLS``: a JSON list of flat pool objects.
+
+    Blank means no pools.  Any problem raises ``ConfigurationError`` naming the variable,
+    the pool (item index, and name when known) and the field.
+    """
+    if not text or not text.strip():
+        return ()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"{ENV_VAR} is not valid JSON: {exc}") from None
+    if not isinstance(data, list):
+        raise ConfigurationError(
+            f"{ENV_VAR} must be a JSON list of pool objects, not {_json_type(data)}"
+        )
+    specs: list[PoolSpec] = []
+    seen: dict[str, int] = {}
+    for index, item in enumerate(data):
+        where = f"{ENV_VAR} item #{index}"
+        spec = PoolSpec.from_dict(item, source=where)
+        if spec.name in seen:
+            raise ConfigurationError(
+                f"{where}: pool {spec.name!r}: name is a duplicate of item #{seen[spec.name]}"
+            )
+        seen[spec.name] = index
+        specs.append(spec)
+    return tuple(specs)
+
+
+def _validate(spec: PoolSpec) -> SolveRequest:
+    _check_name(spec.name)
+    _check_method(spec.method)
+    _check_size(spec.size)
+    _check_life(spec.ttl, spec.min_remaining)
+    return _check_request(spec)
+
+
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or not name.strip():
+        raise _Invalid("name is missing or empty")
+    if not _NAME_RE.fullmatch(name):
+        raise _Invalid("name must be 1-64 letters, digits, '.', '_' or '-'")
+
+
+def _check_method(method: object) -> None:
+    if not isinstance(method, str) or method not in METHODS:
+        raise _Invalid(f"method {method!r} is unknown; use one of {', '.join(sorted(METHODS))}")
+    if method not in POOLABLE_METHODS:
+        raise _Invalid(
+            f"method {method!r} cannot be pooled (its answer is bound to one page load "
+            f"or image); use one of {', '.join(sorted(POOLABLE_METHODS))}"
+        )
+
+
+def _check_size(size: object) -> None:
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise _Invalid(f"size must be a positive integer, got {size!r}")
+
+
+def _seconds(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _Invalid(f"{name} must be a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def _check_life(ttl: object, min_remaining: object) -> None:
+    ttl_s = _seconds("ttl", ttl)
+    min_s = _seconds("min_remaining", min_remaining)
+    if ttl_s <= 0:
+        raise _Invalid(f"ttl must be > 0, got {ttl!r}")
+    if min_s < 0:
+        raise _Invalid(f"min_remaining must be >= 0, got {min_remaining!r}")
+    if ttl_s <= min_s:
+        raise _Invalid(
+            f"ttl shorter than min_remaining: ttl ({ttl_s:g} s) must be longer than "
+            f"min_remaining ({min_s:g} s) or no pooled token could ever be taken"
+        )
+
+
+def _check_request(spec: PoolSpec) -> SolveRequest:
+    if not isinstance(spec.params, Mapping) or not all(isinstance(k, str) for k in spec.params):
+        raise _Invalid("params must map parameter names to values")
+    bound = sorted(set(spec.params) & PER_REQUEST_PARAMS)
+    if bound:
+        raise _Invalid(
+            f"parameter(s) {', '.join(bound)} bind a token to one request; a pool cannot use them"
+        )
+    for name in ("sitekey", "pageurl"):
+        value = getattr(spec, name)
+        if not isinstance(value, str) or not value.strip():
+            raise _Invalid(f"{name} must be a non-empty string, got {value!r}")
+    try:
+        return build_request(spec.method, spec.sitekey, spec.pageurl, **spec.params)
+    except ValidationError as exc:
+        # build_request names the field: "pageurl must be an http(s) URL", "unknown
+        # parameter(s) for method 'turnstile': foo", "min_score must be ...".
+        raise _Invalid(exc.message) from None
+
+
+def _label(name: object) -> str:
+    return repr(name) if isinstance(name, str) and name.strip() else "(unnamed)"
+
+
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), "number" if isinstance(value, int | float) else "value")
+
+
+def _match_value(method: str, param: str, value: Scalar | None) -> str | None:
+    if value is None:
+        return _PARAM_DEFAULTS.get((method, param))
+    return str(value)
+
+
+# -- Lua: one script per atomic operation -----------------------------------------------
+
+_NOW_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+REGISTER_LUA = (
+    """
+-- Declare (or redefine) a pool.
+-- KEYS[1] = pool registry (hash: name -> JSON definition)
+-- KEYS[2] = the pool's stats (hash)
+-- KEYS[3] = the pool's tokens (zset), KEYS[4] = the pool's refills in flight (zset)
+-- ARGV[1] = pool name
+-- ARGV[2] = JSON definition
+-- ARGV[3] = '1' to drop tokens and refills solved for an older, different definition
+-- returns 1 for a new pool, 0 when an existing definition was replaced
+"""
+    + _NOW_MS
+    + """
+local new = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+-- A young pool's take rate is measured over its age, so remember when it started.
+redis.call('HSETNX', KEYS[2], 'started', now)
+if ARGV[3] == '1' then redis.call('DEL', KEYS[3], KEYS[4]) end
+return new
+"""
+)
+
+ADD_LUA = (
+    """
+-- Put one solved token in a pool, scored by its own expiry.
+-- KEYS[1] = pool registry (hash: name -> JSON definition)
+-- KEYS[2] = the pool's tokens (zset: JSON record -> expiry, ms, server clock)
+-- KEYS[3] = the pool's stats (hash)
+-- ARGV[1] = pool name
+-- ARGV[2] = token record (JSON; unique because it holds the token and captcha id)
+-- ARGV[3] = seconds of life the token has left (capped at the pool's ttl)
+-- returns 1 added, 0 already in the pool, -1 undeclared pool
+"""
+    + _NOW_MS
+    + """
+local def = redis.call('HGET', KEYS[1], ARGV[1])
+if not def then return -1 end
+local life = math.min(tonumber(ARGV[3]), tonumber(cjson.decode(def).ttl))
+-- No key TTL is set or refreshed: a later push must never keep an older token alive.
+local added = redis.call('ZADD', KEYS[2], 'NX', now + math.floor(life * 1000), ARGV[2])
+if added == 1 then redis.call('HINCRBY', KEYS[3], 'added', 1) end
+return added
+"""
+)
+
+TAKE_LUA = (
+    """
+-- Hand out the soonest-expiring usable token, exactly once.
+-- KEYS[1] = pool registry (hash: name -> JSON definition)
+-- KEYS[2] = the pool's tokens (zset: JSON record -> expiry, ms, server clock)
+-- KEYS[3] = the pool's stats (hash)
+-- KEYS[4] = the pool's take times (zset: unique id -> time, ms)
+-- ARGV[1] = pool name
+-- ARGV[2] = seconds of life the token must have left ('' = the pool's min_remaining)
+-- ARGV[3] = seconds of take history to keep
+-- returns {1, record, ms of life left}, {0} when no usable token (a miss), {-1} undeclared
+"""
+    + _NOW_MS
+    + """
+local def = redis.call('HGET', KEYS[1], ARGV[1])
+if not def then return {-1} end
+local min_s = tonumber(ARGV[2]) or tonumber(cjson.decode(def).min_remaining)
+local expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if expired > 0 then redis.call('HINCRBY', KEYS[3], 'expired', expired) end
+-- Misses are demand too: counting only hits would make a dry pool look idle.
+local seq = redis.call('HINCRBY', KEYS[3], 'take_seq', 1)
+redis.call('ZADD', KEYS[4], now, now .. '-' .. seq)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - math.floor(tonumber(ARGV[3]) * 1000))
+-- Soonest-expiring first, so the longer-lived tokens are still there for later takes.
+local floor = now + math.max(1, math.floor(min_s * 1000))
+local hit = redis.call('ZRANGEBYSCORE', KEYS[2], floor, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+if not hit[1] then
+  redis.call('HINCRBY', KEYS[3], 'misses', 1)
+  return {0}
+end
+redis.call('ZREM', KEYS[2], hit[1])
+redis.call('HINCRBY', KEYS[3], 'taken', 1)
+return {1, hit[1], tonumber(hit[2]) - now}
+"""
+)
+
+REFILL_STARTED_LUA = (
+    """
+-- Count a refill solve as in flight until it finishes or its timeout passes.
+-- KEYS[1] = pool registry (hash: name -> JSON definition)
+-- KEYS[2] = the pool's refills in flight (zset: refill id -> when it stops counting, ms)
+-- ARGV[1] = pool name
+-- ARGV[2] = refill id
+-- ARGV[3] = seconds until it stops counting (a worker that died must not block refills)
+-- returns 1 recorded, -1 undeclared pool
+"""
+    + _NOW_MS
+    + """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
+redis.call('ZADD', KEYS[2], now + math.floor(tonumber(ARGV[3]) * 1000), ARGV[2])
+return 1
+"""
+)
+
+SWEEP_LUA = (
+    """
+-- Drop a pool's expired tokens, counting them as waste.
+-- KEYS[1] = pool registry (hash: name -> JSON definition)
+-- KEYS[2] = the pool's tokens (zset), KEYS[3] = the pool's stats (hash)
+-- ARGV[1] = pool name
+-- returns how many were dropped, -1 for an undeclared pool
+"""
+    + _NOW_MS
+    + """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
+local swept = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+if swept > 0 then redis.call('HINCRBY', KEYS[3], 'expired', swept) end
+return swept
+"""
+)
+
+SNAPSHOT_LUA = (
+    """
+-- Read everything a pool's status and refill plan need, at one instant.
+-- KEYS[1] = pool registry (hash: name -> JSON definition)
+-- KEYS[2] = the pool's tokens (zset), KEYS[3] = the pool's refills in flight (zset)
+-- KEYS[4] = the pool's stats (hash), KEYS[5] = the pool's take times (zset)
+-- ARGV[1] = pool name
+-- ARGV[2] = seconds of life a token needs to count in "covered"
+-- ARGV[3] = take-rate window, seconds
+-- ARGV[4] = shortest window a young pool's rate is measured over, seconds
+-- returns {-1} for an undeclared pool, else {1, live, covered, in flight,
+--   takes in window, window ms, added, taken, expired, misses}
+"""
+    + _NOW_MS
+    + """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {-1} end
+-- Expired tokens are left for take / sweep to count; they are simply not live.
+local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
+local floor = now + math.max(1, math.floor(tonumber(ARGV[2]) * 1000))
+local covered = redis.call('ZCOUNT', KEYS[2], floor, '+inf')
+-- A refill whose worker died stops counting once its timeout passes.
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+local inflight = redis.call('ZCARD', KEYS[3])
+local window = math.floor(tonumber(ARGV[3]) * 1000)
+local started = tonumber(redis.call('HGET', KEYS[4], 'started'))
+if started then
+  window = math.min(window, math.max(now - started, math.floor(tonumber(ARGV[4]) * 1000)))
+end
+local takes = redis.call('ZCOUNT', KEYS[5], '(' .. (now - window), '+inf')
+local c = redis.call('HMGET', KEYS[4], 'added', 'taken', 'expired', 'misses')
+return {1, live, covered, inflight, takes, window,
+  tonumber(c[1]) or 0, tonumber(c[2]) or 0, tonumber(c[3]) or 0, tonumber(c[4]) or 0}
+"""
+)
+
+RESET_STATS_LUA = (
+    """
+-- Forget a pool's counters and take history; its age starts again now.
+-- KEYS[1] = the pool's stats (hash), KEYS[2] = the pool's take times (zset)
+-- ARGV (none)
+-- returns 1
+"""
+    + _NOW_MS
+    + """
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('HSET', KEYS[1], 'started', now)
+return 1
+"""
+)
+
+
+# -- the store --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    live: int
+    covered: int
+    inflight: int
+    window_takes: int
+    window_ms: int
+    added: int
+    taken: int
+    expired: int
+    misses: int
+
+    @property
+    def take_rate(self) -> float:
+        return self.window_takes * 1000 / self.window_ms if self.window_ms > 0 else 0.0
+
+    @property
+    def cold(self) -> bool:
+        return self.taken + self.misses == 0
+
+
+class PoolStore:
+    """Pool definitions, tokens, refills in flight and counters in Redis.
+
+    ``r`` must be created with ``decode_responses=True``.  Redis being unreachable raises
+    :class:`~captcha_tasks.errors.StoreUnavailable`.
+    """
+
+    def __init__(self, r: redis.Redis, keys: Keys) -> None:
+        self.r = r
+        self.keys = keys
+        self._register = script(r, REGISTER_LUA)
+        self._add = script(r, ADD_LUA)
+        self._take = script(r, TAKE_LUA)
+        self._refill_started = script(r, REFILL_STARTED_LUA)
+        self._sweep = script(r, SWEEP_LUA)
+        self._snapshot = script(r, SNAPSHOT_LUA)
+        self._reset_stats = script(r, RESET_STATS_LUA)
+
+    # -- definitions -------------------------------------------------------------------
+
+    def register(self, spec: PoolSpec) -> bool:
+        """Declare ``spec`` (True if the pool is new).
+
+        Redefining a pool to solve something else (another sitekey, pageurl or extras)
+        drops its tokens: they would not pass for the new definition.
+        """
+        old = self._identity(spec.name)
+        drop = old is not None and old != json.dumps(spec.solve_kwargs(), sort_keys=True)
+        k = self.keys
+        keys = [k.pool_registry(), k.pool_stats(spec.name)]
+        keys += [k.pool_tokens(spec.name), k.pool_inflight(spec.name)]
+        args: list[str | float] = [spec.name, _dumps(spec.to_dict()), "1" if drop else "0"]
+        return int(_guard(lambda: self._register(keys=keys, args=args))) == 1
+
+    def _identity(self, name: str) -> str | None:
+        """The stored pool's solve kwargs as canonical JSON (None: not registered)."""
+        raw = self._raw(name)
+        if raw is None:
+            return None
+        try:
+            return json.dumps(_load(raw).solve_kwargs(), sort_keys=True)
+        except (ValueError, TypeError):
+            return ""  # unreadable: treat as different so its tokens are dropped
+
+    def unregister(self, name: str) -> bool:
+        """Forget a pool with its tokens, refills and counters (True if it existed)."""
+        k = self.keys
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hdel(k.pool_registry(), name)
+        pipe.delete(k.pool_tokens(name), k.pool_inflight(name))
+        pipe.delete(k.pool_stats(name), k.pool_takes(name))
+        removed, *_ = _guard(pipe.execute)
+        return int(removed) == 1
+
+    def get(self, name: str) -> PoolSpec:
+        """The pool's definition; :class:`PoolNotFound` if it is not declared."""
+        raw = self._raw(name)
+        if raw is None:
+            raise _not_found(name)
+        return _load(raw)
+
+    def _raw(self, name: str) -> str | None:
+        return cast("str | None", _guard(lambda: self.r.hget(self.keys.pool_registry(), name)))
+
+    def all(self) -> list[PoolSpec]:
+        """Every declared pool, by name."""
+        raw = cast("dict[str, str]", _guard(lambda: self.r.hgetall(self.keys.pool_registry())))
+        return [_load(raw[name]) for name in sorted(raw)]
+
+    def find(self, request: SolveRequest) -> PoolSpec | None:
+        """The first pool (by name) whose tokens answer ``request``, if any."""
+        if request.per_request:
+            return None
+        return next((spec for spec in self.all() if spec.matches(request)), None)
+
+    # -- tokens ------------------------------------------------------------------------
+
+    def add(self, name: str, token: Mapping[str, Any], life_s: float) -> bool:
+        """Pool a solved token (the solve outcome dict) with ``life_s`` seconds to live.
+
+        The life is capped at the pool's ``ttl``.  False (nothing stored) when the token
+        is already dead or already pooled.
+        """
+        if not life_s > 0:
+            return False
+        k = self.keys
+        keys = [k.pool_registry(), k.pool_tokens(name), k.pool_stats(name)]
+        args: list[str | float] = [name, _dumps(dict(token)), float(life_s)]
+        status = int(_guard(lambda: self._add(keys=keys, args=args)))
+        if status < 0:
+            raise _not_found(name)
+        return status == 1
+
+    def take(self, name: str, min_remaining_s: float | None = None) -> dict[str, Any] | None:
+        """Take the soonest-expiring token with at least ``min_remaining_s`` seconds left
+        (default: the pool's ``min_remaining``), or None (a miss).
+
+        The token dict gains ``remaining_s``: its seconds of life left, server clock.
+        """
+        if min_remaining_s is not None and not min_remaining_s >= 0:
+            raise ValidationError(f"min_remaining_s must be >= 0, got {min_remaining_s!r}")
+        k = self.keys
+        keys = [k.pool_registry(), k.pool_tokens(name), k.pool_stats(name), k.pool_takes(name)]
+        least = "" if min_remaining_s is None else float(min_remaining_s)
+        args: list[str | float] = [name, least, TAKE_HISTORY_S]
+        reply = list(_guard(lambda: self._take(keys=keys, args=args)))
+        status = int(reply[0])
+        if status < 0:
+            raise _not_found(name)
+        if status == 0:
+            return None
+        record: dict[str, Any] = json.loads(reply[1])
+        record["remaining_s"] = int(reply[2]) / 1000
+        return record
+
+    def live(self, name: str, min_remaining_s: float = 0) -> int:
+        """Tokens with at least ``min_remaining_s`` seconds of life left."""
+        return self._snap(name, min_life_s=min_remaining_s).covered
+
+    def sweep(self, name: str) -> int:
+        """Drop expired tokens, counting them as waste; returns how many."""
+        k = self.keys
+        keys = [k.pool_registry(), k.pool_tokens(name), k.pool_stats(name)]
+        swept = int(_guard(lambda: self._sweep(keys=keys, args=[name])))
+        if swept < 0:
+            raise _not_found(name)
+        return swept
+
+    # -- refills in flight -------------------------------------------------------------
+
+    def refill_started(self, name: str, refill_id: str, timeout_s: float) -> None:
+        """Count a refill solve as in flight for at most ``timeout_s`` seconds."""
+        if not timeout_s > 0:
+            raise ValidationError(f"timeout_s must be > 0, got {timeout_s!r}")
+        keys = [self.keys.pool_registry(), self.keys.pool_inflight(name)]
+        args: list[str | float] = [name, refill_id, float(timeout_s)]
+        if int(_guard(lambda: self._refill_started(keys=keys, args=args))) < 0:
+            raise _not_found(name)
+
+    def refill_finished(self, name: str, refill_id: str) -> bool:
+        """The refill landed or failed: stop counting it (False if it was not counted)."""
+        removed = _guard(lambda: self.r.zrem(self.keys.pool_inflight(name), refill_id))
+        return int(removed) == 1
+
+    def inflight(self, name: str) -> int:
+        """Refill solves in flight whose timeout has not passed (stale ones are dropped)."""
+        return self._snap(name).inflight
+
+    # -- demand, status and planning ---------------------------------------------------
+
+    def take_rate(self, name: str, window_s: float = DEFAULT_RATE_WINDOW_S) -> float:
+        """Takes (hits and misses) per second over the last ``window_s`` seconds, or over
+        the pool's age when it is younger (at least ``MIN_RATE_WINDOW_S``)."""
+        if not window_s > 0:
+            raise ValidationError(f"window_s must be > 0, got {window_s!r}")
+        return self._snap(name, window_s=min(window_s, TAKE_HISTORY_S)).take_rate
+
+    def status(
+        self,
+        name: str,
+        *,
+        solve_time_s: float | None = None,
+        margin_s: float = DEFAULT_MARGIN_S,
+    ) -> dict[str, Any]:
+        """Counters and sizes of one pool.  ``live`` excludes expired tokens; ``expired``
+        counts those dropped so far by :meth:`take` and :meth:`sweep`.
+
+        ``target`` is :meth:`plan`'s target for ``solve_time_s`` (default: the method's
+        usual first-poll wait) and ``margin_s``.
+        """
+        spec = self.get(name)
+        solve = METHODS[spec.method].initial_wait if solve_time_s is None else solve_time_s
+        snap = self._snap(name, min_life_s=spec.min_remaining + solve)
+        attempts = snap.taken + snap.misses
+        return {
+            "name": spec.name,
+            "target": _target(spec, snap, solve, margin_s),
+            "size": spec.size,
+            "live": snap.live,
+            "inflight": snap.inflight,
+            "added": snap.added,
+            "taken": snap.taken,
+            "expired": snap.expired,
+            "misses": snap.misses,
+            "hit_rate": snap.taken / attempts if attempts else None,
+            "waste": snap.expired / snap.added if snap.added else None,
+            "take_rate": snap.take_rate,
+        }
+
+    def plan(self, name: str, *, solve_time_s: float, margin_s: float, free_slots: int) -> int:
+        """How many refill solves to dispatch now (0 .. ``free_slots``).
+
+        Target: ``size`` while the pool has no take history, else enough tokens for the
+        measured take rate over one solve plus the margin (1 .. ``size``).  Covered: live
+        tokens that will still be usable when a refill started now lands, plus refills
+        already in flight.
+        """
+        if not (solve_time_s >= 0 and margin_s >= 0):
+            raise ValidationError("solve_time_s and margin_s must be >= 0")
+        spec = self.get(name)
+        snap = self._snap(name, min_life_s=spec.min_remaining + solve_time_s)
+        target = _target(spec, snap, solve_time_s, margin_s)
+        return max(0, min(target - snap.covered - snap.inflight, free_slots))
+
+    def reset_stats(self, name: str) -> None:
+        """Zero the counters and take history (tests, benchmarks); tokens stay."""
+        keys = [self.keys.pool_stats(name), self.keys.pool_takes(name)]
+        _guard(lambda: self._reset_stats(keys=keys, args=[]))
+
+    def _snap(
+        self, name: str, *, min_life_s: float = 0.0, window_s: float = DEFAULT_RATE_WINDOW_S
+    ) -> _Snapshot:
+        k = self.keys
+        keys = [k.pool_registry(), k.pool_tokens(name), k.pool_inflight(name)]
+        keys += [k.pool_stats(name), k.pool_takes(name)]
+        args: list[str | float] = [
+            name,
+            max(0.0, float(min_life_s)),
+            float(window_s),
+            MIN_RATE_WINDOW_S,
+        ]
+        reply = [int(x) for x in _guard(lambda: self._snapshot(keys=keys, args=args))]
+        if reply[0] < 0:
+            raise _not_found(name)
+        return _Snapshot(*reply[1:])
+
+
+def _target(spec: PoolSpec, snap: _Snapshot, solve_time_s: float, margin_s: float) -> int:
+    if snap.cold:
+        # No demand measured yet: fill the pool so the first callers hit.
+        return spec.size
+    # The epsilon keeps float noise (3 * 0.1 = 0.30000000000000004) from adding a token.
+    want = math.ceil(snap.take_rate * (solve_time_s + margin_s) - 1e-9)
+    return max(1, min(spec.size, want))
+
+
+def _load(raw: str) -> PoolSpec:
+    return PoolSpec.from_dict(json.loads(raw), source="pool registry")
+
+
+def _dumps(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def _not_found(name: str) -> PoolNotFound:
+    return PoolNotFound(f"pool {name!r} is not declared")
+
+
+def _guard(call: Callable[[], T]) -> T:
+    return guard(call, "pools unavailable")

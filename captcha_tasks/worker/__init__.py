@@ -1,0 +1,1 @@
+"""The Celery side: the app, the tasks, and the adapter between step decisions and Celery."""

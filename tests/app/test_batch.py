@@ -1,0 +1,215 @@
+"""Streaming batches and the ``captcha-tasks batch`` CLI, end to end: real Redis, two real
+worker processes and the sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from captcha_tasks import store
+from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.stream import stream
+
+pytestmark = pytest.mark.slow
+
+PAGE = "https://example.com/batch"
+VISIBILITY = "6"
+
+
+@pytest.fixture
+def two_workers(start_worker: Any, clean_state: None) -> list[Any]:
+    env = {"CAPTCHAAI_VISIBILITY_TIMEOUT": VISIBILITY}
+    return [start_worker(env, concurrency=16, name=f"batch-w{n}") for n in range(2)]
+
+
+def task(**extra: Any) -> dict[str, Any]:
+    return {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, **extra}
+
+
+def run_cli(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "captcha_tasks.cli", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_results_stream_in_completion_order(sandbox: Any, two_workers: list[Any]) -> None:
+    sandbox.configure(solve_time=0.6, jitter=0.5)
+    n = 30
+    results = list(stream([task() for _ in range(n)]))
+    order = [r["index"] for r in results]
+    assert sorted(order) == list(range(n))
+    assert order != list(range(n))
+    assert all(r["status"] == "solved" for r in results)
+    assert len({r["token"] for r in results}) == n
+
+
+def test_a_failed_task_does_not_stop_the_stream(sandbox: Any, two_workers: list[Any]) -> None:
+    tasks = [task(), task(proxy="u:p@bad-proxy.test:3128"), task(pageurl="nope"), task()]
+    results = {r["index"]: r for r in stream(tasks)}
+    assert sorted(results) == [0, 1, 2, 3]
+    assert results[1]["status"] == "failed"
+    assert results[1]["error"] == "ERROR_PROXY_CONNECTION_FAILED"
+    assert results[2]["error"] == "ERROR_VALIDATION"
+    assert results[0]["status"] == results[3]["status"] == "solved"
+
+
+def test_abandoned_stream_cancels_what_was_not_submitted(
+    sandbox: Any, two_workers: list[Any]
+) -> None:
+    capacity = store.limiter().config.capacity
+    total = 4 * capacity
+    sandbox.configure(threads=total, solve_time=0.8, jitter=0.3)
+    gen = stream([task() for _ in range(total)], window=total)
+    first = next(gen)
+    gen.close()  # the caller walks away after one result
+    limiter = store.limiter()
+    wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
+    submitted = sandbox.stats()["submits"]
+    assert first["status"] == "solved"
+    # at most the first wave and the submits that took its freed threads before the
+    # caller left were paid for; everything still queued or parked was dropped
+    assert submitted <= 2 * capacity + 1
+    assert limiter.parked_count() == 0
+    wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
+    assert sandbox.stats()["submits"] == submitted
+
+
+def test_worker_killed_mid_batch_still_yields_every_index(
+    sandbox: Any, two_workers: list[Any]
+) -> None:
+    sandbox.configure(solve_time=0.5, jitter=0.2)
+    n = 60
+    seen: list[int] = []
+    for result in stream([task() for _ in range(n)], timeout_per_task=60):
+        seen.append(result["index"])
+        if len(seen) == 15:
+            two_workers[0].kill()
+        assert result["status"] == "solved", result
+    assert sorted(seen) == list(range(n))
+
+
+def test_cli_batch_writes_jsonl_then_resume_runs_only_unsolved(
+    sandbox: Any, two_workers: list[Any], tmp_path: Path
+) -> None:
+    rows = [task(sitekey=f"k{i}") for i in range(8)]
+    source = write_jsonl(tmp_path / "in.jsonl", rows)
+    out = tmp_path / "out.jsonl"
+    # a previous run solved 0, 2 and 5, failed 3 and never reported the rest
+    write_jsonl(
+        out,
+        [
+            {"index": 0, "status": "solved", "token": "t0"},
+            {"index": 2, "status": "solved", "token": "t2"},
+            {"index": 3, "status": "failed", "error": "ERROR_CAPTCHA_UNSOLVABLE"},
+            {"index": 5, "status": "solved", "token": "t5"},
+        ],
+    )
+    proc = run_cli("batch", str(source), "--resume", str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = read_jsonl(out)
+    new = lines[4:]
+    assert sorted(line["index"] for line in new) == [1, 3, 4, 6, 7]
+    assert all(line["status"] == "solved" and line["source"] == "api" for line in new)
+    assert sandbox.stats()["submits"] == 5
+    assert "5 solved, 0 failed" in proc.stderr
+
+
+def test_cli_batch_csv_in_and_out(sandbox: Any, two_workers: list[Any], tmp_path: Path) -> None:
+    source = tmp_path / "in.csv"
+    source.write_text(
+        "method,sitekey,pageurl,action\n"
+        f"turnstile,k1,{PAGE},login\n"
+        f"userrecaptcha,k2,{PAGE},\n"
+        f"turnstile,k3,{PAGE},\n"
+    )
+    out = tmp_path / "out.csv"
+    proc = run_cli("batch", str(source), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    header, *body = out.read_text().splitlines()
+    assert header.split(",")[:3] == ["index", "status", "token"]
+    assert sorted(int(line.split(",")[0]) for line in body) == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "bad_lines"),
+    [
+        (
+            "in.jsonl",
+            "\n".join(
+                [
+                    json.dumps(task()),
+                    "{not json",
+                    json.dumps({"method": "turnstile", "pageurl": PAGE}),
+                    json.dumps(task(method="nope")),
+                    json.dumps(task()),
+                ]
+            ),
+            [2, 3, 4],
+        ),
+        (
+            "in.csv",
+            f"method,sitekey,pageurl\nturnstile,k,{PAGE}\nturnstile,k\nnope,k,{PAGE}\n"
+            f"turnstile,,{PAGE}\n",
+            [3, 4, 5],
+        ),
+    ],
+)
+def test_bad_input_is_rejected_before_anything_is_submitted(
+    sandbox: Any, tmp_path: Path, name: str, content: str, bad_lines: list[int]
+) -> None:
+    source = tmp_path / name
+    source.write_text(content)
+    proc = run_cli("batch", str(source), "-o", str(tmp_path / "out.jsonl"))
+    assert proc.returncode == 2
+    reported = [line for line in proc.stderr.splitlines() if ": line " in line]
+    assert [int(r.split(": line ")[1].split(":")[0]) for r in reported] == bad_lines
+    assert sandbox.stats()["submits"] == 0
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_unwritable_output_fails_before_submitting(sandbox: Any, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [task()])
+    proc = run_cli("batch", str(source), "-o", str(tmp_path / "missing-dir" / "out.jsonl"))
+    assert proc.returncode == 1
+    assert "cannot write" in proc.stderr
+    assert sandbox.stats()["submits"] == 0
+
+
+def test_ctrl_c_keeps_lines_and_prints_how_to_resume(
+    sandbox: Any, two_workers: list[Any], tmp_path: Path
+) -> None:
+    sandbox.configure(solve_time=0.4, jitter=0.1, threads=3)
+    source = write_jsonl(tmp_path / "in.jsonl", [task(sitekey=f"k{i}") for i in range(60)])
+    out = tmp_path / "out.jsonl"
+    cmd = [sys.executable, "-m", "captcha_tasks.cli", "batch", str(source), "-o", str(out)]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    try:
+        wait_until(lambda: out.exists() and len(read_jsonl(out)) >= 3, 60, what="some results")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130
+    assert f"--resume {out}" in err
+    written = read_jsonl(out)  # every line parses: nothing half-written
+    assert 3 <= len(written) < 60
+    stopped_at = sandbox.stats()["submits"]
+    limiter = store.limiter()
+    wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
+    assert sandbox.stats()["submits"] == stopped_at

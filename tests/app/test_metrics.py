@@ -1,0 +1,234 @@
+"""The Prometheus endpoint: figures read from the real Redis a real worker fills, and 503
+(never a crash) while Redis is down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from captcha_tasks import solve, store
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
+from captcha_tasks.errors import FatalError
+from captcha_tasks.metrics import SOLVE_TIME_BUCKETS, _buckets, make_wsgi_app, serve_in_thread
+from captcha_tasks.worker.tasks import create_pool, prewarm
+
+PAGE = "https://example.com/metrics"
+POOL = "metrics-pool"
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _scrape(url: str) -> Samples:
+    resp = requests.get(url, timeout=10)
+    assert resp.status_code == 200, resp.text
+    samples: Samples = {}
+    for family in text_string_to_metric_families(resp.text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def _value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+@pytest.fixture
+def metrics_url() -> Iterator[str]:
+    server, thread = serve_in_thread("127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+# -- figures from a working deployment -----------------------------------------------------
+
+
+def _pool_idle() -> dict[str, Any]:
+    """The pool's status once its refills have landed."""
+    pools = store.pools()
+
+    def idle() -> dict[str, Any] | None:
+        status = pools.status(POOL)
+        return status if status["live"] >= 1 and status["inflight"] == 0 else None
+
+    status = wait_until(idle, 30, interval=0.1, what="the pool refills")
+    assert isinstance(status, dict)
+    return status
+
+
+@pytest.mark.slow
+def test_metrics_report_threads_pools_errors_and_solve_times(
+    worker: CeleryProcess, sandbox: Any, clean_state: None, metrics_url: str, redis_conn: Any
+) -> None:
+    results = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(3)]
+    assert all(r.get(timeout=30)["status"] == "solved" for r in results)
+    bad = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE, proxy="u:p@bad-proxy:1")
+    with pytest.raises(FatalError) as failed:
+        bad.get(timeout=30)
+
+    # PoolStore.take, unlike take_token, starts no refill in the background: nothing may
+    # run on the worker while the limiter is filled below.
+    pools = store.pools()
+    create_pool(POOL, "turnstile", "metrics-key", PAGE, size=2, ttl=120)
+    pools.reset_stats(POOL)
+    assert pools.take(POOL) is None  # a miss
+    assert prewarm.delay(POOL).get(timeout=30)[POOL] >= 1
+    _pool_idle()
+    assert pools.take(POOL) is not None  # a hit
+    pool_status = pools.status(POOL)
+
+    # Hold every thread and park one submit behind them.
+    limiter = store.limiter()
+    capacity = limiter.config.capacity
+    held = [f"metrics-lease-{i}" for i in range(capacity)]
+    for lease in held:
+        assert limiter.acquire(lease, payload={}, deadline_in_s=30)
+    assert not limiter.acquire("metrics-parked", payload={}, deadline_in_s=30)
+    try:
+        samples = _scrape(metrics_url)
+    finally:
+        for lease in [*held, "metrics-parked"]:
+            limiter.release(lease)
+
+    assert _value(samples, "captcha_tasks_threads_plan") == 15
+    assert _value(samples, "captcha_tasks_threads_capacity") == capacity
+    assert _value(samples, "captcha_tasks_threads_in_use") == capacity
+    assert _value(samples, "captcha_tasks_thread_utilisation_ratio") == 1.0
+    assert _value(samples, "captcha_tasks_parked_submits") == 1
+
+    pool = {"pool": POOL}
+    assert _value(samples, "captcha_tasks_pool_live_tokens", **pool) == pool_status["live"]
+    assert _value(samples, "captcha_tasks_pool_size", **pool) == 2
+    assert _value(samples, "captcha_tasks_pool_target_tokens", **pool) == pool_status["target"]
+    assert _value(samples, "captcha_tasks_pool_tokens_taken_total", **pool) == 1
+    assert _value(samples, "captcha_tasks_pool_misses_total", **pool) == 1
+    assert _value(samples, "captcha_tasks_pool_tokens_added_total", **pool) >= 1
+    assert _value(samples, "captcha_tasks_pool_hit_ratio", **pool) == 0.5
+    assert _value(samples, "captcha_tasks_pool_refills_in_flight", **pool) == 0
+
+    code = failed.value.code
+    assert _value(samples, "captcha_tasks_api_errors_total", code=code) >= 1
+
+    turnstile = {"method": "turnstile"}
+    solved = _value(samples, "captcha_tasks_solved_total", method="turnstile", source="api")
+    assert solved >= 3 + 1  # three solves and at least one pool refill
+    recent = redis_conn.llen(store.keys().solve_times("turnstile"))
+    assert _value(samples, "captcha_tasks_solve_seconds_gcount", **turnstile) == recent
+    assert _value(samples, "captcha_tasks_solve_seconds_bucket", le="+Inf", **turnstile) == recent
+    assert 0 < _value(samples, "captcha_tasks_solve_seconds_gsum", **turnstile) < recent * 5
+
+
+def test_buckets_are_cumulative() -> None:
+    buckets = dict(_buckets([0.5, 1.0, 2.5, 500.0]))
+    assert buckets["1.0"] == 2  # le is inclusive
+    assert buckets["3.0"] == 3
+    assert buckets[repr(SOLVE_TIME_BUCKETS[-1])] == 3
+    assert buckets["+Inf"] == 4
+
+
+def test_openmetrics_is_negotiated(metrics_url: str, clean_state: None) -> None:
+    resp = requests.get(
+        metrics_url, headers={"Accept": "application/openmetrics-text; version=1.0.0"}, timeout=10
+    )
+    assert resp.status_code == 200
+    assert resp.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert resp.text.rstrip().endswith("# EOF")
+    assert "# TYPE captcha_tasks_solve_seconds gaugehistogram" in resp.text
+
+
+def test_unknown_path_is_404(metrics_url: str) -> None:
+    assert requests.get(metrics_url.replace("/metrics", "/nope"), timeout=5).status_code == 404
+
+
+# -- failures ------------------------------------------------------------------------------
+
+
+class _Broken(Collector):
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+    def collect(self) -> Iterator[Any]:
+        raise self.exc
+
+    def describe(self) -> list[Any]:
+        return []
+
+
+def _call(app: Any) -> tuple[str, bytes]:
+    got: dict[str, str] = {}
+
+    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
+        got["status"] = status
+
+    body = b"".join(app({"PATH_INFO": "/metrics", "REQUEST_METHOD": "GET"}, start_response))
+    return got["status"], body
+
+
+def test_a_collector_bug_is_a_500_not_a_crash() -> None:
+    status, body = _call(make_wsgi_app(_Broken(ValueError("bug"))))
+    assert status.startswith("500")
+    assert b"bug" not in body  # no internals on the wire
+
+
+class MetricsProcess:
+    """``metrics_command`` (what ``captcha-tasks metrics`` runs) in a child process."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/metrics"
+        code = "from captcha_tasks.metrics import metrics_command; metrics_command()"
+        argv = [sys.executable, "-c", code, "--port", str(self.port)]
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    def answering(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the metrics process exited with {self.proc.returncode}")
+        try:
+            requests.get(self.url, timeout=10)
+        except requests.ConnectionError:
+            return False
+        return True
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def test_redis_down_is_a_503_with_the_reason_and_recovers(output_dir: Path) -> None:
+    redis_port = free_port()
+    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}
+    exporter = MetricsProcess(env, output_dir / "metrics-redis-down.log")
+    try:
+        wait_until(exporter.answering, 20, interval=0.1, what="the metrics process")
+        for _ in range(2):  # it keeps answering: the failure cost one scrape each
+            resp = requests.get(exporter.url, timeout=10)
+            assert resp.status_code == 503
+            assert "Redis unreachable" in resp.text
+            assert resp.headers["Retry-After"] == "5"
+        with RedisServer(port=redis_port, log_dir=output_dir).start():
+            wait_until(
+                lambda: requests.get(exporter.url, timeout=10).status_code == 200,
+                20,
+                interval=0.2,
+                what="metrics to recover",
+            )
+            text = requests.get(exporter.url, timeout=10).text
+            assert "captcha_tasks_threads_in_use 0.0" in text
+    finally:
+        exporter.stop()

@@ -1,0 +1,220 @@
+"""docker-compose.yml, .env.example and the Dockerfile, checked without Docker: every
+command is a real entry point with real options, every variable is one something reads,
+ports do not clash, one beat, a durable and password-protected Redis."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+from celery.bin.base import CLIContext
+from celery.bin.celery import celery as celery_group
+
+import captcha_tasks
+from captcha_tasks.cli import cli
+from captcha_tasks.settings import ENVIRONMENT_VARIABLES
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
+COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_TEXT)
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+ENV_EXAMPLE_LINES = (ROOT / ".env.example").read_text().splitlines()
+
+#: Variables read by something other than our settings: Flower's login, and Redis' own.
+FOREIGN_VARIABLES = {"FLOWER_BASIC_AUTH", "REDIS_PASSWORD", "REDISCLI_AUTH"}
+KNOWN_VARIABLES = ENVIRONMENT_VARIABLES | FOREIGN_VARIABLES
+#: Settings that are not the workers' business.
+NOT_FOR_WORKERS = {"CAPTCHAAI_FLOWER_NO_AUTH"}
+SECRETS = ("REDIS_PASSWORD", "CAPTCHAAI_API_KEY", "FLOWER_BASIC_AUTH")
+#: Services that run another project's image and read its own variables.
+THIRD_PARTY = {"redis", "kafka"}
+APP_SERVICES = sorted(name for name in SERVICES if name not in THIRD_PARTY)
+
+
+def _interpolated(text: str) -> set[str]:
+    """Names compose substitutes (``${NAME}``, ``${NAME:-x}``, ``${NAME:?x}``); ``$$`` is a
+    literal dollar for the container's shell."""
+    return set(re.findall(r"(?<!\$)\$\{([A-Za-z_][A-Za-z0-9_]*)", text))
+
+
+def _env_example() -> dict[str, str]:
+    values: dict[str, str] = {}
+    for line in ENV_EXAMPLE_LINES:
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, sep, value = line.partition("=")
+            assert sep, f".env.example: not NAME=value: {line!r}"
+            assert name not in values, f".env.example sets {name} twice"
+            values[name] = value
+    return values
+
+
+def _command(service: str) -> list[str]:
+    command = SERVICES[service]["command"]
+    return list(command) if isinstance(command, list) else shlex.split(command)
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def _check_celery_command(argv: list[str]) -> None:
+    assert argv[:3] == ["celery", "-A", "captcha_tasks"], argv
+    name, args = argv[3], argv[4:]
+    assert name in ("worker", "beat", "flower"), argv
+    if name == "flower":
+        from flower.options import default_options
+
+        for arg in args:
+            option = arg.lstrip("-").partition("=")[0]
+            assert option in default_options, f"Flower has no option --{option}"
+        return
+    # Parse the options as `celery` would: an unknown option is a UsageError.
+    parent = click.Context(
+        celery_group,
+        obj=CLIContext(app=captcha_tasks.app, no_color=True, workdir=None, quiet=True),
+    )
+    celery_group.commands[name].make_context(name, list(args), parent=parent)
+
+
+def _check_cli_command(argv: list[str]) -> None:
+    assert argv[0] == "captcha-tasks", argv
+    name = argv[1]
+    assert name in cli.commands, f"captcha-tasks has no {name!r} command (yet)"
+    cli.commands[name].make_context(name, argv[2:])  # unknown options raise
+
+
+@pytest.mark.parametrize("service", APP_SERVICES)
+def test_every_command_is_a_real_entry_point(service: str) -> None:
+    argv = _command(service)
+    if argv[0] == "celery":
+        _check_celery_command(argv)
+    else:
+        _check_cli_command(argv)
+
+
+def test_the_dockerfile_default_command_is_a_worker() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    cmd = re.search(r"^CMD (\[.*\])$", dockerfile, re.MULTILINE)
+    assert cmd is not None
+    argv = yaml.safe_load(cmd.group(1))
+    _check_celery_command(argv)
+    assert argv[3] == "worker"
+    assert re.search(r"^USER (?!root)\w+", dockerfile, re.MULTILINE), (
+        "the image must not run as root"
+    )
+    assert "celeryconfig.py" in dockerfile  # the Celery settings travel with the package
+    assert ".env" in (ROOT / ".dockerignore").read_text().split(), "secrets in the build context"
+
+
+# -- environment ---------------------------------------------------------------------------
+
+
+def test_every_variable_is_one_something_reads() -> None:
+    unknown_in_compose = _interpolated(COMPOSE_TEXT) - KNOWN_VARIABLES
+    assert not unknown_in_compose, f"compose uses unknown variables: {unknown_in_compose}"
+    for name, service in SERVICES.items():
+        if name == "kafka":
+            continue  # the apache/kafka image's own KAFKA_* broker settings
+        unknown = set(service.get("environment") or {}) - KNOWN_VARIABLES
+        assert not unknown, f"{name} sets unknown variables: {unknown}"
+    unknown_in_example = set(_env_example()) - KNOWN_VARIABLES
+    assert not unknown_in_example, f".env.example has unknown variables: {unknown_in_example}"
+
+
+def test_env_example_documents_exactly_what_compose_reads() -> None:
+    assert set(_env_example()) == _interpolated(COMPOSE_TEXT)
+
+
+def test_each_env_example_variable_has_a_comment_and_no_secret() -> None:
+    values = _env_example()
+    for index, line in enumerate(ENV_EXAMPLE_LINES):
+        if line.strip() and not line.startswith("#"):
+            assert index and ENV_EXAMPLE_LINES[index - 1].startswith("#"), f"undocumented: {line}"
+    for name in SECRETS:
+        assert values[name] == "", f".env.example must not carry a value for {name}"
+
+
+def test_workers_and_beat_get_every_worker_setting() -> None:
+    wanted = {v for v in ENVIRONMENT_VARIABLES if v.startswith("CAPTCHAAI_")} - NOT_FOR_WORKERS
+    wanted.add("REDIS_URL")
+    for name in ("worker", "beat"):
+        missing = wanted - set(SERVICES[name]["environment"])
+        assert not missing, f"{name} does not receive {missing}"
+
+
+def test_the_api_key_reaches_only_workers_and_beat() -> None:
+    for name in ("flower", "metrics"):
+        assert "CAPTCHAAI_API_KEY" not in SERVICES[name]["environment"]
+
+
+def test_flower_gets_its_login_and_no_opt_out() -> None:
+    env = SERVICES["flower"]["environment"]
+    assert env["FLOWER_BASIC_AUTH"] == "${FLOWER_BASIC_AUTH:-}"
+    # The opt-out stays the operator's decision, never hard-coded here.
+    assert env["CAPTCHAAI_FLOWER_NO_AUTH"] == "${CAPTCHAAI_FLOWER_NO_AUTH:-}"
+
+
+# -- topology ------------------------------------------------------------------------------
+
+
+def _published(service: dict[str, Any]) -> list[tuple[str, int, int]]:
+    ports = []
+    for spec in service.get("ports", []):
+        ip, host, container = str(spec).split(":")
+        ports.append((ip, int(host), int(container)))
+    return ports
+
+
+def test_published_ports_do_not_clash_and_stay_on_loopback() -> None:
+    seen: dict[int, str] = {}
+    for name, service in SERVICES.items():
+        for ip, host, container in _published(service):
+            assert ip == "127.0.0.1", f"{name} publishes on {ip}"
+            assert host not in seen, f"{name} and {seen.get(host)} both publish {host}"
+            seen[host] = name
+            assert any(str(container) in arg for arg in _command(name)), (
+                f"{name} publishes {container} but does not listen there"
+            )
+    assert "ports" not in SERVICES["redis"], "Redis must not be published"
+
+
+def test_exactly_one_beat() -> None:
+    beats = [
+        name
+        for name in APP_SERVICES
+        if _command(name)[:4] == ["celery", "-A", "captcha_tasks", "beat"]
+    ]
+    assert beats == ["beat"]
+    assert SERVICES["beat"]["deploy"]["replicas"] == 1
+    assert "scale" not in SERVICES["beat"]
+
+
+def test_redis_is_durable_bounded_and_protected() -> None:
+    argv = _command("redis")
+    options = dict(zip(argv[1::2], argv[2::2], strict=True))
+    assert options["--appendonly"] == "yes"
+    assert options["--maxmemory-policy"] == "noeviction"
+    assert options["--requirepass"].startswith("${REDIS_PASSWORD:?")
+    assert any(v.endswith(":/data") for v in SERVICES["redis"]["volumes"])
+    redis_url = SERVICES["worker"]["environment"]["REDIS_URL"]
+    assert redis_url.startswith("redis://:${REDIS_PASSWORD:?") and redis_url.endswith(
+        "@redis:6379/0"
+    )
+
+
+def test_every_service_has_a_health_check_and_waits_for_redis() -> None:
+    for name, service in SERVICES.items():
+        assert "healthcheck" in service, f"{name} has no health check"
+    for name in APP_SERVICES:
+        if name == "sandbox":
+            continue  # talks to no Redis
+        assert SERVICES[name]["depends_on"]["redis"]["condition"] == "service_healthy"
+
+
+def test_optional_services_sit_behind_profiles() -> None:
+    profiled = {name: s["profiles"] for name, s in SERVICES.items() if "profiles" in s}
+    assert profiled == {"sandbox": ["dev"], "kafka": ["kafka"], "kafka-bridge": ["kafka"]}

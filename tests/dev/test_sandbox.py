@@ -1,0 +1,625 @@
+"""The sandbox API server, over real HTTP, with a fake clock instead of sleeping."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import requests
+
+from captcha_tasks.dev.sandbox import (
+    FIRST_CAPTCHA_ID,
+    MAX_BULK_IDS,
+    SandboxConfig,
+    SandboxServer,
+    parse_cli_args,
+)
+
+KEY = "sandbox-test-" + os.urandom(4).hex()
+PAGE = "https://example.com/login"
+RECAPTCHA = {"method": "userrecaptcha", "googlekey": "6Lc-site", "pageurl": PAGE}
+TURNSTILE = {"method": "turnstile", "sitekey": "0x4AAA-site", "pageurl": PAGE}
+GEETEST = {"method": "geetest", "gt": "gt-value", "challenge": "ch-value", "pageurl": PAGE}
+IMAGE = {"method": "base64", "body": base64.b64encode(b"\x89PNG fake image bytes").decode()}
+TRANSIENT = {"http-500-html", "http-200-html", "empty", "ERROR_SERVER_ERROR"}
+
+
+class FakeClock:
+    """A clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Api:
+    """A client for one sandbox: protocol calls with the test key, plus admin calls."""
+
+    def __init__(self, server: SandboxServer, clock: FakeClock) -> None:
+        self.server = server
+        self.clock = clock
+        self.url = server.url
+        self.session = requests.Session()
+
+    @property
+    def config(self) -> SandboxConfig:
+        return self.server.config
+
+    def in_php(self, fields: dict[str, Any], *, json: bool = False, **kw: Any) -> Any:
+        return self._call("in.php", {**fields, **kw}, json)
+
+    def res_php(self, *, json: bool = False, **fields: Any) -> Any:
+        return self._call("res.php", fields, json)
+
+    def _call(self, endpoint: str, fields: dict[str, Any], json: bool) -> Any:
+        data = {"key": KEY, **fields}
+        if json:
+            data["json"] = 1
+        resp = self.session.post(f"{self.url}/{endpoint}", data=data, timeout=5)
+        assert resp.status_code == 200, resp.text
+        if json:
+            assert resp.headers["Content-Type"] == "application/json"
+            return resp.json()
+        assert resp.headers["Content-Type"] == "text/plain"
+        return resp.text
+
+    def submit(self, fields: dict[str, Any], **kw: Any) -> str:
+        reply = self.in_php(fields, json=True, **kw)
+        assert reply["status"] == 1, reply
+        return str(reply["request"])
+
+    def get(self, captcha_id: str) -> Any:
+        return self.res_php(json=True, action="get", id=captcha_id)
+
+    def verify(self, token: str) -> dict[str, Any]:
+        resp = self.session.post(f"{self.url}/siteverify", data={"response": token}, timeout=5)
+        assert resp.status_code == 200
+        return dict(resp.json())
+
+    def stats(self) -> dict[str, Any]:
+        return dict(self.session.get(f"{self.url}/sandbox/stats", timeout=5).json())
+
+    def solve_all(self) -> None:
+        cfg = self.config
+        self.clock.advance(cfg.solve_time + cfg.jitter + 0.001)
+
+
+@pytest.fixture
+def make_api() -> Iterator[Callable[..., Api]]:
+    started: list[Api] = []
+
+    def make(**config: Any) -> Api:
+        clock = FakeClock()
+        config.setdefault("api_keys", (KEY,))
+        server = SandboxServer(SandboxConfig(**config), clock=clock).start()
+        api = Api(server, clock)
+        started.append(api)
+        return api
+
+    yield make
+    for api in started:
+        api.session.close()
+        api.server.stop()
+
+
+@pytest.fixture
+def api(make_api: Callable[..., Api]) -> Api:
+    return make_api(seed=7)
+
+
+# -- submit and poll -----------------------------------------------------------------------
+
+
+def test_not_ready_then_ready_text_mode(api: Api) -> None:
+    reply = api.in_php(RECAPTCHA)
+    assert reply.startswith("OK|")
+    captcha_id = reply.split("|", 1)[1]
+    assert captcha_id.isdigit() and int(captcha_id) >= FIRST_CAPTCHA_ID
+
+    assert api.res_php(action="get", id=captcha_id) == "CAPCHA_NOT_READY"
+    api.solve_all()
+    answer = api.res_php(action="get", id=captcha_id)
+    assert answer.startswith("OK|03A")
+    token = answer[3:]
+    assert len(token) >= 200
+    assert set(token) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+    # Reading an answer does not consume it.
+    assert api.res_php(action="get", id=captcha_id) == answer
+    assert api.stats()["solved_reads"] == 1
+
+
+def test_ready_exactly_at_solve_time_without_jitter(make_api: Callable[..., Api]) -> None:
+    api = make_api(solve_time=2.0, jitter=0.0)
+    captcha_id = api.submit(TURNSTILE)
+    api.clock.advance(api.config.solve_time - 0.5)
+    assert api.get(captcha_id) == {"status": 0, "request": "CAPCHA_NOT_READY"}
+    api.clock.advance(0.5)
+    assert api.get(captcha_id)["status"] == 1
+
+
+def test_json_replies_and_unique_increasing_ids(api: Api) -> None:
+    ids = [api.submit(TURNSTILE) for _ in range(5)]
+    assert [int(i) for i in ids] == sorted(int(i) for i in ids)
+    assert len(set(ids)) == len(ids)
+    api.solve_all()
+    tokens = [api.get(i)["request"] for i in ids]
+    assert all(t.startswith("0.") and len(t) >= 200 for t in tokens)
+    assert len(set(tokens)) == len(tokens)
+
+
+def test_get_params_work_in_query_string(api: Api) -> None:
+    resp = api.session.get(f"{api.url}/in.php", params={"key": KEY, **RECAPTCHA}, timeout=5)
+    assert resp.text.startswith("OK|")
+    captcha_id = resp.text[3:]
+    resp = api.session.get(
+        f"{api.url}/res.php", params={"key": KEY, "action": "get", "id": captcha_id}, timeout=5
+    )
+    assert resp.text == "CAPCHA_NOT_READY"
+    assert resp.raw.version == 11  # HTTP/1.1, so the connection can be kept alive
+
+
+def test_unknown_id(api: Api) -> None:
+    assert api.get("123") == {"status": 0, "request": "ERROR_WRONG_CAPTCHA_ID"}
+    assert api.res_php(action="get") == "ERROR_WRONG_CAPTCHA_ID"
+
+
+def test_unsolvable_rate_one(make_api: Callable[..., Api]) -> None:
+    api = make_api(unsolvable_rate=1.0)
+    ids = [api.submit(fields) for fields in (RECAPTCHA, TURNSTILE, GEETEST, IMAGE)]
+    assert all(api.get(i)["request"] == "CAPCHA_NOT_READY" for i in ids)
+    api.solve_all()
+    assert [api.get(i) for i in ids] == [
+        {"status": 0, "request": "ERROR_CAPTCHA_UNSOLVABLE"} for _ in ids
+    ]
+
+
+def test_bad_proxy_fails_at_ready_time(api: Api) -> None:
+    captcha_id = api.submit(RECAPTCHA, proxy="user:pw@bad-proxy.example:3128", proxytype="HTTP")
+    good_id = api.submit(RECAPTCHA, proxy="user:pw@proxy.example:3128", proxytype="HTTP")
+    assert api.get(captcha_id)["request"] == "CAPCHA_NOT_READY"
+    api.solve_all()
+    assert api.get(captcha_id) == {"status": 0, "request": "ERROR_PROXY_CONNECTION_FAILED"}
+    assert api.get(good_id)["status"] == 1
+
+
+# -- thread limit ----------------------------------------------------------------------------
+
+
+def test_thread_limit_uses_configured_error_and_tracks_peak(make_api: Callable[..., Api]) -> None:
+    api = make_api(threads=3, thread_error="ERROR_ZERO_BALANCE", solve_time=10.0, jitter=0.0)
+    threads = api.config.threads
+    ids = [api.submit(RECAPTCHA) for _ in range(threads)]
+    assert api.in_php(RECAPTCHA) == api.config.thread_error
+    assert api.in_php(TURNSTILE, json=True) == {"status": 0, "request": api.config.thread_error}
+
+    stats = api.stats()
+    assert stats["submits"] == threads
+    assert stats["thread_rejections"] == 2
+    assert stats["in_flight"] == threads
+    assert stats["peak_in_flight"] == threads
+    info = api.res_php(json=True, action="threadsinfo")
+    assert info == {"status": 1, "request": {"threads": threads, "working_threads": threads}}
+
+    # A thread is held until the captcha's ready time, then freed.
+    api.clock.advance(api.config.solve_time)
+    assert api.res_php(action="threadsinfo") == f"threads={threads}|working_threads=0"
+    assert api.get(ids[0])["status"] == 1
+    api.submit(RECAPTCHA)
+    stats = api.stats()
+    assert stats["in_flight"] == 1
+    assert stats["peak_in_flight"] == threads
+
+
+def test_peak_counts_the_new_submit_even_if_instant(make_api: Callable[..., Api]) -> None:
+    api = make_api(solve_time=0.0, jitter=0.0)
+    captcha_id = api.submit(IMAGE)
+    assert api.get(captcha_id)["status"] == 1
+    stats = api.stats()
+    assert (stats["in_flight"], stats["peak_in_flight"]) == (0, 1)
+
+
+def test_failed_captchas_hold_their_thread(make_api: Callable[..., Api]) -> None:
+    api = make_api(threads=1, unsolvable_rate=1.0)
+    api.submit(IMAGE)
+    assert api.in_php(IMAGE) == api.config.thread_error
+    api.solve_all()
+    api.submit(IMAGE)
+
+
+# -- answers by method -------------------------------------------------------------------------
+
+
+def test_geetest_answer_json_and_text(api: Api) -> None:
+    captcha_id = api.submit(GEETEST, api_server="api.geetest.com")
+    api.solve_all()
+    answer = api.get(captcha_id)["request"]
+    assert set(answer) == {"geetest_challenge", "geetest_validate", "geetest_seccode"}
+    assert answer["geetest_challenge"] == GEETEST["challenge"]
+    text = api.res_php(action="get", id=captcha_id)
+    assert text == (
+        f"OK|challenge:{answer['geetest_challenge']},validate:{answer['geetest_validate']},"
+        f"seccode:{answer['geetest_seccode']}"
+    )
+    verdict = api.verify(answer["geetest_validate"])
+    assert verdict == {
+        "success": True,
+        "method": "geetest",
+        "sitekey": GEETEST["gt"],
+        "pageurl": GEETEST["pageurl"],
+    }
+
+
+def test_image_answers_keep_pipes_in_json_mode(make_api: Callable[..., Api]) -> None:
+    api = make_api(seed=7, threads=40)
+    ids = [api.submit(IMAGE) for _ in range(api.config.threads)]
+    api.solve_all()
+    answers = [api.get(i)["request"] for i in ids]
+    assert all(4 <= len(a) <= 8 for a in answers)
+    piped = [(i, a) for i, a in zip(ids, answers, strict=True) if "|" in a]
+    assert piped, "expected some image answers with a pipe"
+    assert len(piped) < len(answers)
+    captcha_id, answer = piped[0]
+    assert api.res_php(action="get", id=captcha_id) == f"OK|{answer}"
+    assert api.verify(answer)["error-codes"] == ["unknown-token"]
+
+
+def test_image_numeric_and_length_options(api: Api) -> None:
+    captcha_id = api.submit(IMAGE, numeric=1, min_len=6, max_len=6)
+    api.solve_all()
+    answer = api.get(captcha_id)["request"]
+    assert len(answer) == 6
+    assert set(answer) <= set("0123456789|")
+
+
+def test_image_size_checks(make_api: Callable[..., Api]) -> None:
+    api = make_api(max_image_bytes=100)
+    limit = api.config.max_image_bytes
+    at_limit = base64.b64encode(b"x" * limit).decode()
+    too_big = base64.b64encode(b"x" * (limit + 1)).decode()
+    assert api.in_php({**IMAGE, "body": at_limit}).startswith("OK|")
+    assert api.in_php({**IMAGE, "body": too_big}) == "ERROR_TOO_BIG_CAPTCHA_FILESIZE"
+    for body in ("", "not base64 !!!"):
+        assert api.in_php({**IMAGE, "body": body}) == "ERROR_ZERO_CAPTCHA_FILESIZE"
+    assert api.in_php({"method": "base64"}) == "ERROR_ZERO_CAPTCHA_FILESIZE"
+
+
+# -- siteverify ------------------------------------------------------------------------------
+
+
+def test_token_single_use_and_expiry(make_api: Callable[..., Api]) -> None:
+    api = make_api(solve_time=1.0, jitter=0.0, token_ttl={"userrecaptcha": 30, "turnstile": 60})
+    first, second = api.submit(RECAPTCHA), api.submit(RECAPTCHA)
+    api.solve_all()
+    token, other = api.get(first)["request"], api.get(second)["request"]
+
+    assert api.verify(token) == {
+        "success": True,
+        "method": "userrecaptcha",
+        "sitekey": RECAPTCHA["googlekey"],
+        "pageurl": RECAPTCHA["pageurl"],
+    }
+    assert api.verify(token) == {"success": False, "error-codes": ["already-used"]}
+
+    # The token's life starts at the ready time, not at the first read.
+    # Its life started at the ready time, which solve_all() passed a moment ago.
+    api.clock.advance(api.config.token_ttl["userrecaptcha"])
+    assert api.verify(other) == {"success": False, "error-codes": ["expired-token"]}
+    assert api.verify("03Anot-a-real-token") == {
+        "success": False,
+        "error-codes": ["unknown-token"],
+    }
+    stats = api.stats()
+    assert (stats["verifies_ok"], stats["verifies_failed"]) == (1, 3)
+
+
+def test_token_valid_until_just_before_ttl(make_api: Callable[..., Api]) -> None:
+    api = make_api(solve_time=0.0, jitter=0.0, token_ttl={"turnstile": 50})
+    captcha_id = api.submit(TURNSTILE)
+    token = api.get(captcha_id)["request"]
+    api.clock.advance(api.config.token_ttl["turnstile"] - 0.001)
+    assert api.verify(token)["success"] is True
+
+
+def test_token_unknown_before_ready(make_api: Callable[..., Api]) -> None:
+    api = make_api(seed=3, solve_time=5.0)
+    captcha_id = api.submit(TURNSTILE)
+    # Peek through a second sandbox with the same seed: same tokens, but already solved.
+    twin = make_api(seed=3, solve_time=0.0, jitter=0.0)
+    token = twin.get(twin.submit(TURNSTILE))["request"]
+    assert api.verify(token)["error-codes"] == ["unknown-token"]
+    api.solve_all()
+    assert api.get(captcha_id)["request"] == token
+    assert api.verify(token)["success"] is True
+
+
+# -- bulk --------------------------------------------------------------------------------------
+
+
+def test_bulk_ids_keep_order_and_mark_each(make_api: Callable[..., Api]) -> None:
+    api = make_api(solve_time=1.0, jitter=0.0)
+    done = api.submit(RECAPTCHA)
+    proxy_failed = api.submit(TURNSTILE, proxy="bad-proxy:1")
+    api.solve_all()
+    pending = api.submit(TURNSTILE)
+    done_token = api.get(done)["request"]
+    ids = [pending, done, "999", proxy_failed]
+    expected = f"CAPCHA_NOT_READY|{done_token}|ERROR_WRONG_CAPTCHA_ID|ERROR_PROXY_CONNECTION_FAILED"
+
+    assert api.res_php(action="get", ids=",".join(ids)) == expected
+    assert api.res_php(json=True, action="get", ids=",".join(ids)) == {
+        "status": 1,
+        "request": expected,
+    }
+    api.solve_all()
+    reply = api.res_php(action="get", ids=f"{pending},{done}")
+    assert reply == f"{api.get(pending)['request']}|{done_token}"
+    stats = api.stats()
+    assert stats["res_php_ids"] == 1 + len(ids) + len(ids) + 2 + 1
+    assert stats["res_php_get_requests"] == 5
+
+
+def test_bulk_too_many_ids(api: Api) -> None:
+    ids = ",".join(str(FIRST_CAPTCHA_ID + n) for n in range(MAX_BULK_IDS + 1))
+    assert api.res_php(action="get", ids=ids) == "ERROR_BAD_PARAMETERS"
+    within = ",".join(str(FIRST_CAPTCHA_ID + n) for n in range(MAX_BULK_IDS))
+    assert api.res_php(action="get", ids=within).count("|") == MAX_BULK_IDS - 1
+
+
+def test_bulk_disabled_ignores_ids(make_api: Callable[..., Api]) -> None:
+    api = make_api(bulk=False, solve_time=0.0, jitter=0.0)
+    captcha_id = api.submit(RECAPTCHA)
+    assert api.res_php(action="get", ids=captcha_id) == "ERROR_WRONG_CAPTCHA_ID"
+    assert api.res_php(json=True, action="get", ids=f"{captcha_id},{captcha_id}") == {
+        "status": 0,
+        "request": "ERROR_WRONG_CAPTCHA_ID",
+    }
+    assert api.get(captcha_id)["status"] == 1
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("endpoint", ["in.php", "res.php"])
+def test_key_errors(api: Api, endpoint: str) -> None:
+    fields = {**RECAPTCHA, "action": "getbalance"}
+    missing = api.session.post(f"{api.url}/{endpoint}", data=fields, timeout=5)
+    assert missing.text == "ERROR_KEY_DOES_NOT_EXIST"
+    wrong_key = "wrong-" + KEY
+    wrong = api.session.post(
+        f"{api.url}/{endpoint}", data={**fields, "key": wrong_key, "json": 1}, timeout=5
+    )
+    assert wrong.json() == {"status": 0, "request": "ERROR_WRONG_USER_KEY"}
+    assert wrong_key not in wrong.text
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ({"method": "userrecaptcha", "pageurl": PAGE}, "ERROR_GOOGLEKEY"),
+        ({"method": "userrecaptcha", "googlekey": "k"}, "ERROR_PAGEURL"),
+        ({"method": "userrecaptcha", "googlekey": "k", "pageurl": "example.com"}, "ERROR_PAGEURL"),
+        ({"method": "turnstile", "pageurl": PAGE}, "ERROR_BAD_PARAMETERS"),
+        ({"method": "turnstile", "sitekey": "s", "pageurl": "ftp://x"}, "ERROR_PAGEURL"),
+        ({"method": "geetest", "gt": "g", "pageurl": PAGE}, "ERROR_BAD_PARAMETERS"),
+        ({"method": "geetest", "challenge": "c", "pageurl": PAGE}, "ERROR_BAD_PARAMETERS"),
+        ({"method": "geetest", "gt": "g", "challenge": "c"}, "ERROR_PAGEURL"),
+        ({"method": "hcaptcha", "sitekey": "s", "pageurl": PAGE}, "ERROR_BAD_PARAMETERS"),
+        ({"googlekey": "k", "pageurl": PAGE}, "ERROR_BAD_PARAMETERS"),
+    ],
+)
+def test_missing_or_bad_params(api: Api, fields: dict[str, str], error: str) -> None:
+    assert api.in_php(fields) == error
+    assert api.in_php(fields, json=True) == {"status": 0, "request": error}
+    assert api.stats()["submits"] == 0
+
+
+def test_unknown_action(api: Api) -> None:
+    assert api.res_php(action="nope") == "ERROR_BAD_PARAMETERS"
+    assert api.res_php(json=True) == {"status": 0, "request": "ERROR_BAD_PARAMETERS"}
+
+
+def _transient_kind(resp: requests.Response) -> str:
+    if resp.status_code == 500 and resp.text.lstrip().startswith("<"):
+        return "http-500-html"
+    if resp.status_code != 200:
+        return f"unexpected status {resp.status_code}"
+    if resp.text == "":
+        return "empty"
+    if resp.text.lstrip().startswith("<"):
+        return "http-200-html"
+    if resp.headers["Content-Type"] == "application/json":
+        return str(resp.json()["request"])
+    return resp.text
+
+
+def test_error_injection_only_transient_kinds(make_api: Callable[..., Api]) -> None:
+    api = make_api(error_rate=1.0, seed=11)
+    kinds = []
+    for n in range(40):
+        data = {"key": KEY, **RECAPTCHA, "action": "get", "id": "1", "json": n % 2}
+        for endpoint in ("in.php", "res.php"):
+            resp = api.session.post(f"{api.url}/{endpoint}", data=data, timeout=5)
+            kinds.append(_transient_kind(resp))
+    assert set(kinds) == TRANSIENT
+    stats = api.stats()
+    assert stats["submits"] == 0
+    assert stats["injected_errors"] == len(kinds)
+    # Key and parameter checks still come first.
+    assert api.in_php(RECAPTCHA, key="wrong") == "ERROR_WRONG_USER_KEY"
+    assert api.in_php({"method": "turnstile", "pageurl": PAGE}) == "ERROR_BAD_PARAMETERS"
+
+
+def test_error_injection_rate_zero_never_fires(api: Api) -> None:
+    for _ in range(api.config.threads):
+        assert api.in_php(IMAGE).startswith("OK|")
+    assert api.stats()["injected_errors"] == 0
+
+
+# -- other res.php actions -------------------------------------------------------------------
+
+
+def test_getbalance(make_api: Callable[..., Api]) -> None:
+    api = make_api(balance=3.4523)
+    assert float(api.res_php(action="getbalance")) == api.config.balance
+    reply = api.res_php(json=True, action="getbalance")
+    assert reply["status"] == 1
+    assert isinstance(reply["request"], str)
+    assert float(reply["request"]) == api.config.balance
+
+
+def test_reportbad_and_reportgood(api: Api) -> None:
+    captcha_id = api.submit(RECAPTCHA)
+    api.solve_all()
+    assert api.res_php(action="reportbad", id=captcha_id) == "OK_REPORT_RECORDED"
+    assert api.res_php(json=True, action="reportbad", id=captcha_id) == {
+        "status": 1,
+        "request": "OK_REPORT_RECORDED",
+    }
+    assert api.res_php(action="reportgood", id=captcha_id) == "OK_REPORT_RECORDED"
+    assert api.res_php(action="reportbad", id="42") == "ERROR_WRONG_CAPTCHA_ID"
+    stats = api.stats()
+    assert (stats["reports_bad"], stats["reports_good"]) == (2, 1)
+
+
+# -- admin -----------------------------------------------------------------------------------
+
+
+def test_stats_counts_requests_and_hides_keys(api: Api) -> None:
+    captcha_id = api.submit(RECAPTCHA)
+    api.submit(IMAGE)
+    api.get(captcha_id)
+    api.res_php(action="getbalance")
+    resp = api.session.get(f"{api.url}/sandbox/stats", timeout=5)
+    assert resp.headers["Content-Type"] == "application/json"
+    assert KEY not in resp.text
+    stats = resp.json()
+    assert stats["in_php_requests"] == 2
+    assert stats["res_php_requests"] == 2
+    assert stats["res_php_get_requests"] == 1
+    assert stats["submits_by_method"]["userrecaptcha"] == 1
+    assert stats["submits_by_method"]["base64"] == 1
+    assert "api_keys" not in stats["config"]
+    assert stats["config"]["threads"] == api.config.threads
+    assert stats == api.server.stats()
+
+
+def test_reset_zeroes_counters_but_keeps_captchas(api: Api) -> None:
+    captcha_id = api.submit(RECAPTCHA)
+    api.solve_all()
+    api.get(captcha_id)
+    resp = api.session.post(f"{api.url}/sandbox/reset", timeout=5)
+    assert resp.status_code == 200
+    stats = api.stats()
+    counters = {k: v for k, v in stats.items() if isinstance(v, int) and k != "captchas_stored"}
+    assert counters and not any(counters.values()), counters
+    assert not any(stats["submits_by_method"].values())
+    # Captchas survive a reset, and a re-read counts again.
+    assert api.get(captcha_id)["status"] == 1
+    assert api.stats()["solved_reads"] == 1
+
+
+def test_admin_config_updates_and_validates(api: Api) -> None:
+    url = f"{api.url}/sandbox/config"
+    resp = api.session.post(
+        url, json={"threads": 2, "bulk": False, "thread_error": "E_X"}, timeout=5
+    )
+    assert resp.status_code == 200
+    assert api.config.threads == 2 and api.config.bulk is False
+    assert api.stats()["config"]["thread_error"] == "E_X"
+
+    for bad, field in [({"threads": 0}, "threads"), ({"error_rate": 1.5}, "error_rate")]:
+        resp = api.session.post(url, json=bad, timeout=5)
+        assert resp.status_code == 400
+        assert field in resp.json()["error"]
+    resp = api.session.post(url, json={"no_such_field": 1}, timeout=5)
+    assert resp.status_code == 400 and "no_such_field" in resp.json()["error"]
+    resp = api.session.post(url, data=b"[1, 2]", timeout=5)
+    assert resp.status_code == 400
+    assert api.config.threads == 2  # unchanged by the rejected updates
+
+    resp = api.session.post(url, json={"api_keys": ["new-secret-key"]}, timeout=5)
+    assert resp.status_code == 200 and "new-secret-key" not in resp.text
+    assert api.in_php(RECAPTCHA) == "ERROR_WRONG_USER_KEY"
+
+
+def test_update_config_python_api(api: Api) -> None:
+    new = api.server.update_config(solve_time=0.0, jitter=0.0)
+    assert (new.solve_time, new.jitter) == (0.0, 0.0)
+    assert api.get(api.submit(RECAPTCHA))["status"] == 1
+    with pytest.raises(ValueError, match="jitter"):
+        api.server.update_config(jitter=-1)
+
+
+def test_health_and_unknown_paths(api: Api) -> None:
+    resp = api.session.get(f"{api.url}/health", timeout=5)
+    assert (resp.status_code, resp.text) == (200, "ok")
+    assert api.session.get(f"{api.url}/nope", timeout=5).status_code == 404
+    assert api.session.get(f"{api.url}/sandbox/reset", timeout=5).status_code == 405
+
+
+def test_old_captchas_are_forgotten(make_api: Callable[..., Api]) -> None:
+    api = make_api(solve_time=1.0, jitter=0.0, token_ttl={"userrecaptcha": 100, "base64": 100})
+    old = api.submit(RECAPTCHA)
+    api.clock.advance(api.config.solve_time + 10 * api.config.token_ttl["userrecaptcha"])
+    api.submit(IMAGE)  # pruning happens on submit
+    assert api.get(old)["request"] == "ERROR_WRONG_CAPTCHA_ID"
+    assert api.stats()["captchas_stored"] == 1
+
+
+def test_stop_closes_kept_alive_connections(make_api: Callable[..., Api]) -> None:
+    api = make_api()
+    assert api.session.get(f"{api.url}/health", timeout=5).text == "ok"
+    api.server.stop()
+    with pytest.raises(requests.ConnectionError):
+        api.session.get(f"{api.url}/health", timeout=5)
+
+
+def test_context_manager_serves_and_stops() -> None:
+    with SandboxServer() as server, requests.Session() as session:
+        assert server.url == f"http://127.0.0.1:{server.port}"
+        assert session.get(f"{server.url}/health", timeout=5).text == "ok"
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{server.url}/health", timeout=5)
+
+
+# -- config and CLI --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [
+        ({"threads": 0}, "threads"),
+        ({"solve_time": -0.1}, "solve_time"),
+        ({"jitter": -1}, "jitter"),
+        ({"unsolvable_rate": 1.01}, "unsolvable_rate"),
+        ({"error_rate": -0.5}, "error_rate"),
+        ({"token_ttl": {"turnstile": -1}}, "token_ttl"),
+        ({"api_keys": ()}, "api_keys"),
+        ({"max_image_bytes": 0}, "max_image_bytes"),
+    ],
+)
+def test_config_validation_names_the_field(changes: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        SandboxConfig(**changes)
+
+
+def test_cli_args() -> None:
+    host, port, config = parse_cli_args(
+        ["--port", "9999", "--threads", "4", "--no-bulk", "--thread-error", "ERROR_ZERO_BALANCE"]
+        + ["--token-ttl", "42", "--error-rate", "0.25", "--solve-time", "0.5"]
+    )
+    assert (host, port) == ("127.0.0.1", 9999)
+    assert config.threads == 4 and config.bulk is False
+    assert config.thread_error == "ERROR_ZERO_BALANCE"
+    assert set(config.token_ttl.values()) == {42.0}
+    assert set(config.token_ttl) == set(SandboxConfig().token_ttl)
+    assert (config.error_rate, config.solve_time) == (0.25, 0.5)
+    assert parse_cli_args([])[2].bulk is True

@@ -1,0 +1,311 @@
+"""The Kafka bridge's parts without a broker: settings, client configs, message shapes,
+offset bookkeeping and claims (against the real Redis server)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from captcha_tasks import store
+from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.errors import ConfigurationError, ValidationError
+from captcha_tasks.kafka.claims import ClaimStore
+from captcha_tasks.kafka.client import (
+    INSTALL_HINT,
+    PartitionLag,
+    RepeatFilter,
+    TaskProducer,
+    consumer_config,
+    producer_config,
+)
+from captcha_tasks.kafka.messages import (
+    BadMessage,
+    Source,
+    dead_letter,
+    dead_letter_headers,
+    parse_task,
+    task_value,
+)
+from captcha_tasks.kafka.offsets import OffsetTracker
+from captcha_tasks.settings import ENVIRONMENT_VARIABLES, Settings
+
+PAGE = "https://example.com/login"
+KAFKA_VARS = {
+    "KAFKA_BOOTSTRAP_SERVERS",
+    "KAFKA_TASKS_TOPIC",
+    "KAFKA_RESULTS_TOPIC",
+    "KAFKA_DEAD_LETTER_TOPIC",
+    "KAFKA_GROUP_ID",
+    "KAFKA_MAX_IN_FLIGHT",
+    "KAFKA_RESULT_TTL",
+    "KAFKA_CLIENT_CONFIG",
+}
+
+
+# -- settings and client configs ------------------------------------------------------------
+
+
+def test_kafka_settings_have_defaults_and_read_the_environment() -> None:
+    assert KAFKA_VARS <= ENVIRONMENT_VARIABLES
+    s = Settings.from_env({"CAPTCHAAI_THREADS": "15"})
+    assert (s.kafka_tasks_topic, s.kafka_results_topic, s.kafka_dead_letter_topic) == (
+        "captcha-tasks",
+        "captcha-results",
+        "captcha-dead-letter",
+    )
+    assert s.kafka_in_flight_limit == 30  # twice the plan's threads
+    s = Settings.from_env(
+        {
+            "KAFKA_BOOTSTRAP_SERVERS": "k1:9092,k2:9092",
+            "KAFKA_MAX_IN_FLIGHT": "7",
+            "KAFKA_CLIENT_CONFIG": '{"security.protocol": "SASL_SSL", "sasl.password": "hunter2"}',
+        }
+    )
+    assert (s.kafka_bootstrap_servers, s.kafka_in_flight_limit) == ("k1:9092,k2:9092", 7)
+    assert s.kafka_client_config["sasl.password"] == "hunter2"
+    assert "hunter2" not in repr(s)
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("KAFKA_MAX_IN_FLIGHT", "0"),
+        ("KAFKA_MAX_IN_FLIGHT", "lots"),
+        ("KAFKA_RESULT_TTL", "0"),
+        ("KAFKA_RESULTS_TOPIC", "captcha-tasks"),
+        ("KAFKA_CLIENT_CONFIG", "[1, 2]"),
+        ("KAFKA_CLIENT_CONFIG", '{"sasl.password": "hunter2", "nested": {"a": 1}}'),
+        ("KAFKA_CLIENT_CONFIG", '{"sasl.password": "hunter2"'),
+    ],
+)
+def test_bad_kafka_values_name_the_variable_not_the_secret(var: str, value: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env({var: value})
+    assert var in str(info.value)
+    assert "hunter2" not in str(info.value)
+
+
+def test_client_config_cannot_switch_off_what_correctness_needs() -> None:
+    extra = {
+        "enable.auto.commit": True,
+        "group.id": "someone-else",
+        "acks": 1,
+        "sasl.username": "bridge",
+        "session.timeout.ms": 6000,
+    }
+    s = Settings.from_env({"KAFKA_GROUP_ID": "bridges", "KAFKA_CLIENT_CONFIG": json.dumps(extra)})
+    consumer = consumer_config(s)
+    assert (consumer["group.id"], consumer["enable.auto.commit"]) == ("bridges", False)
+    assert (consumer["sasl.username"], consumer["session.timeout.ms"]) == ("bridge", 6000)
+    assert consumer["auto.offset.reset"] == "earliest"
+    producer = producer_config(s)
+    assert (producer["acks"], producer["enable.idempotence"]) == ("all", True)
+
+
+def test_repeated_librdkafka_lines_are_let_through_once_a_minute() -> None:
+    repeat = RepeatFilter(every_s=60)
+
+    def record(text: str) -> logging.LogRecord:
+        return logging.LogRecord("librdkafka", logging.ERROR, __file__, 1, text, None, None)
+
+    assert repeat.filter(record("Connect to 127.0.0.1:9 failed"))
+    assert not repeat.filter(record("Connect to 127.0.0.1:9 failed"))
+    assert repeat.filter(record("Authentication failed"))
+
+
+def test_lag_counts_from_the_earliest_offset_until_the_group_commits() -> None:
+    assert PartitionLag(0, None, 10, 25).lag == 15
+    assert PartitionLag(0, 20, 10, 25).lag == 5
+    assert PartitionLag(0, 3, 10, 25).lag == 15  # committed offset deleted by retention
+
+
+# -- messages -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (None, "empty"),
+        (b"{not json", "not valid JSON"),
+        (b"\xff\x00\x81", "not valid JSON"),
+        (b"[1, 2]", "expected a JSON object"),
+        (b'{"method": "turnstile"}', "task_id"),
+        (b'{"task_id": "", "method": "turnstile"}', "task_id"),
+        (b'{"task_id": 7}', "task_id"),
+        (json.dumps({"task_id": "x" * 201}).encode(), "longer than"),
+    ],
+)
+def test_unanswerable_messages_are_bad_messages(value: bytes | None, reason: str) -> None:
+    with pytest.raises(BadMessage) as info:
+        parse_task(value)
+    assert reason in info.value.message
+    assert info.value.code == "ERROR_BAD_MESSAGE"
+
+
+def test_a_task_round_trips_and_keeps_its_extras() -> None:
+    fields = {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, "action": "login"}
+    task = parse_task(task_value("t-1", fields))
+    assert (task.task_id, task.fields, task.method) == ("t-1", fields, "turnstile")
+
+
+def test_a_dead_letter_keeps_the_original_bytes_and_says_why() -> None:
+    raw = b"\x00 not json"
+    letter = dead_letter("not valid JSON", "ERROR_BAD_MESSAGE", Source("tasks", 2, 41), raw)
+    assert base64.b64decode(letter["original"]) == raw
+    assert letter["source"] == {"topic": "tasks", "partition": 2, "offset": 41}
+    assert letter["task_id"] is None and letter["task"] is None
+    assert dead_letter_headers(letter) == [
+        ("reason", b"not valid JSON"),
+        ("error", b"ERROR_BAD_MESSAGE"),
+    ]
+
+
+def test_enqueue_validates_before_anything_is_produced(monkeypatch: pytest.MonkeyPatch) -> None:
+    producer = TaskProducer(Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9"}))
+    produced: list[tuple[str, bytes]] = []
+    monkeypatch.setattr(producer, "_produce", lambda *args: produced.append(args))
+    with pytest.raises(ValidationError, match="pageurl"):
+        producer.enqueue("t-1", "turnstile", "k", "ftp://example.com")
+    with pytest.raises(ValidationError, match="unknown method"):
+        producer.enqueue("t-2", "hcaptcha", "k", PAGE)
+    with pytest.raises(BadMessage):
+        producer.enqueue("", "turnstile", "k", PAGE)
+    assert produced == []
+    producer.enqueue("t-4", "base64", body=base64.b64encode(b"\x89PNG").decode())
+    assert [task_id for task_id, _ in produced] == ["t-4"]
+    assert parse_task(produced[0][1]).fields == {"method": "base64", "body": "iVBORw=="}
+
+
+# -- offsets --------------------------------------------------------------------------------
+
+
+def test_commit_points_stop_at_the_oldest_unanswered_message() -> None:
+    tracker = OffsetTracker()
+    first, second, third = (tracker.track(0, offset) for offset in (10, 11, 12))
+    other = tracker.track(1, 5)
+    assert tracker.commit_points() == {0: 10, 1: 5}
+    tracker.mark_committed({0: 10, 1: 5})
+    tracker.finish(third)
+    tracker.finish(second)
+    assert tracker.commit_points() == {}  # 10 is still being solved
+    assert tracker.pending_count() == 2
+    tracker.finish(first)
+    assert tracker.commit_points() == {0: 13}
+    tracker.finish(other)
+    assert tracker.commit_points() == {0: 13, 1: 6}
+    assert tracker.pending_count() == 0
+
+
+def test_a_revoked_partition_ignores_answers_from_before_the_revoke() -> None:
+    tracker = OffsetTracker()
+    old = tracker.track(0, 7)
+    tracker.forget([0])
+    again = tracker.track(0, 7)  # reassigned later and redelivered
+    assert not tracker.finish(old)
+    assert tracker.commit_points() == {0: 7}
+    assert tracker.finish(again)
+    assert tracker.commit_points() == {0: 8}
+
+
+def test_offsets_going_backwards_are_refused() -> None:
+    tracker = OffsetTracker()
+    tracker.track(3, 100)
+    with pytest.raises(ValueError, match="backwards"):
+        tracker.track(3, 99)
+
+
+# -- claims ---------------------------------------------------------------------------------
+
+
+def make_claims(**graces: float) -> ClaimStore:
+    return ClaimStore(
+        store.redis_client(),
+        store.keys(),
+        "unit-group",
+        result_ttl=60,
+        solve_grace_s=graces.get("solve", 0.6),
+        dispatch_grace_s=graces.get("dispatch", 0.3),
+    )
+
+
+def test_one_claim_per_task_until_its_owner_is_presumed_dead(clean_state: None) -> None:
+    claims = make_claims()
+    mine = claims.claim("t-1", "c1")
+    assert (mine.state, mine.celery_id, mine.ours) == ("new", "c1", True)
+    seen = claims.claim("t-1", "c2")
+    assert (seen.state, seen.celery_id, seen.ours) == ("claimed", "c1", False)
+    assert 0 < seen.trust_s <= 0.3
+    assert claims.dispatched("t-1", "c1")
+    solving = claims.claim("t-1", "c2", give_up_on="c1")  # too early to give up
+    assert (solving.state, solving.celery_id) == ("solving", "c1")
+    assert 0.3 < solving.trust_s <= 0.6
+    # Only a caller that looked for c1's result may take over, and only after the grace.
+    wait_until(lambda: claims.claim("t-1", "c9").trust_s == 0, 5, what="the solve grace")
+    assert claims.claim("t-1", "c9").state == "solving"
+    taken = claims.claim("t-1", "c2", give_up_on="c1")
+    assert (taken.state, taken.celery_id) == ("takeover", "c2")
+    assert not claims.dispatched("t-1", "c1")  # the old owner no longer holds it
+
+
+def test_a_done_claim_returns_the_first_answer_stored(clean_state: None, redis_conn: Any) -> None:
+    claims = make_claims()
+    claims.claim("t-2", "c1")
+    first = claims.complete("t-2", '{"status": "solved"}', '{"reason": "x"}')
+    assert (first.stored, first.result) == (True, '{"status": "solved"}')
+    second = claims.complete("t-2", '{"status": "failed"}')
+    assert (second.stored, second.result, second.dead_letter) == (
+        False,
+        '{"status": "solved"}',
+        '{"reason": "x"}',
+    )
+    done = claims.claim("t-2", "c3")
+    assert (done.state, done.result, done.dead_letter) == (
+        "done",
+        '{"status": "solved"}',
+        '{"reason": "x"}',
+    )
+    ttl_ms = redis_conn.pttl(store.keys().kafka_claim("unit-group", "t-2"))
+    assert 50_000 < ttl_ms <= 60_000  # KAFKA_RESULT_TTL
+
+
+def test_a_failed_dispatch_releases_its_claim(clean_state: None) -> None:
+    claims = make_claims()
+    claims.claim("t-3", "c1")
+    assert claims.release("t-3", "c1")
+    assert claims.claim("t-3", "c2").state == "new"
+    claims.dispatched("t-3", "c2")
+    assert not claims.release("t-3", "c2")  # a dispatched solve keeps its claim
+    claims.count("waited", 2)
+    assert claims.stats() == {"waited": 2}
+
+
+# -- the optional extra ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["kafka", "lag"], ["kafka-bridge"]])
+def test_without_confluent_kafka_the_cli_says_how_to_install_it(command: list[str]) -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['confluent_kafka'] = None  # as if the extra were not installed\n"
+        "import captcha_tasks.cli\n"
+        f"sys.argv = ['captcha-tasks', *{command!r}]\n"
+        "captcha_tasks.cli.main()\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ,
+        check=False,
+    )
+    assert out.returncode == 1, out.stderr
+    assert INSTALL_HINT in out.stderr
+    assert "Traceback" not in out.stderr

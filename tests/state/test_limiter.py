@@ -1,0 +1,160 @@
+"""The thread limiter's Lua scripts against a real Redis server."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from captcha_tasks.dev.devstack import free_port, wait_until
+from captcha_tasks.errors import StoreUnavailable
+from captcha_tasks.keys import Keys
+from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
+
+
+def make(redis_conn: Any, keys: Keys, **overrides: Any) -> ThreadLimiter:
+    config = {"capacity": 3, "reserve": 1, "lease_s": 30.0, **overrides}
+    return ThreadLimiter(redis_conn, keys, LimiterConfig(**config))
+
+
+def server_ms(conn: Any) -> int:
+    sec, usec = conn.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def payload(n: int) -> dict[str, Any]:
+    return {"sig": {"n": n}, "result_id": f"r{n}"}
+
+
+def test_capacity_never_exceeded_under_contention(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=5)
+    granted: list[str] = []
+    lock = threading.Lock()
+
+    def grab(i: int) -> None:
+        if lim.acquire(f"c{i}", payload=payload(i), deadline_in_s=60):
+            with lock:
+                granted.append(f"c{i}")
+
+    threads = [threading.Thread(target=grab, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(granted) == lim.config.capacity
+    assert lim.in_use() == lim.config.capacity
+    assert lim.parked_count() == 40 - lim.config.capacity
+
+
+def test_release_hands_slot_to_oldest_parked_in_arrival_order(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    assert lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    for i in (1, 2, 3):
+        assert not lim.acquire(f"p{i}", payload=payload(i), deadline_in_s=60)
+    order = []
+    holder = "a"
+    for _ in range(3):
+        handout = lim.release(holder)
+        assert len(handout.dispatched) == 1
+        holder = handout.dispatched[0].lease_id
+        order.append(holder)
+        assert lim.in_use() == 1
+    assert order == ["p1", "p2", "p3"]
+    assert handout.dispatched[0].payload == payload(3)
+
+
+def test_newcomer_does_not_jump_the_queue(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    lim.acquire("p1", payload=payload(1), deadline_in_s=60)
+    # a slot frees by lease loss, not release: the parked one still goes first
+    redis_conn.zrem(keys.slots(), "a")
+    assert not lim.acquire("late", payload=payload(2), deadline_in_s=60)
+    handout = lim.release(None)
+    assert [p.lease_id for p in handout.dispatched] == ["p1"]
+
+
+def test_redelivered_acquire_keeps_its_slot(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    assert lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    assert lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    assert lim.in_use() == 1
+
+
+def test_refills_leave_the_reserve_to_on_demand(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=3, reserve=1)
+    assert lim.acquire("r1", payload=payload(1), deadline_in_s=60, refill=True)
+    assert lim.acquire("r2", payload=payload(2), deadline_in_s=60, refill=True)
+    assert not lim.acquire("r3", payload=payload(3), deadline_in_s=60, refill=True)
+    assert lim.free_for_refills() == 0
+    # the reserved slot still serves an on-demand solve, ahead of the parked refill
+    assert lim.acquire("d1", payload=payload(4), deadline_in_s=60)
+    assert not lim.acquire("d2", payload=payload(5), deadline_in_s=60)
+    handout = lim.release("r1")
+    assert [p.lease_id for p in handout.dispatched] == ["d2"]
+
+
+def test_lease_nobody_renews_expires(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.3)
+    assert lim.acquire("dead-worker", payload=payload(0), deadline_in_s=60)
+    assert not lim.acquire("waiting", payload=payload(1), deadline_in_s=60)
+    wait_until(lambda: lim.in_use() == 0, 3, what="the lease to expire")
+    handout = lim.release(None)
+    assert [p.lease_id for p in handout.dispatched] == ["waiting"]
+
+
+def test_renew_keeps_a_lease_alive(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.4)
+    lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    score_before = redis_conn.zscore(keys.slots(), "a")
+    assert lim.renew("a") is True
+    assert redis_conn.zscore(keys.slots(), "a") >= score_before
+
+
+def test_renew_never_brings_back_a_released_lease(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    lim.release("a")
+    assert lim.renew("a") is False
+    assert lim.in_use() == 0
+
+
+def test_parked_past_deadline_is_dropped(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    lim.acquire("late", payload=payload(1), deadline_in_s=0.05)
+    lim.acquire("fine", payload=payload(2), deadline_in_s=60)
+    start = server_ms(redis_conn)
+    wait_until(lambda: server_ms(redis_conn) > start + 60, 2, what="the server clock")
+    handout = lim.release("a")
+    assert [p.lease_id for p in handout.dropped] == ["late"]
+    assert [p.lease_id for p in handout.dispatched] == ["fine"]
+
+
+def test_submit_rate_window(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, in_per_window=5, in_window_s=3.0)
+    waits = [lim.submit_wait() for _ in range(6)]
+    assert waits[:5] == [0.0] * 5
+    assert 0 < waits[5] <= 3.0
+
+
+def test_poll_budget_grows_with_captchas(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, res_per_captcha=2, res_base=3)
+    assert [lim.poll_wait() for _ in range(3)] == [0.0] * 3
+    assert lim.poll_wait() > 0
+    lim.submit_wait()  # one captcha submitted buys two more polls
+    assert [lim.poll_wait() for _ in range(2)] == [0.0] * 2
+    assert lim.poll_wait() > 0
+
+
+def test_redis_down_fails_closed_with_clear_error(keys: Keys) -> None:
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    lim = ThreadLimiter(dead, keys, LimiterConfig(capacity=1, reserve=0, lease_s=10))
+    with pytest.raises(StoreUnavailable, match="Redis is down"):
+        lim.acquire("a", payload=payload(0), deadline_in_s=10)
+    with pytest.raises(StoreUnavailable, match="Redis is down"):
+        lim.submit_wait()

@@ -1,0 +1,281 @@
+"""``celery -A captcha_tasks flower``: authentication is required, and the task list is
+readable and free of secrets in a real headless browser (skipped without Chromium)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from captcha_tasks.dev.devstack import CeleryProcess, free_port, wait_until
+from captcha_tasks.worker.flower_auth import EXIT_CONFIG, NO_AUTH_MESSAGE, auth_problem
+
+USER, PASSWORD = "ops", "flower-" + os.urandom(4).hex()
+PROXY_PASSWORD = "SECRETPW" + os.urandom(3).hex()
+PROXY = f"user:{PROXY_PASSWORD}@1.2.3.4:3128"
+PAGE = "https://example.com/login"
+TASK_NAMES = (
+    "captcha_tasks.solve",
+    "captcha_tasks.submit",
+    "captcha_tasks.poll",
+    "captcha_tasks.prewarm",
+)
+#: Names on Flower's task list after one solve (solve's own row becomes its final poll).
+LISTED_NAMES = TASK_NAMES[1:]
+
+
+def _flower_env(**extra: str) -> dict[str, str]:
+    """The test environment without any Flower or opt-out setting, plus ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("FLOWER_") and k != "CAPTCHAAI_FLOWER_NO_AUTH"
+    }
+    return {**env, **extra}
+
+
+class FlowerProcess(CeleryProcess):
+    """``celery -A captcha_tasks flower`` on a free loopback port."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.port = free_port()
+        super().__init__("flower", name=f"flower-{self.port}", log_dir=log_dir)
+        self.env = env  # exactly this environment: no inherited FLOWER_* variables
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "celery", "-A", "captcha_tasks", "flower",
+            f"--port={self.port}", "--address=127.0.0.1",
+        ]  # fmt: skip
+
+    def start(self, timeout: float = 30) -> FlowerProcess:
+        self._spawn(self.argv(), self.env)
+        wait_until(self._serving, timeout, interval=0.1, what="Flower's HTTP port")
+        return self
+
+    def _serving(self) -> bool:
+        if not self.alive():
+            raise RuntimeError(f"flower exited early:\n{self.log_text()[-3000:]}")
+        try:
+            return requests.get(f"{self.url}/healthcheck", timeout=2).ok
+        except requests.ConnectionError:
+            return False
+
+    def api_tasks(self) -> dict[str, Any]:
+        resp = requests.get(f"{self.url}/api/tasks", auth=(USER, PASSWORD), timeout=5)
+        resp.raise_for_status()
+        return dict(resp.json())
+
+
+def _run_flower_expecting_exit(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    port = free_port()
+    argv = [sys.executable, "-m", "celery", "-A", "captcha_tasks", "flower", f"--port={port}"]
+    # run() kills the child if it is still running at the timeout (the test then fails).
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+
+
+# -- the start-up check ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("basic_auth", "oauth", "ok"),
+    [
+        (None, "", False),
+        ([], None, False),
+        ([""], "", False),  # FLOWER_BASIC_AUTH= (set but empty)
+        (["admin"], "", False),
+        (["admin:"], "", False),
+        ([":pw"], "", False),
+        (["admin:pw"], "", True),
+        (["admin:pw", "ro:pw2"], "", True),
+        (None, r".*@example\.com", True),  # OAuth
+    ],
+)
+def test_auth_problem(basic_auth: list[str] | None, oauth: str | None, ok: bool) -> None:
+    assert (auth_problem(basic_auth, oauth) is None) is ok
+
+
+def test_malformed_entry_is_not_echoed() -> None:
+    problem = auth_problem(["admin:good", "s3cret-typed-alone"], None)
+    assert problem is not None
+    assert "#2" in problem
+    assert "s3cret-typed-alone" not in problem
+
+
+def test_flower_without_credentials_refuses_to_start() -> None:
+    done = _run_flower_expecting_exit(_flower_env())
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    assert NO_AUTH_MESSAGE in done.stderr
+    assert "Visit me at" not in done.stderr + done.stdout  # never served
+
+
+def test_flower_with_empty_or_malformed_credentials_refuses_to_start() -> None:
+    empty = _run_flower_expecting_exit(_flower_env(FLOWER_BASIC_AUTH=""))
+    assert empty.returncode == EXIT_CONFIG
+    assert "FLOWER_BASIC_AUTH" in empty.stderr
+
+    malformed = _run_flower_expecting_exit(_flower_env(FLOWER_BASIC_AUTH="typed-the-password"))
+    assert malformed.returncode == EXIT_CONFIG
+    assert "entry #1" in malformed.stderr
+    assert "typed-the-password" not in malformed.stderr
+
+
+def test_opt_out_starts_flower_without_auth(output_dir: Path) -> None:
+    env = _flower_env(CAPTCHAAI_FLOWER_NO_AUTH="1")
+    with FlowerProcess(env, output_dir).start() as flower:
+        assert requests.get(f"{flower.url}/tasks", timeout=5).status_code == 200
+        assert "WITHOUT authentication" in flower.log_text()
+
+
+def test_credentials_are_required_but_metrics_stay_open(output_dir: Path) -> None:
+    env = _flower_env(FLOWER_BASIC_AUTH=f"{USER}:{PASSWORD}")
+    with FlowerProcess(env, output_dir).start() as flower:
+        assert requests.get(f"{flower.url}/tasks", timeout=5).status_code == 401
+        wrong = requests.get(f"{flower.url}/tasks", auth=(USER, "nope"), timeout=5)
+        assert wrong.status_code == 401
+        assert requests.get(f"{flower.url}/api/tasks", timeout=5).status_code == 401
+        right = requests.get(f"{flower.url}/tasks", auth=(USER, PASSWORD), timeout=5)
+        assert right.status_code == 200
+        # Flower does not protect /metrics: keep it off public interfaces (see the README).
+        assert requests.get(f"{flower.url}/metrics", timeout=5).status_code == 200
+        for name in TASK_NAMES:
+            assert name in flower.log_text()  # the "Registered tasks" banner
+
+
+# -- the task list in a real browser -------------------------------------------------------
+
+
+def _browser() -> Any:
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        pytest.skip("no headless browser: apt-get install -y chromium chromium-driver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in (
+        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--window-size=1600,1000",
+        f"--user-data-dir={tempfile.mkdtemp(prefix='ct-chromium-')}",
+    ):  # fmt: skip
+        options.add_argument(flag)
+    # An explicit driver path: Selenium Manager must not try to download one.
+    return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    driver = _browser()
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+@pytest.fixture
+def flower(worker: CeleryProcess, output_dir: Path) -> Iterator[FlowerProcess]:
+    env = _flower_env(FLOWER_BASIC_AUTH=f"{USER}:{PASSWORD}")
+    with FlowerProcess(env, output_dir).start() as proc:
+        yield proc
+
+
+def _prime_events(flower: FlowerProcess) -> None:
+    """Wait until Flower's event receiver is subscribed: events sent before are lost."""
+    from captcha_tasks.worker.tasks import prewarm
+
+    sent: list[str] = []
+
+    def seen() -> bool:
+        sent.append(prewarm.delay().id)
+        return any(task_id in flower.api_tasks() for task_id in sent)
+
+    wait_until(seen, 30, interval=0.5, what="Flower to receive task events")
+
+
+def _solved_in_flower(flower: FlowerProcess, solve_id: str) -> bool:
+    # solve replaces itself with submit | poll and the chain's last poll takes solve's id
+    # (that is how solve.delay().get() gets the token), so Flower shows that id as poll.
+    tasks = flower.api_tasks()
+    names = {info.get("name") for info in tasks.values()}
+    solve = tasks.get(solve_id) or {}
+    return solve.get("state") == "SUCCESS" and set(LISTED_NAMES) <= names
+
+
+def flower_worker_name(flower: FlowerProcess) -> str:
+    """The node name of the (single) worker Flower knows."""
+    resp = requests.get(f"{flower.url}/api/workers", auth=(USER, PASSWORD), timeout=10)
+    resp.raise_for_status()
+    names = list(resp.json())
+    assert len(names) == 1, names
+    return str(names[0])
+
+
+def _authorize(driver: Any) -> None:
+    # Basic auth as a header on every request, the page's XHRs included.
+    import base64
+
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    driver.execute_cdp_cmd("Network.enable", {})
+    driver.execute_cdp_cmd(
+        "Network.setExtraHTTPHeaders", {"headers": {"Authorization": f"Basic {token}"}}
+    )
+
+
+@pytest.mark.slow
+def test_flower_lists_solved_task_without_secrets(
+    flower: FlowerProcess, browser: Any, sandbox: Any, clean_state: None, output_dir: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from captcha_tasks import solve
+
+    _prime_events(flower)
+    result = solve.delay(method="turnstile", sitekey="0x4AAAAAAAflower", pageurl=PAGE, proxy=PROXY)
+    assert result.get(timeout=60)["status"] == "solved"
+    try:
+        wait_until(lambda: _solved_in_flower(flower, result.id), 30, interval=0.5)
+    except TimeoutError:
+        seen = {k: (v.get("name"), v.get("state")) for k, v in flower.api_tasks().items()}
+        pytest.fail(f"Flower did not list {result.id} as SUCCESS and {LISTED_NAMES}: {seen}")
+
+    _authorize(browser)
+    browser.get(f"{flower.url}/tasks")
+    WebDriverWait(browser, 30).until(lambda d: result.id in d.page_source)
+    table = browser.find_element(By.ID, "tasks-table").text
+    for name in LISTED_NAMES:
+        assert name in table, f"{name} missing from Flower's task list"
+    browser.save_screenshot(str(output_dir / "flower-tasks.png"))
+    pages = {"tasks": browser.page_source}
+
+    # Every task, solve included, under its readable name on the worker's page.
+    browser.get(f"{flower.url}/worker/{flower_worker_name(flower)}")
+    WebDriverWait(browser, 30).until(lambda d: TASK_NAMES[0] in d.page_source)
+    for name in TASK_NAMES:
+        assert name in browser.page_source, f"{name} missing from the worker's task list"
+    pages["worker"] = browser.page_source
+
+    browser.get(f"{flower.url}/task/{result.id}")
+    WebDriverWait(browser, 30).until(lambda d: "SUCCESS" in d.page_source)
+    browser.save_screenshot(str(output_dir / "flower-task.png"))
+    pages["task"] = browser.page_source
+
+    pages["api"] = requests.get(
+        f"{flower.url}/api/tasks", auth=(USER, PASSWORD), timeout=5
+    ).text  # every task, not only the first page of the table
+    api_key = os.environ["CAPTCHAAI_API_KEY"]
+    for page, html in pages.items():
+        assert api_key not in html, f"the API key is on Flower's {page} page"
+        assert PROXY_PASSWORD not in html, f"the proxy password is on Flower's {page} page"
