@@ -18,8 +18,17 @@ class Keys:
 
     # -- core pipeline ---------------------------------------------------------------
     def submission(self, solve_id: str) -> str:
-        """Hash: the captcha submitted for one solve request (idempotent submit)."""
+        """Hash: a solve's record: the captcha of its latest attempt (idempotent submit) and
+        ``done`` once its outcome is stored (duplicate messages stop there)."""
         return self._k("solve", solve_id, "submission")
+
+    def submit_claim(self, solve_id: str) -> str:
+        """String with a TTL: one copy of a solve's submit is calling ``in.php`` right now."""
+        return self._k("solve", solve_id, "claim")
+
+    def request_secrets(self, solve_id: str) -> str:
+        """Hash with a TTL: a solve's proxy and cookies, kept out of task messages."""
+        return self._k("solve", solve_id, "secrets")
 
     def solve_times(self, method: str) -> str:
         """List: recent observed solve times of a method (adaptive first poll)."""
@@ -37,6 +46,23 @@ class Keys:
         """Hash: solves of a method, by source."""
         return self._k("stats", "solved", method)
 
+    # -- captchas at the provider and their polls -------------------------------------
+    def board(self) -> str:
+        """Hash: captcha id -> the job of a captcha at the provider (JSON)."""
+        return self._k("poll", "inflight")
+
+    def poll_due(self) -> str:
+        """Sorted set: captcha id -> when it is next polled (ms, Redis clock)."""
+        return self._k("poll", "due")
+
+    def poll_state(self) -> str:
+        """Hash: captcha id -> "<last polled, ms>|<transport errors>"."""
+        return self._k("poll", "state")
+
+    def poll_round(self) -> str:
+        """String with a TTL: when the next poll round message is due (ms, Redis clock)."""
+        return self._k("poll", "round")
+
     # -- thread limiter --------------------------------------------------------------
     def slots(self) -> str:
         """Sorted set: held provider threads, member = lease id, score = lease expiry (ms)."""
@@ -46,9 +72,14 @@ class Keys:
         """Sorted set: parked submits waiting for a slot, score = arrival sequence."""
         return self._k("limiter", "parked")
 
-    def parked_payloads(self) -> str:
-        """Hash: parked id -> JSON (the task to dispatch and its deadline)."""
-        return self._k("limiter", "parked-payloads")
+    def waiting(self) -> str:
+        """Hash: lease id -> "<deadline ms>|<job JSON>" of a submit that is parked or owed
+        a message."""
+        return self._k("limiter", "waiting")
+
+    def dispatch(self) -> str:
+        """Sorted set: submits owed a task message, score = when it counts as lost (ms)."""
+        return self._k("limiter", "dispatch")
 
     def parked_seq(self) -> str:
         return self._k("limiter", "parked-seq")
@@ -56,6 +87,10 @@ class Keys:
     def rate(self, endpoint: str) -> str:
         """Sorted set: recent requests to ``in.php`` / ``res.php`` (sliding window)."""
         return self._k("limiter", "rate", endpoint)
+
+    def housekeeping_lock(self) -> str:
+        """String with a short TTL: one worker per tick runs the housekeeping sweep."""
+        return self._k("limiter", "sweep-lock")
 
     # -- token pools -----------------------------------------------------------------
     def pool_registry(self) -> str:
@@ -104,21 +139,14 @@ class Keys:
         """Sorted set: quarantined proxies, score = when they come back (ms)."""
         return self._k("proxies", "quarantine")
 
-    # -- streaming and poll coalescing ---------------------------------------------
+    # -- batches ------------------------------------------------------------------
     def batch_results(self, batch_id: str) -> str:
         """Stream: outcomes of one batch as workers finish them."""
         return self._k("batch", batch_id, "results")
 
-    def inflight_captchas(self) -> str:
-        """Hash: captcha id -> method, for bulk polls."""
-        return self._k("poll", "inflight")
-
-    def bulk_answers(self) -> str:
-        """Hash: captcha id -> answer seen by the last bulk poll."""
-        return self._k("poll", "answers")
-
-    def bulk_poll_lock(self) -> str:
-        return self._k("poll", "bulk-lock")
+    def batch_cancelled(self, batch_id: str) -> str:
+        """String with a TTL: the batch was abandoned; its queued submits must not run."""
+        return self._k("batch", batch_id, "cancelled")
 
     def all_patterns(self) -> str:
         return self._k("*")
@@ -137,19 +165,6 @@ class Keys:
     def kafka_stats(self, group: str) -> str:
         """Hash: a bridge group's counters (dispatched, waited, takeovers, republished, ...)."""
         return self._k("kafka", group, "stats")
-
-    def poll_signatures(self) -> str:
-        """Hash: captcha id -> its poll task's message (to wake it when a bulk poll sees
-        its answer)."""
-        return self._k("poll", "signatures")
-
-    def batch_cancelled(self, batch_id: str) -> str:
-        """String with a TTL: the batch was abandoned; its queued submits must not run."""
-        return self._k("batch", batch_id, "cancelled")
-
-    def request_secrets(self, solve_id: str) -> str:
-        """Hash with a TTL: a solve's proxy and cookies, kept out of task messages."""
-        return self._k("solve", solve_id, "secrets")
 
     def redbeat_prefix(self) -> str:
         """Prefix of celery-redbeat's schedule and lock keys (optional HA beat)."""

@@ -104,6 +104,13 @@ METHODS: dict[str, MethodSpec] = {
 PER_REQUEST_PARAMS = frozenset({"proxy", "proxytype", "userAgent", "cookies", "data-s", "body"})
 
 
+def default_wait(method: str, params: Mapping[str, Any]) -> float:
+    """Seconds before the first poll of a captcha, as the official SDKs wait."""
+    if method == "userrecaptcha" and params.get("version") == "v3":
+        return 10.0
+    return METHODS[method].initial_wait
+
+
 @dataclass(frozen=True)
 class SolveRequest:
     """A validated solve request; ``params`` holds the method's extra API fields."""
@@ -119,9 +126,7 @@ class SolveRequest:
 
     @property
     def initial_wait(self) -> float:
-        if self.method == "userrecaptcha" and self.params.get("version") == "v3":
-            return 10.0
-        return self.spec.initial_wait
+        return default_wait(self.method, self.params)
 
     def api_fields(self) -> dict[str, Scalar]:
         """The ``in.php`` fields of this request (without the key)."""

@@ -51,10 +51,20 @@ def redact_text(text: str) -> str:
     key = get_settings().api_key
     if key and key in text:
         text = text.replace(key, "***")
-    text = _PROXY_CREDS.sub(r"\g<user>:***@\g<host>", text)
-    text = _COOKIES_FIELD.sub(r"\g<head>***", text)
-    text = _KEY_FIELD.sub(r"\g<head>***", text)
-    return _TOKEN_FIELD.sub(lambda m: m.group("head") + m.group("tok")[:TOKEN_PREFIX] + "…", text)
+    # Each pattern needs a marker character or word; most log lines have none of them.
+    if "@" in text:
+        text = _PROXY_CREDS.sub(r"\g<user>:***@\g<host>", text)
+    if "cookies" in text:
+        text = _COOKIES_FIELD.sub(r"\g<head>***", text)
+    if "key=" in text:
+        text = _KEY_FIELD.sub(r"\g<head>***", text)
+    if "token" in text:
+        text = _TOKEN_FIELD.sub(_short_token, text)
+    return text
+
+
+def _short_token(match: re.Match[str]) -> str:
+    return match.group("head") + match.group("tok")[:TOKEN_PREFIX] + "…"
 
 
 class RedactingFilter(logging.Filter):

@@ -2,18 +2,18 @@
 
 :func:`stream` queues ``solve`` tasks a window at a time and yields one outcome dict per
 task, in completion order, each with its ``index`` in the input.  Workers append every
-outcome of a batch to one Redis stream (:func:`emit`); the caller blocks on ``XREAD`` of
-that stream, so results arrive through Redis from any worker without polling each
-``AsyncResult``.  An abandoned stream (the caller stops iterating, or Ctrl-C) marks the
-batch cancelled: its queued solves and queued or parked submits then end without calling
-the API (and without taking pooled tokens), while captchas already at the provider are
-still polled to the end so their threads are given back.  Celery's own ``revoke`` is not
-used for this: it would also drop the poll tasks of captchas already paid for.
+outcome of a batch to one Redis stream (in the completion path); the caller blocks on
+``XREAD`` of that stream, so results arrive through Redis from any worker without polling
+each ``AsyncResult``.  An abandoned stream (the caller stops iterating, or Ctrl-C) marks
+the batch cancelled: its queued solves and queued or parked submits then end without
+calling the API (and without taking pooled tokens), while captchas already at the
+provider are still polled to the end so their threads are given back.  Celery's own
+``revoke`` is not used for this: it would also drop the polls of captchas already paid
+for.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -25,33 +25,11 @@ from . import errors
 from .outcome import Failed
 from .settings import get_settings
 from .state import store
+from .worker.tasks import solve
 
 log = logging.getLogger(__name__)
 
-STREAM_TTL = 24 * 3600
 READ_BLOCK_MS = 500
-
-
-def emit(job: Mapping[str, Any], outcome: Mapping[str, Any]) -> None:
-    """Worker side: append a batch job's outcome to its batch's stream."""
-    batch = job.get("batch")
-    if not batch:
-        return
-    r, keys = store.redis_client(), store.keys()
-    key = keys.batch_results(batch["id"])
-    entry = json.dumps({**outcome, "index": batch["index"]})
-    pipe = r.pipeline(transaction=False)
-    pipe.xadd(key, {"outcome": entry})
-    pipe.expire(key, STREAM_TTL)
-    pipe.execute()
-
-
-def cancelled(job: Mapping[str, Any]) -> bool:
-    """Worker side: whether the job's batch was abandoned by its caller."""
-    batch = job.get("batch")
-    if not batch:
-        return False
-    return bool(store.redis_client().exists(store.keys().batch_cancelled(batch["id"])))
 
 
 @dataclass
@@ -110,8 +88,6 @@ def stream(
 
 
 def _queue(batch: _Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] | None:
-    from .worker.tasks import solve
-
     try:
         result = solve.apply_async(
             kwargs={**task, "_batch": {"id": batch.batch_id, "index": index}}
@@ -123,16 +99,14 @@ def _queue(batch: _Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any]
 
 
 def _arrived(batch: _Batch) -> Iterator[dict[str, Any]]:
-    r, keys = store.redis_client(), store.keys()
-    key = keys.batch_results(batch.batch_id)
-    reply: Any = r.xread({key: batch.last_id}, count=500, block=READ_BLOCK_MS)
-    for _stream, entries in reply or []:
-        for entry_id, fields in entries:
-            batch.last_id = entry_id
-            outcome = json.loads(fields["outcome"])
-            if batch.pending.pop(outcome["index"], None) is not None:
-                yield outcome
-        r.xtrim(key, minid=batch.last_id)
+    streams = store.batches()
+    found = streams.read(batch.batch_id, batch.last_id, block_ms=READ_BLOCK_MS)
+    for entry_id, outcome in found:
+        batch.last_id = entry_id
+        if batch.pending.pop(outcome["index"], None) is not None:
+            yield outcome
+    if found:
+        streams.trim(batch.batch_id, batch.last_id)
 
 
 def _timed_out(batch: _Batch) -> Iterator[dict[str, Any]]:
@@ -145,11 +119,9 @@ def _timed_out(batch: _Batch) -> Iterator[dict[str, Any]]:
 
 
 def _abandon(batch: _Batch) -> None:
-    r, keys = store.redis_client(), store.keys()
     try:
+        store.batches().abandon(batch.batch_id, cancel=bool(batch.pending))
         if batch.pending:
-            r.set(keys.batch_cancelled(batch.batch_id), "1", ex=STREAM_TTL)
             log.info("batch %s abandoned: %d tasks cancelled", batch.batch_id, len(batch.pending))
-        r.delete(keys.batch_results(batch.batch_id))
     except Exception:  # never hide the caller's own exception (Ctrl-C) behind ours
         log.warning("could not cancel batch %s", batch.batch_id, exc_info=True)

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
+
 HERE = Path(__file__).resolve().parent
 KEY = "bench-key"
 PAGE = "https://example.com/bench-pipeline"
@@ -63,6 +65,31 @@ class Run:
     @property
     def cpu_ms(self) -> float:
         return 1000 * self.cpu_s / max(1, self.solved)
+
+
+class Sandbox:
+    """The sandbox API in a process of its own (its CPU is not the caller's or a worker's)."""
+
+    def __init__(self, options: list[str], log_dir: Path) -> None:
+        from captcha_tasks.dev.devstack import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        argv = [sys.executable, "-m", "captcha_tasks.cli", "sandbox", "--port", str(self.port),
+                "--api-key", KEY, *options]  # fmt: skip
+        self.proc = spawn(argv, dict(os.environ), log_dir / "sandbox.log", "CaptchaAI sandbox on")
+
+    def stats(self) -> dict[str, Any]:
+        return dict(requests.get(f"{self.url}/sandbox/stats", timeout=10).json())
+
+    def reset(self) -> None:
+        requests.post(f"{self.url}/sandbox/reset", timeout=10).raise_for_status()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop(self.proc)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -111,15 +138,18 @@ def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
     return {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0)}
 
 
-def spawn_worker(argv: Sequence[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+def spawn(
+    argv: Sequence[str], env: dict[str, str], log: Path, ready: str = " ready."
+) -> subprocess.Popen[bytes]:
+    """A child process; returns once ``ready`` is in its log."""
     with open(log, "ab") as out:
         proc = subprocess.Popen(
             list(argv), env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     deadline = time.monotonic() + 60
-    while " ready." not in log.read_text(errors="replace"):
+    while ready not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"worker did not start:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"{argv[:4]} did not start:\n{log.read_text()[-3000:]}")
         time.sleep(0.1)
     return proc
 
@@ -136,6 +166,23 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
+PROFILE_DIR: Path | None = None
+
+
+def profilers(workers: list[subprocess.Popen[bytes]], name: str) -> list[subprocess.Popen[bytes]]:
+    """py-spy on each worker (``--profile``): collapsed stacks in the log folder."""
+    if PROFILE_DIR is None:
+        return []
+    return [
+        subprocess.Popen(
+            ["py-spy", "record", "--pid", str(w.pid), "--rate", "250", "--gil", "--format", "raw",
+             "--nonblocking", "-o", str(PROFILE_DIR / f"{name}-{n}.pyspy.txt")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        for n, w in enumerate(workers)
+    ]  # fmt: skip
+
+
 def measure(
     name: str,
     count: int,
@@ -146,11 +193,13 @@ def measure(
     timeout: float,
 ) -> Run:
     """Queue ``count`` captchas with ``send(i)`` (an AsyncResult) and wait for them all."""
+    spies = [] if name == "warm-up" else profilers(workers, name.replace(" ", "-"))
     before = task_totals(app)
     sandbox.reset()
     cpu0 = sum(cpu_seconds(w.pid) for w in workers)
     started = time.monotonic()
     results = [send(i) for i in range(count)]
+    print(f"{name}: {count} queued in {time.monotonic() - started:.1f}s", flush=True)
     solved = failed = 0
     deadline = started + timeout
     for result in results:
@@ -165,6 +214,9 @@ def measure(
     cpu = sum(cpu_seconds(w.pid) for w in workers) - cpu0
     del results, result  # unsubscribe while Redis is still up
     gc.collect()
+    for spy in spies:
+        spy.send_signal(2)
+        spy.wait(30)
     stats = sandbox.stats()
     return Run(
         name,
@@ -193,7 +245,7 @@ def ours(
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]  # fmt: skip
     procs = [
-        spawn_worker([*argv, "-n", f"ours{n}@%h"], {**os.environ, **env}, log_dir / f"ours{n}.log")
+        spawn([*argv, "-n", f"ours{n}@%h"], {**os.environ, **env}, log_dir / f"ours{n}.log")
         for n in range(workers)
     ]
     try:
@@ -220,7 +272,7 @@ def peer(env: dict[str, str], sandbox: Any, log_dir: Path, count: int, warmup: i
         "-P", "threads", "-c", "32", "-l", "INFO", "-n", "peer@%h",
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]  # fmt: skip
-    proc = spawn_worker(argv, peer_env, log_dir / "peer.log")
+    proc = spawn(argv, peer_env, log_dir / "peer.log")
     first_wait = float(env["CAPTCHAAI_INITIAL_WAIT"])
     try:
 
@@ -322,28 +374,30 @@ def main() -> int:
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--cpu-target", type=float, default=20.0, help="ms per captcha")
     parser.add_argument("--inflight", action="store_true", help="10,000 in flight mode")
+    parser.add_argument("--profile", action="store_true", help="py-spy the workers")
     args = parser.parse_args()
     args.count = args.count or (10_000 if args.inflight else 1000)
 
     from captcha_tasks.dev.devstack import RedisServer
-    from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
+    if args.profile:
+        global PROFILE_DIR
+        PROFILE_DIR = log_dir
     if args.inflight:
-        config = SandboxConfig(threads=args.count, solve_time=30, jitter=1, api_keys=(KEY,))
+        options = ["--threads", str(args.count), "--solve-time", "30", "--jitter", "1"]
     else:
-        config = SandboxConfig(threads=args.threads, solve_time=1.0, jitter=0.1, api_keys=(KEY,))
-    with RedisServer(log_dir=log_dir) as redis_server:
+        options = ["--threads", str(args.threads), "--solve-time", "1", "--jitter", "0.1"]
+    with RedisServer(log_dir=log_dir) as redis_server, Sandbox(options, log_dir) as sandbox:
         redis_server.start()
-        with SandboxServer(config) as sandbox:
-            base = {
-                "REDIS_URL": redis_server.url,
-                "CAPTCHAAI_BASE_URL": sandbox.url,
-                "CAPTCHAAI_API_KEY": KEY,
-                "CAPTCHAAI_KEY_PREFIX": "bench",
-            }
-            mode = inflight_mode if args.inflight else cost_mode
-            code = mode(args, base, sandbox, log_dir)
+        base = {
+            "REDIS_URL": redis_server.url,
+            "CAPTCHAAI_BASE_URL": sandbox.url,
+            "CAPTCHAAI_API_KEY": KEY,
+            "CAPTCHAAI_KEY_PREFIX": "bench",
+        }
+        mode = inflight_mode if args.inflight else cost_mode
+        code = mode(args, base, sandbox, log_dir)
     print(f"(logs in {log_dir})", flush=True)
     return code
 

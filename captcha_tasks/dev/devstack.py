@@ -210,7 +210,7 @@ class CeleryProcess(_Process):
             "-Q", ",".join(self.queues),
             "-n", f"{self.node}@%h",
             "-l", "INFO",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            "--without-gossip", "--without-mingle",
             *self.extra_args,
         ]  # fmt: skip
 

@@ -1,32 +1,36 @@
 """The account-wide thread limiter and request-rate budget, shared through Redis.
 
-A *slot* is one provider thread.  It belongs to a captcha (its lease id is the solve's
-id), is taken before ``in.php`` and given back when the answer (or a failure) is seen.
-Every lease has an expiry on the Redis server's clock that each poll renews, so a slot
-whose worker died comes back by itself.
+A *slot* is one provider thread.  It belongs to a solve (its lease id is the solve's id),
+is taken before ``in.php`` and given back when the solve ends.  Every lease has an expiry
+on the Redis server's clock that polls renew, so a slot whose worker died comes back by
+itself.
 
-A submit that finds no free slot is *parked*: its task message is stored in Redis and the
-task ends (no worker blocks, no countdown spins).  Releasing a slot hands it at once to the
-oldest parked submit — on-demand solves before pool refills — and returns the parked
-messages for the caller to publish.  Refills may not take the last ``reserve`` slots.
+A submit that finds no free slot is *parked*: its job waits in Redis and the task ends
+(no worker blocks, nothing spins).  Releasing a slot hands it at once to the oldest parked
+submit, on-demand solves before pool refills; refills may not take the last ``reserve``
+slots.  A parked submit whose deadline passed is handed on without a slot (its submit
+fails it).  Either way a handed-out submit is *owed a task message*: it stays in the
+dispatch set with its job until that message starts, and :meth:`ThreadLimiter.sweep`
+hands out its job again if the message never shows (the worker that should have
+published it died).  Nothing Redis hands out exists only in one process's memory.
 
-All of this is one Lua script per operation, so many hosts behave as one client.
-With Redis unreachable every call raises :class:`~captcha_tasks.errors.StoreUnavailable`:
-the limiter fails closed and nothing is submitted.
+All of this is one Lua script per operation, so many hosts behave as one client.  With
+Redis unreachable every call raises :class:`~captcha_tasks.errors.StoreUnavailable`: the
+limiter fails closed and nothing is submitted.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import redis
 
 from ..keys import Keys
-from .lua import NOW_MS, guard, script, text
+from .lua import guard, lua, ms, script, text
 
 T = TypeVar("T")
 Arg = str | int | float
@@ -34,157 +38,225 @@ Arg = str | int | float
 ON_DEMAND = 0
 REFILL = 1
 #: Parked refills sort after every parked on-demand submit.
-_REFILL_BAND = 10**12
+REFILL_BAND = 10**12
 
-_NOW_MS = NOW_MS
-
-ACQUIRE_LUA = (
-    """
--- Take a slot for a captcha, or park its submit in arrival order.
--- KEYS[1] = slots (zset: lease id -> lease expiry, ms, server clock)
--- KEYS[2] = parked (zset: lease id -> arrival order; refills banded after on-demand)
--- KEYS[3] = parked payloads (hash: lease id -> "<deadline ms>|<payload>")
--- KEYS[4] = parked sequence (counter)
--- ARGV[1] = lease id
--- ARGV[2] = lease length, ms
--- ARGV[3] = capacity for this request's class (refills: capacity minus the reserve)
--- ARGV[4] = class: 0 on demand, 1 refill
--- ARGV[5] = payload stored if parked
--- ARGV[6] = ms until the caller's deadline
--- ARGV[7] = refill band offset
--- returns {status, slots in use}: 1 acquired, 2 already held (renewed), 0 parked
-"""
-    + _NOW_MS
-    + """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-  return {2, redis.call('ZCARD', KEYS[1])}
-end
-local used = redis.call('ZCARD', KEYS[1])
-local refill = tonumber(ARGV[4]) == 1
-local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-local ahead = false
-if first[1] then
-  ahead = refill or tonumber(first[2]) < tonumber(ARGV[7])
-end
-if (not ahead) and used < tonumber(ARGV[3]) then
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-  return {1, used + 1}
-end
-if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
-  local seq = redis.call('INCR', KEYS[4])
-  local band = 0
-  if refill then band = tonumber(ARGV[7]) end
-  redis.call('ZADD', KEYS[2], seq + band, ARGV[1])
-  redis.call('HSET', KEYS[3], ARGV[1], tostring(now + tonumber(ARGV[6])) .. '|' .. ARGV[5])
-end
-return {0, used}
-"""
-)
-
-RELEASE_LUA = (
-    """
--- Give a slot back and hand free slots to the oldest parked submits.
--- KEYS[1] = slots, KEYS[2] = parked, KEYS[3] = parked payloads (as in ACQUIRE)
--- ARGV[1] = lease id to release ('' to only hand out free slots)
--- ARGV[2] = lease length for the parked submits that get a slot, ms
--- ARGV[3] = capacity, ARGV[4] = capacity for refills
--- ARGV[5] = most parked submits to hand out
--- ARGV[6] = refill band offset
--- returns {dispatched, dropped}: flat lists of id, payload, id, payload, ...
---   dispatched now hold a slot; dropped had passed their deadline (no slot taken)
-"""
-    + _NOW_MS
-    + """
-if ARGV[1] ~= '' then redis.call('ZREM', KEYS[1], ARGV[1]) end
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local used = redis.call('ZCARD', KEYS[1])
-local dispatched, dropped = {}, {}
-local budget = tonumber(ARGV[5])
-while budget > 0 do
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if not first[1] then break end
-  local id = first[1]
-  local cap = tonumber(ARGV[3])
-  if tonumber(first[2]) >= tonumber(ARGV[6]) then cap = tonumber(ARGV[4]) end
-  local raw = redis.call('HGET', KEYS[3], id)
-  local deadline, payload = 0, ''
-  if raw then
-    local sep = string.find(raw, '|', 1, true)
-    deadline = tonumber(string.sub(raw, 1, sep - 1))
-    payload = string.sub(raw, sep + 1)
+#: Lua: hand free slots to the oldest parked submits (``now`` and expired leases done).
+HANDOUT_FN = """
+local function handout(slots, parked, waiting, dispatch, lease_ms, cap, refill_cap, budget,
+                       band, grace_ms)
+  local used = redis.call('ZCARD', slots)
+  local given, expired = {}, {}
+  while budget > 0 do
+    local first = redis.call('ZRANGE', parked, 0, 0, 'WITHSCORES')
+    if not first[1] then break end
+    local id = first[1]
+    local limit = cap
+    if tonumber(first[2]) >= band then limit = refill_cap end
+    local raw = redis.call('HGET', waiting, id)
+    local deadline = 0
+    if raw then deadline = tonumber(string.sub(raw, 1, string.find(raw, '|', 1, true) - 1)) end
+    local late = deadline <= now
+    if raw and (not late) and used >= limit then break end
+    redis.call('ZREM', parked, id)
+    if raw then
+      local job = string.sub(raw, string.find(raw, '|', 1, true) + 1)
+      redis.call('ZADD', dispatch, now + grace_ms, id)
+      if late then
+        table.insert(expired, id)
+        table.insert(expired, job)
+      else
+        redis.call('ZADD', slots, now + lease_ms, id)
+        used = used + 1
+        table.insert(given, id)
+        table.insert(given, job)
+      end
+      budget = budget - 1
+    end
   end
-  if raw and deadline > now and used >= cap then break end
-  redis.call('ZREM', KEYS[2], id)
-  redis.call('HDEL', KEYS[3], id)
-  if raw and deadline > now then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), id)
-    used = used + 1
-    table.insert(dispatched, id)
-    table.insert(dispatched, payload)
-    budget = budget - 1
-  elseif raw then
-    table.insert(dropped, id)
-    table.insert(dropped, payload)
-  end
+  return {given, expired}
 end
-return {dispatched, dropped}
 """
-)
 
-RENEW_LUA = (
-    """
--- Extend a captcha's lease.  A released lease is never brought back: a late poll of a
--- captcha whose slot a bulk poll already gave back must not take a thread again.
--- KEYS[1] = slots
--- ARGV[1] = lease id, ARGV[2] = lease length, ms
--- returns 1 if the lease was held and is extended, 0 if there was none
-"""
-    + _NOW_MS
-    + """
-local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not held then return 0 end
-redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-return 1
-"""
-)
-
-IN_RATE_LUA = (
-    """
--- Sliding-window budget for in.php requests, account wide.
--- KEYS[1] = window (zset: request id -> time, ms)
--- KEYS[2] = hourly counts (hash: "in:<hour>" / "res:<hour>" -> count)
--- ARGV[1] = window, ms; ARGV[2] = requests allowed per window; ARGV[3] = request id
--- returns 0 when the request may go now (it is counted), else ms to wait
-"""
-    + _NOW_MS
-    + """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[1]))
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
-  redis.call('ZADD', KEYS[1], now, ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]) * 2)
+#: Lua: count one in.php request in the sliding window, or say how long to wait.
+IN_RATE_FN = """
+local function in_rate(window, hourly, window_ms, per_window, request_id)
+  redis.call('ZREMRANGEBYSCORE', window, '-inf', now - window_ms)
+  if redis.call('ZCARD', window) >= per_window then
+    local oldest = redis.call('ZRANGE', window, 0, 0, 'WITHSCORES')
+    return math.max(1, tonumber(oldest[2]) + window_ms - now)
+  end
+  redis.call('ZADD', window, now, request_id)
+  redis.call('PEXPIRE', window, window_ms * 2)
   local hour = math.floor(now / 3600000)
-  redis.call('HINCRBY', KEYS[2], 'in:' .. hour, 1)
-  redis.call('HDEL', KEYS[2], 'in:' .. (hour - 2), 'res:' .. (hour - 2))
-  redis.call('PEXPIRE', KEYS[2], 3 * 3600000)
+  redis.call('HINCRBY', hourly, 'in:' .. hour, 1)
+  redis.call('HDEL', hourly, 'in:' .. (hour - 2), 'res:' .. (hour - 2))
+  redis.call('PEXPIRE', hourly, 3 * 3600000)
   return 0
 end
-local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return math.max(1, tonumber(oldest[2]) + tonumber(ARGV[1]) - now)
 """
+
+ADMIT_LUA = lua(
+    """
+-- Admit one submit message: keep or take its solve's thread slot (or park the job), and
+-- claim the right to call in.php for this attempt.
+-- KEYS[1] = slots (zset: lease id -> lease expiry, ms)
+-- KEYS[2] = parked (zset: lease id -> arrival order; refills banded after on-demand)
+-- KEYS[3] = waiting (hash: lease id -> "<deadline ms>|<job JSON>")
+-- KEYS[4] = parked sequence (counter)
+-- KEYS[5] = dispatch (zset: lease id -> when its owed message counts as lost, ms)
+-- KEYS[6] = the solve's record (hash: attempt, captcha_id, done)
+-- KEYS[7] = the solve's submit claim (string with a TTL)
+-- KEYS[8] = the batch's cancelled flag (looked at when ARGV[12] is '1')
+-- KEYS[9] = in.php window (zset), KEYS[10] = hourly request counts (hash)
+-- ARGV[1] = lease id (the solve id), ARGV[2] = lease ms, ARGV[3] = capacity of its class
+-- ARGV[4] = class: 0 on demand, 1 refill, ARGV[5] = the job (JSON), parked if no slot
+-- ARGV[6] = ms until the solve's deadline, ARGV[7] = refill band, ARGV[8] = attempt
+-- ARGV[9] = claim ms (0: take no claim), ARGV[10] = in.php window ms
+-- ARGV[11] = in.php requests per window (0: count no request)
+-- ARGV[12] = '1' when the solve belongs to a batch, ARGV[13] = in.php request id
+-- returns {status, ms}: 'go' (slot held, claim taken, request counted), 'wait' (slot
+--   held; the in.php budget frees in ms), 'parked', 'cancelled' (its slot is freed),
+--   'done' (this attempt was submitted or the solve is over), 'busy' (a copy holds the
+--   claim, for ms more: look again then, in case its holder died)
+""",
+    IN_RATE_FN,
+    """
+local id = ARGV[1]
+local record = redis.call('HMGET', KEYS[6], 'done', 'attempt')
+if record[1] then return {'done', 0} end
+if record[2] and tonumber(record[2]) >= tonumber(ARGV[8]) then return {'done', 0} end
+local claimed = redis.call('PTTL', KEYS[7])
+if claimed > 0 then return {'busy', claimed} end
+if redis.call('ZSCORE', KEYS[2], id) then return {'parked', 0} end
+redis.call('ZREM', KEYS[5], id)
+redis.call('HDEL', KEYS[3], id)
+if ARGV[12] == '1' and redis.call('EXISTS', KEYS[8]) == 1 then
+  redis.call('ZREM', KEYS[1], id)
+  return {'cancelled', 0}
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local lease_ms = tonumber(ARGV[2])
+if redis.call('ZSCORE', KEYS[1], id) then
+  redis.call('ZADD', KEYS[1], now + lease_ms, id)
+else
+  local used = redis.call('ZCARD', KEYS[1])
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  local refill = tonumber(ARGV[4]) == 1
+  local ahead = first[1] and (refill or tonumber(first[2]) < tonumber(ARGV[7]))
+  if ahead or used >= tonumber(ARGV[3]) then
+    local band = 0
+    if refill then band = tonumber(ARGV[7]) end
+    redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]) + band, id)
+    redis.call('HSET', KEYS[3], id, tostring(now + tonumber(ARGV[6])) .. '|' .. ARGV[5])
+    return {'parked', 0}
+  end
+  redis.call('ZADD', KEYS[1], now + lease_ms, id)
+end
+if tonumber(ARGV[11]) > 0 then
+  local wait = in_rate(KEYS[9], KEYS[10], tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[13])
+  if wait > 0 then return {'wait', wait} end
+end
+if tonumber(ARGV[9]) > 0 then redis.call('SET', KEYS[7], '1', 'PX', tonumber(ARGV[9])) end
+return {'go', 0}
+""",
 )
 
-RES_RATE_LUA = (
+RELEASE_LUA = lua(
+    """
+-- A solve is over: give its slot back (or forget it parked or owed a message), and hand
+-- free slots to the oldest parked submits.
+-- KEYS[1] = slots, KEYS[2] = parked, KEYS[3] = waiting, KEYS[4] = dispatch (as in ADMIT)
+-- ARGV[1] = lease id to release ('' to only hand out free slots)
+-- ARGV[2] = lease ms for the submits given a slot, ARGV[3] = capacity
+-- ARGV[4] = capacity for refills, ARGV[5] = most parked submits to hand out
+-- ARGV[6] = refill band, ARGV[7] = ms before an owed message counts as lost
+-- returns {given, expired}: flat lists of lease id, job; both are owed a submit message
+""",
+    HANDOUT_FN,
+    """
+local id = ARGV[1]
+if id ~= '' then
+  redis.call('ZREM', KEYS[1], id)
+  redis.call('ZREM', KEYS[2], id)
+  redis.call('HDEL', KEYS[3], id)
+  redis.call('ZREM', KEYS[4], id)
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return handout(KEYS[1], KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[2]), tonumber(ARGV[3]),
+               tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+""",
+)
+
+SWEEP_LUA = lua(
+    """
+-- Housekeeping, once per tick for the whole deployment: reclaim expired leases, hand
+-- free slots to parked submits, and hand out again the submits whose message was lost.
+-- KEYS[1] = slots, KEYS[2] = parked, KEYS[3] = waiting, KEYS[4] = dispatch (as in ADMIT)
+-- KEYS[5] = the sweep lock (string)
+-- ARGV[1] = lock ms (the tick), ARGV[2..7] = as ARGV[2..7] of RELEASE
+-- ARGV[8] = most lost messages to hand out again
+-- returns {0} when another process swept this tick, else {1, given, expired, lost}:
+--   flat lists of lease id, job
+""",
+    HANDOUT_FN,
+    """
+if not redis.call('SET', KEYS[5], '1', 'NX', 'PX', tonumber(ARGV[1])) then return {0} end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local out = handout(KEYS[1], KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[2]), tonumber(ARGV[3]),
+                    tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]))
+local lost = {}
+local ids = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[8]))
+for _, id in ipairs(ids) do
+  local raw = redis.call('HGET', KEYS[3], id)
+  if raw then
+    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[7]), id)
+    table.insert(lost, id)
+    table.insert(lost, string.sub(raw, string.find(raw, '|', 1, true) + 1))
+  else
+    redis.call('ZREM', KEYS[4], id)
+  end
+end
+return {1, out[1], out[2], lost}
+""",
+)
+
+RENEW_LUA = lua(
+    """
+-- Extend a solve's lease.  A released lease is never brought back: a late poll of a
+-- solve that already gave its slot back must not take a thread again.
+-- KEYS[1] = slots
+-- ARGV[1] = lease id, ARGV[2] = lease ms
+-- returns 1 if the lease was held and is extended, 0 if there was none
+""",
+    """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+return 1
+""",
+)
+
+IN_RATE_LUA = lua(
+    """
+-- Sliding-window budget for in.php requests, account wide.
+-- KEYS[1] = window (zset: request id -> time, ms), KEYS[2] = hourly counts (hash)
+-- ARGV[1] = window ms, ARGV[2] = requests allowed per window, ARGV[3] = request id
+-- returns 0 when the request may go now (it is counted), else ms to wait
+""",
+    IN_RATE_FN,
+    """
+return in_rate(KEYS[1], KEYS[2], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3])
+""",
+)
+
+RES_RATE_LUA = lua(
     """
 -- Budget for res.php requests: at most per_captcha * captchas + base per hour.
 -- KEYS[1] = hourly counts (hash, as in IN_RATE)
--- ARGV[1] = requests allowed per captcha submitted; ARGV[2] = base allowance
+-- ARGV[1] = requests allowed per captcha submitted, ARGV[2] = base allowance
 -- ARGV[3] = requests this call makes
 -- returns 0 when the requests may go now (they are counted), else ms to wait
-"""
-    + _NOW_MS
-    + """
+""",
+    """
 local hour = math.floor(now / 3600000)
 local sent = tonumber(redis.call('HGET', KEYS[1], 'res:' .. hour) or '0')
 local made = tonumber(redis.call('HGET', KEYS[1], 'in:' .. hour) or '0')
@@ -195,22 +267,39 @@ if sent + n <= tonumber(ARGV[1]) * made + tonumber(ARGV[2]) then
   return 0
 end
 return (hour + 1) * 3600000 - now
-"""
+""",
 )
 
 
 @dataclass(frozen=True)
 class Parked:
-    """A parked submit handed a slot (``dispatched``) or dropped at its deadline."""
+    """A submit handed out by the limiter: its lease id and job."""
 
     lease_id: str
-    payload: dict[str, Any]
+    job: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class Handout:
-    dispatched: list[Parked]
-    dropped: list[Parked]
+    """Submits owed a task message: ``given`` hold a slot now; ``expired`` passed their
+    deadline while parked (their submit fails them)."""
+
+    given: list[Parked]
+    expired: list[Parked]
+
+    def all(self) -> list[Parked]:
+        return [*self.given, *self.expired]
+
+
+AdmitStatus = Literal["go", "wait", "parked", "cancelled", "done", "busy"]
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What :meth:`ThreadLimiter.admit` decided; ``wait_s`` with ``"wait"``."""
+
+    status: AdmitStatus
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -223,6 +312,12 @@ class LimiterConfig:
     in_window_s: float = 3.0
     res_per_captcha: int = 20
     res_base: int = 1200
+    #: How long one copy of a submit may hold the right to call in.php (> HTTP timeouts).
+    claim_s: float = 60.0
+    #: Most parked submits handed out by one release.
+    max_handout: int = 100
+    #: Seconds a handed-out submit's message may take to start before it is sent again.
+    dispatch_grace_s: float = 5.0
 
     @property
     def refill_capacity(self) -> int:
@@ -230,67 +325,123 @@ class LimiterConfig:
 
 
 class ThreadLimiter:
-    """Slots, parking and request budgets of one account, for one Redis client."""
+    """Slots, parking, owed messages and request budgets of one account."""
 
     def __init__(self, r: redis.Redis, keys: Keys, config: LimiterConfig) -> None:
         self.r = r
         self.keys = keys
         self.config = config
-        self._acquire = script(r, ACQUIRE_LUA)
+        self._admit = script(r, ADMIT_LUA)
         self._release = script(r, RELEASE_LUA)
+        self._sweep = script(r, SWEEP_LUA)
         self._renew = script(r, RENEW_LUA)
         self._in_rate = script(r, IN_RATE_LUA)
         self._res_rate = script(r, RES_RATE_LUA)
 
-    def _slot_keys(self) -> list[str]:
+    def slot_keys(self) -> list[str]:
+        """slots, parked, waiting, dispatch: the keys of every handout."""
         k = self.keys
-        return [k.slots(), k.parked(), k.parked_payloads(), k.parked_seq()]
+        return [k.slots(), k.parked(), k.waiting(), k.dispatch()]
 
-    def acquire(
-        self, lease_id: str, *, payload: dict[str, Any], deadline_in_s: float, refill: bool = False
-    ) -> bool:
-        """Take a slot for ``lease_id`` (True), or park ``payload`` until one frees (False)."""
+    def handout_args(self) -> list[Arg]:
+        """lease ms, capacity, refill capacity, most handed out, band, grace ms."""
         cfg = self.config
-        cap = cfg.refill_capacity if refill else cfg.capacity
-        args: list[Arg] = [
-            lease_id,
-            _ms(cfg.lease_s),
-            cap,
-            REFILL if refill else ON_DEMAND,
-            json.dumps(payload, separators=(",", ":")),
-            _ms(max(0.0, deadline_in_s)),
-            _REFILL_BAND,
-        ]
-        status, _ = _guarded(lambda: self._acquire(keys=self._slot_keys(), args=args))
-        return int(status) != 0
-
-    def release(self, lease_id: str | None, max_handout: int = 100) -> Handout:
-        """Free ``lease_id``'s slot (None: only hand out free slots) and hand slots to
-        the oldest parked submits; the caller publishes ``dispatched`` payloads."""
-        cfg = self.config
-        args: list[Arg] = [
-            lease_id or "",
-            _ms(cfg.lease_s),
+        return [
+            ms(cfg.lease_s),
             cfg.capacity,
             cfg.refill_capacity,
-            max_handout,
-            _REFILL_BAND,
+            cfg.max_handout,
+            REFILL_BAND,
+            ms(cfg.dispatch_grace_s),
         ]
-        dispatched, dropped = _guarded(lambda: self._release(keys=self._slot_keys()[:3], args=args))
-        return Handout(_pairs(dispatched), _pairs(dropped))
+
+    def admit(
+        self,
+        job: Mapping[str, Any],
+        *,
+        deadline_in_s: float,
+        refill: bool = False,
+        batch_id: str | None = None,
+        submitting: bool = True,
+    ) -> Admission:
+        """Admit a submit of ``job`` (see ``ADMIT_LUA``); parks the job if no slot is free.
+
+        With ``submitting`` False only the slot is taken (no in.php budget, no claim)."""
+        cfg, k = self.config, self.keys
+        solve_id = str(job["solve_id"])
+        keys = [
+            *self.slot_keys()[:3],
+            k.parked_seq(),
+            k.dispatch(),
+            k.submission(solve_id),
+            k.submit_claim(solve_id),
+            k.batch_cancelled(batch_id or "-"),
+            k.rate("in"),
+            k.rate("hourly"),
+        ]
+        args: list[Arg] = [
+            solve_id,
+            ms(cfg.lease_s),
+            cfg.refill_capacity if refill else cfg.capacity,
+            REFILL if refill else ON_DEMAND,
+            _dumps(job),
+            ms(max(0.0, deadline_in_s)),
+            REFILL_BAND,
+            int(job.get("attempt", 0)),
+            ms(cfg.claim_s) if submitting else 0,
+            ms(cfg.in_window_s),
+            cfg.in_per_window if submitting else 0,
+            "1" if batch_id else "0",
+            uuid.uuid4().hex,
+        ]
+        status, wait = _guarded(lambda: self._admit(keys=keys, args=args))
+        return Admission(text(status), int(wait) / 1000)  # type: ignore[arg-type]
+
+    def acquire(
+        self, lease_id: str, *, job: Mapping[str, Any], deadline_in_s: float, refill: bool = False
+    ) -> bool:
+        """Take a slot for ``lease_id`` (True), or park ``job`` until one frees (False)."""
+        admitted = self.admit(
+            {**job, "solve_id": lease_id},
+            deadline_in_s=deadline_in_s,
+            refill=refill,
+            submitting=False,
+        )
+        return admitted.status == "go"
+
+    def unclaim(self, solve_id: str) -> None:
+        """Give up the submit claim (the in.php call failed and will be retried)."""
+        _guarded(lambda: self.r.delete(self.keys.submit_claim(solve_id)))
+
+    def release(self, lease_id: str | None) -> Handout:
+        """Free ``lease_id``'s slot (None: only hand out free slots) and hand slots to the
+        oldest parked submits; the caller publishes a submit for each handed-out job."""
+        args: list[Arg] = [lease_id or "", *self.handout_args()]
+        given, expired = _guarded(lambda: self._release(keys=self.slot_keys(), args=args))
+        return Handout(handed(given), handed(expired))
+
+    def sweep(self, tick_s: float, most: int = 500) -> tuple[Handout, list[Parked]] | None:
+        """Reclaim expired leases, hand out parked submits, and hand out again submits
+        whose message was lost; None when another process swept within ``tick_s``."""
+        keys = [*self.slot_keys(), self.keys.housekeeping_lock()]
+        args: list[Arg] = [max(1, ms(tick_s)), *self.handout_args(), most]
+        reply = _guarded(lambda: self._sweep(keys=keys, args=args))
+        if int(reply[0]) == 0:
+            return None
+        return Handout(handed(reply[1]), handed(reply[2])), handed(reply[3])
 
     def renew(self, lease_id: str) -> bool:
-        """Extend a captcha's lease; False if it holds none (released or long expired)."""
-        args: list[Arg] = [lease_id, _ms(self.config.lease_s)]
+        """Extend a solve's lease; False if it holds none (released or long expired)."""
+        args: list[Arg] = [lease_id, ms(self.config.lease_s)]
         return bool(_guarded(lambda: self._renew(keys=[self.keys.slots()], args=args)))
 
     def in_use(self) -> int:
         """Slots held right now (expired leases not counted)."""
-        return int(_guarded(lambda: self._count_live()))
+        return int(_guarded(self._count_live))
 
     def _count_live(self) -> int:
-        t = self.r.time()
-        now_ms = int(t[0]) * 1000 + int(t[1]) // 1000
+        seconds, micros = self.r.time()
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
         return int(self.r.zcount(self.keys.slots(), now_ms + 1, "+inf"))
 
     def free_for_refills(self) -> int:
@@ -299,11 +450,15 @@ class ThreadLimiter:
     def parked_count(self) -> int:
         return int(_guarded(lambda: self.r.zcard(self.keys.parked())))
 
+    def owed_count(self) -> int:
+        """Submits handed out whose message has not started yet."""
+        return int(_guarded(lambda: self.r.zcard(self.keys.dispatch())))
+
     def submit_wait(self) -> float:
         """0 when an ``in.php`` request may go now (it is counted); else seconds to wait."""
         cfg = self.config
         keys = [self.keys.rate("in"), self.keys.rate("hourly")]
-        args: list[Arg] = [_ms(cfg.in_window_s), cfg.in_per_window, uuid.uuid4().hex]
+        args: list[Arg] = [ms(cfg.in_window_s), cfg.in_per_window, uuid.uuid4().hex]
         return int(_guarded(lambda: self._in_rate(keys=keys, args=args))) / 1000
 
     def poll_wait(self, requests: int = 1) -> float:
@@ -314,11 +469,12 @@ class ThreadLimiter:
         return int(_guarded(lambda: self._res_rate(keys=keys, args=args))) / 1000
 
 
-def _ms(seconds: float) -> int:
-    return int(seconds * 1000)
+def _dumps(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"))
 
 
-def _pairs(flat: list[Any]) -> list[Parked]:
+def handed(flat: list[Any]) -> list[Parked]:
+    """A script's flat ``id, job, id, job, ...`` list as values."""
     items = [text(x) for x in flat]
     return [Parked(items[i], json.loads(items[i + 1])) for i in range(0, len(items), 2)]
 

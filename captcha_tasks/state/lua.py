@@ -1,5 +1,11 @@
 """Shared plumbing of the Redis-state modules: Lua scripts registered once per client,
-and Redis outages turned into :class:`~captcha_tasks.errors.StoreUnavailable`."""
+the Lua prologue every script starts with, and Redis outages turned into
+:class:`~captcha_tasks.errors.StoreUnavailable`.
+
+Every script says what its ``KEYS`` and ``ARGV`` are and what it returns in a header, and
+is built with :func:`lua`, which puts :data:`NOW_MS` first: ``now`` is always the Redis
+server's clock in ms, never a host's.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +21,7 @@ from ..errors import StoreUnavailable
 
 T = TypeVar("T")
 
-#: Lua prologue: ``now`` in ms on the Redis server's clock (never the hosts' clocks).
+#: Lua prologue: ``now`` in ms on the Redis server's clock.
 NOW_MS = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -23,6 +29,12 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 _SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
+
+
+def lua(header: str, *body: str) -> str:
+    """A script's source: its header (the KEYS / ARGV / returns comment), ``now``, then
+    the shared functions and the body it is made of."""
+    return header.strip("\n") + "\n" + NOW_MS + "".join(body)
 
 
 def script(r: redis.Redis, source: str) -> Script:
@@ -45,4 +57,9 @@ def guard(call: Callable[[], T], what: str = "") -> T:
 
 
 def text(value: Any) -> str:
+    """A reply value as ``str`` (clients without ``decode_responses`` return bytes)."""
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def ms(seconds: float) -> int:
+    return int(seconds * 1000)

@@ -41,6 +41,8 @@ DEFAULT_RATE_WINDOW_S = 60.0
 MIN_RATE_WINDOW_S = 1.0
 #: Safety margin of the refill target used by :meth:`PoolStore.status` by default.
 DEFAULT_MARGIN_S = 5.0
+#: Parsed pool definitions kept per store.
+PARSED_CACHE = 256
 
 #: Request parameters that must be equal for a pooled token to fit a request.
 _MATCH_PARAMS = ("action", "version", "min_score", "enterprise", "invisible", "data", "pagedata")
@@ -480,6 +482,7 @@ class PoolStore:
         self._sweep = script(r, SWEEP_LUA)
         self._snapshot = script(r, SNAPSHOT_LUA)
         self._reset_stats = script(r, RESET_STATS_LUA)
+        self._parsed: dict[str, PoolSpec] = {}
 
     # -- definitions -------------------------------------------------------------------
 
@@ -530,7 +533,16 @@ class PoolStore:
     def all(self) -> list[PoolSpec]:
         """Every declared pool, by name."""
         raw = cast("dict[str, str]", _guard(lambda: self.r.hgetall(self.keys.pool_registry())))
-        return [_load(raw[name]) for name in sorted(raw)]
+        return [self._parse(raw[name]) for name in sorted(raw)]
+
+    def _parse(self, raw: str) -> PoolSpec:
+        # Validating a definition builds a solve request: parse each stored one once.
+        spec = self._parsed.get(raw)
+        if spec is None:
+            if len(self._parsed) >= PARSED_CACHE:
+                self._parsed.clear()
+            spec = self._parsed[raw] = _load(raw)
+        return spec
 
     def find(self, request: SolveRequest) -> PoolSpec | None:
         """The first pool (by name) whose tokens answer ``request``, if any."""

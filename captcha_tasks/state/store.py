@@ -1,12 +1,13 @@
-"""Per-process handles on the shared parts: the Redis client, the key names, the API client.
+"""Per-process handles on the shared parts: the Redis client, the key names, the API
+client and the state objects built on them.
 
-Each is created lazily, once per process (worker child processes reset them after fork).
+Each is created lazily, once per process; :func:`reset` drops them (a forked worker child
+must not share its parent's sockets, and tests change settings).
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import redis
 
@@ -14,12 +15,17 @@ from ..client import CaptchaAIClient, Timeout
 from ..errors import ConfigurationError
 from ..keys import Keys
 from ..settings import Settings, get_settings
+from .batches import BatchStreams
+from .board import Board, BoardConfig
 from .limiter import LimiterConfig, ThreadLimiter
-from .polling import AnswerBoard, Poller
+from .pools import PoolStore
+from .proxies import ProxyPool
+from .secrets import RequestSecrets
+from .timing import SolveTimes, TimingConfig
 
-if TYPE_CHECKING:
-    from .pools import PoolStore
-    from .proxies import ProxyPool
+#: Seconds past the solve timeout a finished solve's record is kept (duplicate messages
+#: arrive at most a visibility timeout or two later).
+RECORD_MARGIN_S = 600
 
 
 @lru_cache(maxsize=1)
@@ -66,46 +72,68 @@ def limiter() -> ThreadLimiter:
         reserve=settings.refill_reserve,
         lease_s=settings.slot_lease,
         in_per_window=settings.submit_rate,
+        claim_s=settings.connect_timeout + settings.read_timeout + 10,
     )
     return ThreadLimiter(redis_client(), keys(), config)
 
 
 @lru_cache(maxsize=1)
-def pools() -> PoolStore:
-    from .pools import PoolStore
+def board() -> Board:
+    """The captchas at the provider, their polls and every solve's completion."""
+    settings = get_settings()
+    config = BoardConfig(
+        round_gap_s=settings.bulk_window_s,
+        round_hold_s=settings.connect_timeout + settings.read_timeout + 5,
+        record_ttl_s=int(settings.solve_timeout + 2 * settings.visibility_timeout)
+        + RECORD_MARGIN_S,
+    )
+    return Board(redis_client(), keys(), limiter(), config)
 
+
+@lru_cache(maxsize=1)
+def solve_times() -> SolveTimes:
+    settings = get_settings()
+    config = TimingConfig(
+        poll_interval=settings.poll_interval,
+        min_samples=settings.adaptive_min_samples,
+        percentile=settings.adaptive_percentile,
+        initial_wait=settings.initial_wait,
+    )
+    return SolveTimes(redis_client(), keys(), config)
+
+
+@lru_cache(maxsize=1)
+def pools() -> PoolStore:
     return PoolStore(redis_client(), keys())
 
 
 @lru_cache(maxsize=1)
 def proxies() -> ProxyPool:
-    from .proxies import ProxyPool
-
     return ProxyPool(redis_client(), keys(), quarantine_s=get_settings().proxy_cooloff)
 
 
 @lru_cache(maxsize=1)
-def answer_board() -> AnswerBoard:
-    return AnswerBoard(redis_client(), keys(), get_settings().bulk_window_s)
+def batches() -> BatchStreams:
+    return BatchStreams(redis_client(), keys())
 
 
 @lru_cache(maxsize=1)
-def poller() -> Poller:
-    from ..worker.tasks import finished_elsewhere, pass_baton
-
-    settings = get_settings()
-    return Poller(
-        answer_board(),
-        api_client(),
-        limiter(),
-        finished_elsewhere,
-        pass_baton,
-        poll_interval=settings.poll_interval,
-        bulk=settings.bulk_poll == "auto",
-    )
+def secrets() -> RequestSecrets:
+    return RequestSecrets(redis_client(), keys())
 
 
 def reset() -> None:
     """Drop every cached handle (after fork, or when settings change)."""
-    for cached in (redis_client, keys, api_client, limiter, pools, proxies, answer_board, poller):
+    for cached in (
+        redis_client,
+        keys,
+        api_client,
+        limiter,
+        board,
+        solve_times,
+        pools,
+        proxies,
+        batches,
+        secrets,
+    ):
         cached.cache_clear()

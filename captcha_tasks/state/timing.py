@@ -1,42 +1,52 @@
-"""Adaptive first poll: when to ask for a captcha's answer the first time.
+"""Observed solve times, and when to poll a captcha first.
 
-Workers record each captcha's observed solve time (submit to answer seen) per method in
-Redis.  Once enough samples exist, the first poll is aimed at a high percentile of them
-minus half a poll interval.  The observed times are upper bounds (an answer is seen only
-when polled), so this lowers the aim while nearly every captcha is caught by the first
-poll and raises it when too many need a second one: it settles where roughly
-``100 - percentile`` % of captchas need one more poll.
+Every finished captcha's solve time (submit to answer seen) is kept per method in Redis
+(the completion script records it).  Once enough samples exist:
+
+* the *first wait* (a captcha polled on its own) aims at a high percentile of them minus
+  half a poll interval.  The observed times are upper bounds (an answer is seen only when
+  polled), so this settles where roughly ``100 - percentile`` % of captchas need a second
+  poll;
+* the *earliest* time worth asking about a captcha in a bulk poll is their 5th percentile;
+* the *typical* time is their median.
+
+Cold, all three are the method's default wait (or ``CAPTCHAAI_INITIAL_WAIT``).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import redis
 
 from ..keys import Keys
-from ..settings import Settings
+from .lua import guard, text
 
-SAMPLE_WINDOW = 200
 MIN_WAIT = 0.2
+#: Seconds a process reuses the figures it read.
+FRESH_FOR_S = 1.0
 
 
-def record_solve_time(r: redis.Redis, keys: Keys, method: str, seconds: float) -> None:
-    key = keys.solve_times(method)
-    pipe = r.pipeline(transaction=False)
-    pipe.lpush(key, f"{seconds:.3f}")
-    pipe.ltrim(key, 0, SAMPLE_WINDOW - 1)
-    pipe.execute()
+@dataclass(frozen=True)
+class Timing:
+    """When to poll captchas of one method, in seconds after their submit.  ``warm``:
+    figured from observed solve times (else all three are the cold default)."""
+
+    first_wait: float
+    earliest: float
+    typical: float
+    warm: bool = False
 
 
-def first_wait(
-    r: redis.Redis, keys: Keys, settings: Settings, method: str, default: float
-) -> float:
-    """Seconds from submit to the first poll for ``method``."""
-    cold = settings.initial_wait if settings.initial_wait is not None else default
-    samples = sorted(float(x) for x in r.lrange(keys.solve_times(method), 0, -1))
-    if len(samples) < settings.adaptive_min_samples:
-        return cold
-    aim = percentile(samples, settings.adaptive_percentile) - settings.poll_interval / 2
-    return max(MIN_WAIT, aim)
+@dataclass(frozen=True)
+class TimingConfig:
+    poll_interval: float
+    min_samples: int
+    percentile: float
+    #: Overrides every method's default cold wait (``CAPTCHAAI_INITIAL_WAIT``).
+    initial_wait: float | None = None
 
 
 def percentile(sorted_values: list[float], pct: float) -> float:
@@ -49,22 +59,43 @@ def percentile(sorted_values: list[float], pct: float) -> float:
     return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
 
 
-def typical_solve_time(
-    r: redis.Redis, keys: Keys, settings: Settings, method: str, default: float
-) -> float:
-    """The median observed solve time of ``method`` (cold: its first wait)."""
-    samples = sorted(float(x) for x in r.lrange(keys.solve_times(method), 0, -1))
-    if len(samples) < settings.adaptive_min_samples:
-        return first_wait(r, keys, settings, method, default)
-    return percentile(samples, 50)
+def figures(samples: list[float], default: float, config: TimingConfig) -> Timing:
+    """The timing of a method from its samples (any order) and its default wait."""
+    cold = config.initial_wait if config.initial_wait is not None else default
+    if len(samples) < config.min_samples:
+        return Timing(cold, cold, cold)
+    ordered = sorted(samples)
+    aim = percentile(ordered, config.percentile) - config.poll_interval / 2
+    return Timing(max(MIN_WAIT, aim), percentile(ordered, 5), percentile(ordered, 50), warm=True)
 
 
-def earliest_ready(
-    r: redis.Redis, keys: Keys, settings: Settings, method: str, default: float
-) -> float:
-    """Seconds after submit before which a captcha of ``method`` is rarely solved (the 5th
-    percentile of observed times; cold: the first wait).  Bulk polls skip younger ones."""
-    samples = sorted(float(x) for x in r.lrange(keys.solve_times(method), 0, -1))
-    if len(samples) < settings.adaptive_min_samples:
-        return first_wait(r, keys, settings, method, default)
-    return percentile(samples, 5)
+class SolveTimes:
+    """Reads the samples of a method at most once per :data:`FRESH_FOR_S` per instance."""
+
+    def __init__(
+        self,
+        r: redis.Redis,
+        keys: Keys,
+        config: TimingConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.r = r
+        self.keys = keys
+        self.config = config
+        self._clock = clock
+        self._cache: dict[tuple[str, float], tuple[float, Timing]] = {}
+
+    def timing(self, method: str, default: float) -> Timing:
+        """The method's timing, ``default`` being its cold wait."""
+        now = self._clock()
+        cached = self._cache.get((method, default))
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        value = figures(self.samples(method), default, self.config)
+        self._cache[(method, default)] = (now + FRESH_FOR_S, value)
+        return value
+
+    def samples(self, method: str) -> list[float]:
+        """The recent solve times of ``method``, newest first."""
+        raw = guard(lambda: self.r.lrange(self.keys.solve_times(method), 0, -1))
+        return [float(text(x)) for x in raw]

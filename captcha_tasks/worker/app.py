@@ -1,4 +1,10 @@
-"""The package's own Celery app, configured from ``celeryconfig``."""
+"""The package's own Celery app.
+
+It is configured from :mod:`captcha_tasks.worker.config` by that module's full name (a
+host project's own ``celeryconfig`` cannot shadow it) and is never the "current" app: a
+Django or Flask project's own Celery app stays theirs, and their shared tasks never pick
+up our configuration (see ``examples/``).
+"""
 
 from __future__ import annotations
 
@@ -13,14 +19,17 @@ from celery.signals import (
     worker_process_init,
 )
 
+from .. import redact
 from .. import settings as _settings
 from ..state import store
 from . import flower_auth
+from .housekeeping import Housekeeping, register_configured_pools
 
-# Not the "current" app: a Django or Flask project's own Celery app stays theirs, and
-# their shared tasks never pick up our configuration (see examples/).
+CONFIG_MODULE = "captcha_tasks.worker.config"
+
 app = Celery("captcha_tasks", set_as_current=False)
-app.config_from_object("celeryconfig")
+app.config_from_object(CONFIG_MODULE)
+app.steps["worker"].add(Housekeeping)
 flower_auth.install(app)
 
 
@@ -40,18 +49,13 @@ def _fresh_handles(sender: Any = None, **_: Any) -> None:
 def _register_pools(sender: Any = None, **_: Any) -> None:
     # Pools declared in CAPTCHAAI_POOLS become visible to every process through Redis;
     # a framework's own worker in the same process tree has nothing to register.
-    if not _ours(sender):
-        return
-    from .tasks import register_configured_pools
-
-    register_configured_pools()
+    if _ours(sender):
+        register_configured_pools()
 
 
 @after_setup_logger.connect
 @after_setup_task_logger.connect
 def _redact_logs(logger: Any = None, **_: Any) -> None:
     # No API key, proxy password, cookie value or whole token in any log line.
-    from .. import redact
-
     redact.install(logger)
     redact.install()

@@ -93,8 +93,8 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
     capacity = limiter.config.capacity
     held = [f"metrics-lease-{i}" for i in range(capacity)]
     for lease in held:
-        assert limiter.acquire(lease, payload={}, deadline_in_s=30)
-    assert not limiter.acquire("metrics-parked", payload={}, deadline_in_s=30)
+        assert limiter.acquire(lease, job={}, deadline_in_s=30)
+    assert not limiter.acquire("metrics-parked", job={}, deadline_in_s=30)
     try:
         samples = _scrape(metrics_url)
     finally:

@@ -27,7 +27,11 @@ def server_ms(conn: Any) -> int:
 
 
 def payload(n: int) -> dict[str, Any]:
-    return {"sig": {"n": n}, "result_id": f"r{n}"}
+    return {"request": {"n": n}, "attempt": 0}
+
+
+def job_of(lease_id: str, n: int) -> dict[str, Any]:
+    return {**payload(n), "solve_id": lease_id}
 
 
 def test_capacity_never_exceeded_under_contention(redis_conn: Any, keys: Keys) -> None:
@@ -36,7 +40,7 @@ def test_capacity_never_exceeded_under_contention(redis_conn: Any, keys: Keys) -
     lock = threading.Lock()
 
     def grab(i: int) -> None:
-        if lim.acquire(f"c{i}", payload=payload(i), deadline_in_s=60):
+        if lim.acquire(f"c{i}", job=payload(i), deadline_in_s=60):
             with lock:
                 granted.append(f"c{i}")
 
@@ -52,64 +56,64 @@ def test_capacity_never_exceeded_under_contention(redis_conn: Any, keys: Keys) -
 
 def test_release_hands_slot_to_oldest_parked_in_arrival_order(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    assert lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    assert lim.acquire("a", job=payload(0), deadline_in_s=60)
     for i in (1, 2, 3):
-        assert not lim.acquire(f"p{i}", payload=payload(i), deadline_in_s=60)
+        assert not lim.acquire(f"p{i}", job=payload(i), deadline_in_s=60)
     order = []
     holder = "a"
     for _ in range(3):
         handout = lim.release(holder)
-        assert len(handout.dispatched) == 1
-        holder = handout.dispatched[0].lease_id
+        assert len(handout.given) == 1
+        holder = handout.given[0].lease_id
         order.append(holder)
         assert lim.in_use() == 1
     assert order == ["p1", "p2", "p3"]
-    assert handout.dispatched[0].payload == payload(3)
+    assert handout.given[0].job == job_of("p3", 3)
 
 
 def test_newcomer_does_not_jump_the_queue(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    lim.acquire("a", payload=payload(0), deadline_in_s=60)
-    lim.acquire("p1", payload=payload(1), deadline_in_s=60)
+    lim.acquire("a", job=payload(0), deadline_in_s=60)
+    lim.acquire("p1", job=payload(1), deadline_in_s=60)
     # a slot frees by lease loss, not release: the parked one still goes first
     redis_conn.zrem(keys.slots(), "a")
-    assert not lim.acquire("late", payload=payload(2), deadline_in_s=60)
+    assert not lim.acquire("late", job=payload(2), deadline_in_s=60)
     handout = lim.release(None)
-    assert [p.lease_id for p in handout.dispatched] == ["p1"]
+    assert [p.lease_id for p in handout.given] == ["p1"]
 
 
 def test_redelivered_acquire_keeps_its_slot(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    assert lim.acquire("a", payload=payload(0), deadline_in_s=60)
-    assert lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    assert lim.acquire("a", job=payload(0), deadline_in_s=60)
+    assert lim.acquire("a", job=payload(0), deadline_in_s=60)
     assert lim.in_use() == 1
 
 
 def test_refills_leave_the_reserve_to_on_demand(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=3, reserve=1)
-    assert lim.acquire("r1", payload=payload(1), deadline_in_s=60, refill=True)
-    assert lim.acquire("r2", payload=payload(2), deadline_in_s=60, refill=True)
-    assert not lim.acquire("r3", payload=payload(3), deadline_in_s=60, refill=True)
+    assert lim.acquire("r1", job=payload(1), deadline_in_s=60, refill=True)
+    assert lim.acquire("r2", job=payload(2), deadline_in_s=60, refill=True)
+    assert not lim.acquire("r3", job=payload(3), deadline_in_s=60, refill=True)
     assert lim.free_for_refills() == 0
     # the reserved slot still serves an on-demand solve, ahead of the parked refill
-    assert lim.acquire("d1", payload=payload(4), deadline_in_s=60)
-    assert not lim.acquire("d2", payload=payload(5), deadline_in_s=60)
+    assert lim.acquire("d1", job=payload(4), deadline_in_s=60)
+    assert not lim.acquire("d2", job=payload(5), deadline_in_s=60)
     handout = lim.release("r1")
-    assert [p.lease_id for p in handout.dispatched] == ["d2"]
+    assert [p.lease_id for p in handout.given] == ["d2"]
 
 
 def test_lease_nobody_renews_expires(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.3)
-    assert lim.acquire("dead-worker", payload=payload(0), deadline_in_s=60)
-    assert not lim.acquire("waiting", payload=payload(1), deadline_in_s=60)
+    assert lim.acquire("dead-worker", job=payload(0), deadline_in_s=60)
+    assert not lim.acquire("waiting", job=payload(1), deadline_in_s=60)
     wait_until(lambda: lim.in_use() == 0, 3, what="the lease to expire")
     handout = lim.release(None)
-    assert [p.lease_id for p in handout.dispatched] == ["waiting"]
+    assert [p.lease_id for p in handout.given] == ["waiting"]
 
 
 def test_renew_keeps_a_lease_alive(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.4)
-    lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    lim.acquire("a", job=payload(0), deadline_in_s=60)
     score_before = redis_conn.zscore(keys.slots(), "a")
     assert lim.renew("a") is True
     assert redis_conn.zscore(keys.slots(), "a") >= score_before
@@ -117,22 +121,25 @@ def test_renew_keeps_a_lease_alive(redis_conn: Any, keys: Keys) -> None:
 
 def test_renew_never_brings_back_a_released_lease(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    lim.acquire("a", payload=payload(0), deadline_in_s=60)
+    lim.acquire("a", job=payload(0), deadline_in_s=60)
     lim.release("a")
     assert lim.renew("a") is False
     assert lim.in_use() == 0
 
 
-def test_parked_past_deadline_is_dropped(redis_conn: Any, keys: Keys) -> None:
+def test_parked_past_deadline_is_handed_on_without_a_slot(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    lim.acquire("a", payload=payload(0), deadline_in_s=60)
-    lim.acquire("late", payload=payload(1), deadline_in_s=0.05)
-    lim.acquire("fine", payload=payload(2), deadline_in_s=60)
+    lim.acquire("a", job=payload(0), deadline_in_s=60)
+    lim.acquire("late", job=payload(1), deadline_in_s=0.05)
+    lim.acquire("fine", job=payload(2), deadline_in_s=60)
     start = server_ms(redis_conn)
     wait_until(lambda: server_ms(redis_conn) > start + 60, 2, what="the server clock")
     handout = lim.release("a")
-    assert [p.lease_id for p in handout.dropped] == ["late"]
-    assert [p.lease_id for p in handout.dispatched] == ["fine"]
+    assert [p.lease_id for p in handout.expired] == ["late"]
+    assert [p.lease_id for p in handout.given] == ["fine"]
+    assert redis_conn.zrange(keys.slots(), 0, -1) == ["fine"]
+    # both are owed a submit message (the expired one's submit fails it)
+    assert sorted(redis_conn.zrange(keys.dispatch(), 0, -1)) == ["fine", "late"]
 
 
 def test_submit_rate_window(redis_conn: Any, keys: Keys) -> None:
@@ -155,6 +162,108 @@ def test_redis_down_fails_closed_with_clear_error(keys: Keys) -> None:
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
     lim = ThreadLimiter(dead, keys, LimiterConfig(capacity=1, reserve=0, lease_s=10))
     with pytest.raises(StoreUnavailable, match="Redis is down"):
-        lim.acquire("a", payload=payload(0), deadline_in_s=10)
+        lim.acquire("a", job=payload(0), deadline_in_s=10)
     with pytest.raises(StoreUnavailable, match="Redis is down"):
         lim.submit_wait()
+
+
+# -- admission of a submit message -----------------------------------------------------
+
+
+def admit(lim: ThreadLimiter, job: dict[str, Any], **kwargs: Any) -> str:
+    return lim.admit(job, deadline_in_s=60, **kwargs).status
+
+
+def test_admission_claims_the_submit_once(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=2, reserve=0)
+    job = job_of("s1", 1)
+    assert admit(lim, job) == "go"
+    assert redis_conn.exists(keys.submit_claim("s1"))
+    assert admit(lim, job) == "busy"  # a copy of the message while the first submits
+    lim.unclaim("s1")  # the in.php call failed and will be retried
+    assert admit(lim, job) == "go"
+    # once this attempt's captcha is recorded, copies of its message are duplicates
+    redis_conn.hset(keys.submission("s1"), mapping={"attempt": 0, "captcha_id": "7"})
+    lim.unclaim("s1")
+    assert admit(lim, job) == "done"
+    assert admit(lim, {**job, "attempt": 1}) == "go"  # the next attempt goes
+    assert lim.in_use() == 1
+
+
+def test_a_finished_solve_is_never_admitted_again(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=2, reserve=0)
+    redis_conn.hset(keys.submission("s1"), "done", "1")
+    assert admit(lim, job_of("s1", 1)) == "done"
+    assert lim.in_use() == 0
+
+
+def test_admission_waits_for_the_in_php_budget_holding_the_slot(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, capacity=3, reserve=0, in_per_window=1, in_window_s=3.0)
+    assert admit(lim, job_of("s1", 1)) == "go"
+    waited = lim.admit(job_of("s2", 2), deadline_in_s=60)
+    assert waited.status == "wait" and 0 < waited.wait_s <= 3.0
+    assert lim.in_use() == 2
+    assert not redis_conn.exists(keys.submit_claim("s2"))
+
+
+def test_a_cancelled_batch_gives_its_slot_back(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    job = job_of("s1", 1)
+    assert admit(lim, job, batch_id="b1") == "go"
+    lim.unclaim("s1")
+    redis_conn.set(keys.batch_cancelled("b1"), "1")
+    assert admit(lim, job, batch_id="b1") == "cancelled"
+    assert lim.in_use() == 0
+
+
+def test_a_parked_submit_is_parked_once(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    assert admit(lim, job_of("s1", 1)) == "go"
+    assert admit(lim, job_of("s2", 2)) == "parked"
+    assert admit(lim, job_of("s2", 2)) == "parked"  # a redelivered copy
+    assert lim.parked_count() == 1
+
+
+def sweep_now(lim: ThreadLimiter, redis_conn: Any) -> Any:
+    """One sweep, whoever swept last (the lock only spaces sweeps of many workers)."""
+    redis_conn.delete(lim.keys.housekeeping_lock())
+    swept = lim.sweep(tick_s=5)
+    assert swept is not None
+    return swept
+
+
+def test_a_handed_out_submit_whose_message_is_lost_is_handed_out_again(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, dispatch_grace_s=0.2)
+    assert lim.acquire("a", job=payload(0), deadline_in_s=60)
+    assert not lim.acquire("p1", job=payload(1), deadline_in_s=60)
+    handout = lim.release("a")  # ... and the worker dies before it publishes p1's submit
+    assert [p.lease_id for p in handout.given] == ["p1"]
+    assert sweep_now(lim, redis_conn)[1] == []  # not overdue yet
+    start = server_ms(redis_conn)
+    wait_until(lambda: server_ms(redis_conn) > start + 250, 2, what="the grace period")
+    lost = sweep_now(lim, redis_conn)[1]
+    assert [p.lease_id for p in lost] == ["p1"]
+    assert lost[0].job == job_of("p1", 1)
+    assert sweep_now(lim, redis_conn)[1] == []  # handed out again once per grace period
+    # once its message starts, it is not owed any more
+    assert admit(lim, job_of("p1", 1)) == "go"
+    assert redis_conn.zcard(keys.dispatch()) == 0
+
+
+def test_the_sweep_reclaims_leases_and_hands_out_without_beat(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.2)
+    assert lim.acquire("dead-worker", job=payload(0), deadline_in_s=60)
+    assert not lim.acquire("waiting", job=payload(1), deadline_in_s=60)
+    wait_until(lambda: lim.in_use() == 0, 3, what="the lease to expire")
+    handout, _ = sweep_now(lim, redis_conn)
+    assert [p.lease_id for p in handout.given] == ["waiting"]
+
+
+def test_one_sweep_per_tick(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys)
+    assert lim.sweep(tick_s=5) is not None
+    assert lim.sweep(tick_s=5) is None

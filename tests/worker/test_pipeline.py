@@ -14,7 +14,8 @@ from captcha_tasks import errors, solve, store
 from captcha_tasks.methods import build_request
 from captcha_tasks.outcome import parse_iso
 from captcha_tasks.settings import get_settings
-from captcha_tasks.worker.tasks import new_job, poll, submit, token_life
+from captcha_tasks.worker.adapter import policy
+from captcha_tasks.worker.tasks import solve as solve_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
 
@@ -65,7 +66,8 @@ def test_token_methods_happy_path(sandbox: Any, method: str, kwargs: dict[str, A
     assert result["source"] == "api"
     assert result["captcha_id"]
     solved_at, expires_at = parse_iso(result["solved_at"]), parse_iso(result["expires_at"])
-    assert expires_at - solved_at <= token_life(build_request(method, **kwargs)) + 0.01
+    life = policy(get_settings()).token_life(build_request(method, **kwargs))
+    assert expires_at - solved_at <= life + 0.01
     assert expires_at > time.time()
     verdict = sandbox.verify(result["token"])
     assert verdict["success"] is True, verdict
@@ -171,16 +173,15 @@ def test_validation_error_before_anything_is_queued(redis_conn: Any) -> None:
     assert redis_conn.dbsize() == keys_before
 
 
-def test_redelivered_submit_is_not_resubmitted(sandbox: Any) -> None:
-    job = new_job("redelivery-test-solve-id", build_request("turnstile", "k", PAGE))
-    # The same message delivered twice (as after a worker died before acking).
-    first = submit.apply_async((job,)).get(timeout=GET_TIMEOUT)
-    second = submit.apply_async((job,)).get(timeout=GET_TIMEOUT)
-    assert first["captcha_id"] == second["captcha_id"]
+def test_redelivered_solve_is_not_submitted_again(sandbox: Any) -> None:
+    # The same message delivered twice (as after a worker died before acking it): same
+    # task id, same arguments.
+    kwargs = {"method": "turnstile", "sitekey": "k", "pageurl": PAGE}
+    first = solve.apply_async(kwargs=kwargs)
+    second = solve_task.apply_async(kwargs=kwargs, task_id=first.id)
+    result = first.get(timeout=GET_TIMEOUT)
+    assert second.get(timeout=GET_TIMEOUT) == result
     assert sandbox.stats()["submits"] == 1
-    # and the reused captcha is polled to a real answer
-    result = poll.apply_async((second,)).get(timeout=GET_TIMEOUT)
-    assert result["captcha_id"] == first["captcha_id"]
     assert sandbox.verify(result["token"])["success"] is True
 
 

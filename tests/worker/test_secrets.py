@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_flower import PASSWORD, USER, FlowerProcess, _flower_env
+from test_flower import PASSWORD, USER, FlowerProcess, _flower_env, _prime_events
 
 from captcha_tasks import solve
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until
@@ -50,9 +50,11 @@ def dump_redis(conn: Any) -> str:
 def test_no_secret_in_redis_logs_or_flower(
     sandbox: Any, start_worker: Any, redis_conn: Any, output_dir: Path
 ) -> None:
-    worker = start_worker(name="secrets-worker")
+    # One thread: solves park, and their jobs travel in submit messages too.
+    worker = start_worker({"CAPTCHAAI_THREADS": "1"}, name="secrets-worker")
     flower = FlowerProcess(_flower_env(FLOWER_BASIC_AUTH=f"{USER}:{PASSWORD}"), output_dir)
     flower.start()
+    _prime_events(flower)  # Flower turns task events on in the worker
     secret_task = {
         "method": "turnstile",
         "sitekey": "k",
@@ -70,7 +72,7 @@ def test_no_secret_in_redis_logs_or_flower(
     log = worker.log_text()
     assert "succeeded" in log  # the log did record the tasks
     try:
-        wait_until(lambda: len(flower.api_tasks()) >= 10, 20, what="Flower to see the tasks")
+        wait_until(lambda: len(flower.api_tasks()) >= 11, 20, what="Flower to see the tasks")
         flower_output = str(flower.api_tasks())
     finally:
         flower.stop()

@@ -1,0 +1,358 @@
+"""The one adapter between step decisions and the outside world.
+
+:class:`Runner` does the I/O a step needs (Redis, the API), asks :mod:`.steps` what it
+means, and carries the decision out: Celery messages for submits and poll rounds,
+board scripts for polls, and :class:`~.completion.Completer` for every ending.  The tasks
+in :mod:`.tasks` are one line each on top of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from celery import Celery
+
+from .. import errors
+from ..client import NOT_READY, Answer, _Pending
+from ..methods import POOL_PROXY, SolveRequest, build_request, default_wait
+from ..outcome import Solved, iso
+from ..redact import SECRET_PARAMS
+from ..settings import Settings, get_settings
+from ..state import store
+from ..state.board import Again, Entry, RoundDue
+from ..state.proxies import split
+from ..state.timing import Timing
+from . import steps
+from .completion import Completer, Done, send_submit
+from .steps import Decision, Deliver, Fail, Job, Policy, PollAt, Resubmit, Stop, Submit, SubmitAt
+
+log = logging.getLogger(__name__)
+
+POLL_TASK = "captcha_tasks.poll"
+#: Most captchas one poll round takes (one bulk request answers 100).
+ROUND_MOST = 500
+BULK_IDS = 100
+#: Concurrent single-id ``res.php`` requests of one round.
+SINGLE_POLLS = 8
+#: Seconds a process trusts what it last read about the API's bulk support.
+BULK_CHECK_S = 5.0
+
+Reply = Answer | _Pending | errors.CaptchaTasksError
+
+
+def policy(settings: Settings) -> Policy:
+    return Policy(
+        solve_timeout=settings.solve_timeout,
+        poll_interval=settings.poll_interval,
+        bulk_interval=settings.bulk_window_s,
+        transport_retries=settings.transport_retries,
+        max_resubmits=settings.max_resubmits,
+        token_lifetimes=dict(settings.token_lifetimes),
+    )
+
+
+class Runner:
+    """Runs the steps of solves for one Celery app, in one process."""
+
+    def __init__(self, app: Celery, settings: Settings | None = None) -> None:
+        self.app = app
+        self.settings = settings or get_settings()
+        self.policy = policy(self.settings)
+        self.completer = Completer(app)
+        self._executor: ThreadPoolExecutor | None = None
+        self._bulk_checked = (-math.inf, True)
+
+    # -- solve -------------------------------------------------------------------------
+    def solve(self, solve_id: str, kwargs: dict[str, Any]) -> None:
+        """A caller's solve: answer from a pool, or submit (or park) its captcha."""
+        batch = kwargs.pop("_batch", None)
+        now = time.time()
+        try:
+            request = build_request(**kwargs)
+        except errors.ValidationError as exc:  # a message that skipped the call-site check
+            job = steps.unusable_job(solve_id, kwargs.get("method"), now, batch)
+            self.completer.complete(job, Fail(exc))
+            return
+        job = steps.new_job(solve_id, request, now, self.policy, batch=batch)
+        if self._from_pool(job, request, now):
+            return
+        ttl = int(self.settings.solve_timeout) + 600
+        self.submit(_stash_secrets(job, request, ttl), request)
+
+    def _from_pool(self, job: Job, request: SolveRequest, started: float) -> bool:
+        if request.per_request:
+            return False
+        pools = store.pools()
+        spec = pools.find(request)
+        if spec is None or _cancelled(job):
+            return False
+        record = pools.take(spec.name)
+        self.app.send_task("captcha_tasks.prewarm", args=(spec.name,))
+        if record is None:
+            return False
+        now = time.time()
+        outcome = Solved(
+            token=record["token"],
+            captcha_id=str(record["captcha_id"]),
+            method=request.method,
+            source="pool",
+            elapsed_s=round(now - started, 3),
+            solved_at=record["solved_at"],
+            expires_at=iso(now + float(record["remaining_s"])),
+        )
+        self.completer.complete(job, Deliver(outcome.to_dict()), source="pool")
+        return True
+
+    # -- submit ------------------------------------------------------------------------
+    def submit(self, job: Job, request: SolveRequest | None = None) -> None:
+        """Admit the job's submit and call ``in.php`` for it when it holds a slot."""
+        now = time.time()
+        decision: Decision | None = steps.before_submit(job, now)
+        if decision is None:
+            batch = job.get("batch")
+            admission = store.limiter().admit(
+                job,
+                deadline_in_s=job["deadline"] - now,
+                refill=bool(job.get("pool")),
+                batch_id=batch["id"] if batch else None,
+            )
+            decision = steps.on_admission(job, admission, now)
+        if isinstance(decision, Submit):
+            decision = self._call_in_php(job, request)
+        self.act_on_submit(job, decision)
+
+    def _call_in_php(self, job: Job, request: SolveRequest | None) -> Decision:
+        reply: str | errors.CaptchaTasksError
+        try:
+            full = request or _full_request(job)
+            reply = store.api_client().submit(_with_pool_proxy(full, job))
+        except errors.CaptchaTasksError as exc:
+            reply = exc
+        timing = _timing(job)
+        return steps.on_submitted(job, reply, time.time(), timing, self.policy, self._bulk())
+
+    def act_on_submit(self, job: Job, decision: Decision) -> None:
+        """Carry out a submit step's decision."""
+        if isinstance(decision, PollAt):
+            due = store.board().register(decision.job, decision.at - time.time())
+            self.publish_round(due)
+        elif isinstance(decision, SubmitAt):
+            self._count(decision.error)
+            if not decision.keep_claim:
+                store.limiter().unclaim(job["solve_id"])
+            self._send_submit(decision.job, decision.at - time.time())
+        elif isinstance(decision, Resubmit):
+            self._count(decision.error)
+            self._replace_proxy(job, decision)
+            store.limiter().unclaim(job["solve_id"])
+            self._send_submit(decision.job, 0.0)
+        elif isinstance(decision, Deliver | Fail):
+            self.completer.complete(job, decision)
+        elif isinstance(decision, Stop):
+            log.info("solve %s: %s", job["solve_id"], decision.reason)
+
+    # -- poll rounds -------------------------------------------------------------------
+    def poll_round(self, round_at_ms: int | None) -> None:
+        """One poll round: ask for every due captcha, act on each answer, schedule the next."""
+        board = store.board()
+        entries = board.take_due(round_at_ms, ROUND_MOST)
+        asked_at = time.time()
+        bulk = self._bulk()
+        replies = self._fetch(entries, bulk) if entries else {}
+        now = time.time()
+        decisions = [(entry, self._decide(entry, replies, now, bulk)) for entry in entries]
+        self._finish_all((e, d) for e, d in decisions if isinstance(d, Deliver | Fail))
+        again = [_again(e, d, now) for e, d in decisions if isinstance(d, PollAt)]
+        for entry, decision in decisions:
+            if isinstance(decision, Resubmit):
+                self._retire(entry, decision, now)
+        self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)))
+        gap = 0.0 if len(entries) >= ROUND_MOST else self.settings.bulk_window_s
+        self.publish_round(board.end_round(asked_at, again, gap))
+
+    def _decide(
+        self, entry: Entry, replies: dict[str, Reply | float], now: float, bulk: bool
+    ) -> Decision:
+        reply = replies.get(entry.captcha_id, NOT_READY)
+        if isinstance(reply, float):
+            return steps.on_poll_budget(entry.job, reply, entry.errors, now)
+        timing = _timing(entry.job)
+        return steps.on_answer(
+            entry.job, reply, entry.polled_at, entry.errors, now, timing, self.policy, bulk
+        )
+
+    def _fetch(self, entries: Sequence[Entry], bulk_on: bool) -> dict[str, Reply | float]:
+        """Every due captcha's answer: pipe-safe ones in bulk, the others one by one; a
+        float means "the res.php budget frees in this many seconds"."""
+        bulk = [e.captcha_id for e in entries if steps.uses_bulk(e.job, bulk_on)]
+        in_bulk = set(bulk)
+        single = [e.captcha_id for e in entries if e.captcha_id not in in_bulk]
+        chunks = [bulk[i : i + BULK_IDS] for i in range(0, len(bulk), BULK_IDS)]
+        wait = store.limiter().poll_wait(len(chunks) + len(single))
+        if wait > 0:
+            return dict.fromkeys((e.captcha_id for e in entries), wait)
+        replies: dict[str, Reply | float] = {}
+        for chunk in chunks:
+            found = self._ask_many(chunk)
+            if found is None:
+                single += chunk
+            else:
+                replies.update(found)
+        replies.update(self._ask_each(single))
+        return replies
+
+    def _ask_many(self, ids: list[str]) -> dict[str, Reply] | None:
+        if len(ids) == 1:
+            return None
+        board = store.board()
+        try:
+            found = store.api_client().get_many(ids)
+        except errors.CaptchaTasksError as exc:
+            return dict.fromkeys(ids, exc)
+        if board.bulk_supported() is not (found is not None):
+            board.set_bulk_supported(found is not None)
+            self._bulk_checked = (time.monotonic(), found is not None)
+        if found is None:
+            log.info("the API does not answer res.php?ids=; polling one id per request")
+            return None
+        return {cid: _as_reply(value) for cid, value in found.items()}
+
+    def _ask_each(self, ids: list[str]) -> dict[str, Reply]:
+        if not ids:
+            return {}
+        if len(ids) == 1:
+            return {ids[0]: _ask_one(ids[0])}
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(SINGLE_POLLS, thread_name_prefix="captcha-poll")
+        return dict(zip(ids, self._executor.map(_ask_one, ids), strict=True))
+
+    def _finish_all(self, ended: Iterable[tuple[Entry, Decision]]) -> None:
+        done = [Done(e.job, d) for e, d in ended if isinstance(d, Deliver | Fail)]
+        self.completer.complete_many(done)
+
+    def _retire(self, entry: Entry, decision: Resubmit, now: float) -> None:
+        log.info("captcha %s: %s; submitting a new one", entry.captcha_id, decision.error.code)
+        self._replace_proxy(entry.job, decision)
+        deadline_in = decision.job["deadline"] - now
+        if store.board().retire(entry.captcha_id, decision.job, deadline_in, decision.error.code):
+            self._send_submit(decision.job, 0.0)
+
+    # -- messages ----------------------------------------------------------------------
+    def publish_round(self, due: RoundDue | None) -> None:
+        """Send the poll round message the board asked for.  A countdown longer than half
+        the visibility timeout would be delivered twice: such a round runs early, finds
+        nothing due and schedules the next."""
+        if due is not None:
+            countdown = min(due.countdown_s, self.settings.visibility_timeout / 2)
+            self.app.send_task(
+                POLL_TASK, args=(due.at_ms,), countdown=countdown, argsrepr="(round)"
+            )
+
+    def _send_submit(self, job: Job, countdown: float) -> None:
+        send_submit(self.app, job, countdown)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _bulk(self) -> bool:
+        """Whether pipe-safe captchas are polled in bulk: the setting, and whether the API
+        honours ``ids=`` (read from Redis at most every :data:`BULK_CHECK_S`)."""
+        if self.settings.bulk_poll != "auto":
+            return False
+        checked_at, supported = self._bulk_checked
+        now = time.monotonic()
+        if now - checked_at >= BULK_CHECK_S:
+            supported = store.board().bulk_supported() is not False
+            self._bulk_checked = (now, supported)
+        return supported
+
+    def _count(self, *errs: errors.CaptchaTasksError | None) -> None:
+        codes = [e.code for e in errs if e is not None]
+        if codes:
+            try:
+                store.board().count_errors(codes)
+            except errors.StoreUnavailable:  # counting must never break a solve
+                log.debug("could not count %s", codes)
+
+    def _replace_proxy(self, job: Job, decision: Resubmit) -> None:
+        if decision.replace_proxy:
+            log.warning(
+                "solve %s: pooled proxy failed (%s); quarantined",
+                job["solve_id"],
+                decision.error.code,
+            )
+            store.proxies().replace(_proxy_owner(steps.request_of(job), job))
+
+
+def _again(entry: Entry, decision: PollAt, now: float) -> Again:
+    return Again(entry.captcha_id, entry.job["solve_id"], decision.at - now, decision.poll_errors)
+
+
+def _ask_one(captcha_id: str) -> Reply:
+    try:
+        return store.api_client().get(captcha_id)
+    except errors.CaptchaTasksError as exc:
+        return exc
+
+
+def _as_reply(value: str | _Pending | Exception) -> Reply:
+    if isinstance(value, errors.CaptchaTasksError):
+        return value
+    if isinstance(value, Exception):
+        return errors.TransportError(f"{type(value).__name__}")
+    return value
+
+
+def _timing(job: Job) -> Timing:
+    request = job["request"]
+    default = default_wait(request["method"], request["params"])
+    return store.solve_times().timing(request["method"], default)
+
+
+def _cancelled(job: Job) -> bool:
+    batch = job.get("batch")
+    return batch is not None and store.batches().cancelled(batch["id"])
+
+
+# -- secrets and proxies ----------------------------------------------------------------
+
+
+def _stash_secrets(job: Job, request: SolveRequest, ttl_s: int) -> Job:
+    """Keep the caller's proxy and cookies out of every later task message and of the
+    parked job: they wait in Redis for the submit that needs them."""
+    secret = {k: v for k, v in request.params.items() if k in SECRET_PARAMS and v != POOL_PROXY}
+    if not secret:
+        return job
+    store.secrets().stash(job["solve_id"], secret, ttl_s)
+    params = {k: v for k, v in request.params.items() if k not in secret}
+    return {**job, "request": {**job["request"], "params": params, "secrets": sorted(secret)}}
+
+
+def _full_request(job: Job) -> SolveRequest:
+    """The job's request with its stashed proxy and cookies put back."""
+    request = steps.request_of(job)
+    names = job["request"].get("secrets")
+    if not names:
+        return request
+    found = store.secrets().fetch(job["solve_id"], names)
+    if found is None:
+        raise errors.SolveTimeout("the solve's proxy/cookies expired before it was submitted")
+    params = {**request.params, **found}
+    return SolveRequest(request.method, request.sitekey, request.pageurl, params)
+
+
+def _proxy_owner(request: SolveRequest, job: Job) -> str:
+    return str(request.params.get("proxy_owner") or f"solve:{job['solve_id']}")
+
+
+def _with_pool_proxy(request: SolveRequest, job: Job) -> SolveRequest:
+    """Swap ``proxy="pool"`` for a proxy from the shared pool (sticky per owner)."""
+    if not request.uses_proxy_pool:
+        return request
+    proxy = store.proxies().acquire(_proxy_owner(request, job))
+    if proxy is None:
+        raise errors.NoProxyAvailable("every pooled proxy is taken or cooling off")
+    return request.with_proxy(*split(proxy))

@@ -1,0 +1,91 @@
+"""Every Celery setting of captcha-tasks, in one place.
+
+Loaded by :mod:`captcha_tasks.worker.app` by this module's full name; the values that
+depend on the deployment come from :mod:`captcha_tasks.settings`.
+"""
+
+from __future__ import annotations
+
+from kombu import Queue  # type: ignore[attr-defined]
+
+from ..keys import Keys
+from ..settings import get_settings
+
+_settings = get_settings()
+
+broker_url = _settings.redis_url
+result_backend = _settings.redis_url
+
+# JSON only: pickle is refused everywhere.
+task_serializer = "json"
+result_serializer = "json"
+accept_content = ["json"]
+result_accept_content = ["json"]
+event_serializer = "json"
+
+# Every task is a few short HTTP calls: acknowledge after the work, and give a killed
+# worker's messages back quickly.  The visibility timeout must exceed every countdown
+# (tasks reschedule themselves at most half of it ahead).
+task_acks_late = True
+task_reject_on_worker_lost = True
+broker_transport_options = {
+    "visibility_timeout": _settings.visibility_timeout,
+    "unacked_restore_interval": max(1, int(_settings.visibility_timeout / 12)),
+    "unacked_restore_throttle": 1,
+}
+result_backend_transport_options = {"retry_policy": {"timeout": 5.0}}
+broker_connection_retry_on_startup = True
+result_expires = 3600
+# Extended results would store raw task arguments (a caller's proxy password) in Redis.
+result_extended = False
+# Countdown messages (poll rounds, submits waiting for a budget) are held in memory until
+# due; there are few of them: captchas wait for their polls in Redis, not in messages.
+worker_eta_task_limit = 2000
+worker_prefetch_multiplier = 4
+# Poll rounds are countdown (ETA) messages a few hundred ms apart; the timer thread must
+# not oversleep them (Celery's default lets it sleep up to a second).
+worker_timer_precision = 0.01
+task_track_started = False
+task_time_limit = 120
+task_soft_time_limit = 100
+
+# A worker started with -A captcha_tasks.worker.app registers the tasks too.
+imports = ("captcha_tasks.worker.tasks",)
+
+task_default_queue = "captcha.solve"
+task_queues = tuple(
+    Queue(name)  # type: ignore[no-untyped-call]
+    for name in ("captcha.solve", "captcha.submit", "captcha.poll", "captcha.housekeeping")
+)
+task_routes = {
+    "captcha_tasks.solve": {"queue": "captcha.solve"},
+    "captcha_tasks.submit": {"queue": "captcha.submit"},
+    "captcha_tasks.poll": {"queue": "captcha.poll"},
+    "captcha_tasks.report": {"queue": "captcha.housekeeping"},
+    "captcha_tasks.prewarm": {"queue": "captcha.housekeeping"},
+}
+
+worker_hijack_root_logger = False
+# Task events cost a fan-out publish each (three per task).  They are off until a monitor
+# asks for them: Flower turns them on in every worker every few seconds while it runs, and
+# `celery worker -E` keeps them on.
+worker_send_task_events = False
+task_send_sent_event = False
+
+# Beat: hand freed slots to parked submits and keep token pools filled before they expire.
+beat_schedule = {
+    "captcha-tasks-prewarm": {
+        "task": "captcha_tasks.prewarm",
+        "schedule": _settings.prewarm_every,
+        "options": {"expires": _settings.prewarm_every},
+    },
+}
+
+# Optional standby beat with celery-redbeat (`pip install captcha-tasks[redbeat]`, then
+# `celery -A captcha_tasks beat -S redbeat.RedBeatScheduler`): only the holder of its Redis
+# lock ticks; a standby takes over at most redbeat_lock_timeout after a crash.
+redbeat_redis_url = _settings.redis_url
+redbeat_redis_options: dict[str, object] = {}
+redbeat_key_prefix = Keys(_settings.key_prefix).redbeat_prefix()
+redbeat_lock_timeout = 30
+beat_max_loop_interval = 5

@@ -1,0 +1,121 @@
+"""Housekeeping: what keeps the pipeline alive between the steps of single captchas.
+
+* :func:`tick` runs every :data:`TICK_S` seconds in **every** worker process (a worker
+  bootstep, :class:`Housekeeping`), guarded so that one process per tick does the work:
+  it reclaims expired thread leases, hands free slots to parked submits, publishes again
+  the submits whose message was lost, and makes sure a poll round is pending while
+  captchas are at the provider.  Nothing here depends on beat, which is one process.
+* :func:`top_up` keeps token pools filled; beat's ``prewarm`` tick and every pool take
+  call it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any
+
+from celery import bootsteps
+
+from .. import errors
+from ..methods import SolveRequest, build_request
+from ..settings import get_settings
+from ..state import store
+from ..state.pools import PoolSpec
+from . import steps
+from .adapter import Runner
+from .completion import send_submit
+
+log = logging.getLogger(__name__)
+
+#: Seconds between housekeeping ticks (one process per tick does the work).
+TICK_S = 1.0
+
+
+def tick(runner: Runner) -> bool:
+    """One housekeeping pass; False when another process did this tick's."""
+    swept = store.limiter().sweep(TICK_S)
+    if swept is None:
+        return False
+    handout, lost = swept
+    runner.completer.publish(handout)
+    for parked in lost:
+        log.warning("solve %s: its submit message was lost; sending it again", parked.lease_id)
+        send_submit(runner.app, parked.job)
+    runner.publish_round(store.board().ensure_round())
+    return True
+
+
+class Housekeeping(bootsteps.StartStopStep):
+    """Runs :func:`tick` on the worker's timer (threads, prefork and gevent pools alike)."""
+
+    requires = {"celery.worker.components:Timer"}
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.tref: Any = None
+
+    def start(self, worker: Any) -> None:
+        runner = Runner(worker.app)
+        self.tref = worker.timer.call_repeatedly(TICK_S, _safe_tick, (runner,), priority=10)
+
+    def stop(self, worker: Any) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
+
+
+def _safe_tick(runner: Runner) -> None:
+    try:
+        tick(runner)
+    except errors.StoreUnavailable:
+        log.debug("housekeeping skipped: Redis is unavailable")
+    except Exception:  # the timer thread must survive anything
+        log.exception("housekeeping tick failed")
+
+
+# -- pools ------------------------------------------------------------------------------
+
+
+def top_up(runner: Runner, spec: PoolSpec) -> int:
+    """Start the refills ``spec``'s pool needs now; returns how many."""
+    r, keys, settings = store.redis_client(), store.keys(), get_settings()
+    lock = keys.pool_prewarm_lock(spec.name)
+    if not r.set(lock, "1", nx=True, px=5000):
+        return 0  # another top-up of this pool is running right now
+    try:
+        pools = store.pools()
+        pools.sweep(spec.name)
+        request = build_request(**spec.solve_kwargs())
+        timing = store.solve_times().timing(request.method, request.initial_wait)
+        count = pools.plan(
+            spec.name,
+            solve_time_s=timing.typical,
+            margin_s=settings.prewarm_every + settings.poll_interval,
+            free_slots=store.limiter().free_for_refills(),
+        )
+        for _ in range(count):
+            _start_refill(runner, spec.name, request)
+        return count
+    finally:
+        r.delete(lock)
+
+
+def _start_refill(runner: Runner, pool: str, request: SolveRequest) -> None:
+    refill_id = f"refill-{uuid.uuid4().hex}"
+    job = steps.new_job(refill_id, request, time.time(), runner.policy, pool=pool)
+    store.pools().refill_started(pool, refill_id, get_settings().solve_timeout)
+    send_submit(runner.app, job)
+
+
+def register_configured_pools() -> int:
+    """Register the pools of ``CAPTCHAAI_POOLS`` and the proxies of ``CAPTCHAAI_PROXIES``
+    in Redis (idempotent)."""
+    settings = get_settings()
+    pools = store.pools()
+    for spec in settings.pools:
+        pools.register(spec)
+    if settings.proxies:
+        store.proxies().add(*settings.proxies)
+    return len(settings.pools)

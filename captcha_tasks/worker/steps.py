@@ -1,0 +1,351 @@
+"""The life of one captcha, as decisions: plain functions, no I/O, no Celery.
+
+Each step takes the job, what Redis or the API said, and the time, and returns what to do
+next as a value; :mod:`captcha_tasks.worker.adapter` carries it out::
+
+    requested ─ pool hit ─────────────────────────────────────────────► Deliver
+        │
+        ▼ admission (on_admission)
+    parked ── slot freed ──► owed a message ──┐
+        │                                     ▼
+        └──────── slot free ─────────────► Submit ── in.php (on_submitted) ──┬─► Fail
+                                             ▲  ▲                            │
+                    SubmitAt (rate budget,   │  │ Resubmit (unsolvable,      ▼
+                    transport error) ────────┘  └─ expired, bad proxy) ◄── PollAt
+                                                                             │ ▲ not ready
+                                                 poll round (on_answer) ─────┘ │
+                                                        ├────────────────────────┘
+                                                        ├─► Deliver (answer)
+                                                        └─► Fail (fatal, budgets, deadline)
+
+A job is a JSON dict carried from step to step: the request (never the API key, never a
+proxy password or cookies: those wait in Redis), its budgets and the current attempt's
+captcha.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import errors
+from ..client import NOT_READY, Answer, _Pending
+from ..methods import METHODS, SolveRequest
+from ..outcome import Solved, iso
+from ..state.limiter import Admission
+from ..state.timing import Timing
+
+Job = dict[str, Any]
+
+#: A token is discarded when less than this many seconds of its life are left.
+EXPIRY_MARGIN = 1.0
+BACKOFF_BASE = 0.5
+BACKOFF_CAP = 30.0
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The settings the steps decide by."""
+
+    solve_timeout: float
+    poll_interval: float
+    #: Least seconds between two bulk polls of a captcha (the round window).
+    bulk_interval: float
+    transport_retries: int
+    max_resubmits: int
+    token_lifetimes: Mapping[str, float] = field(default_factory=dict)
+    #: Returns a number in [0, 1): the jitter of back-offs (a constant in tests).
+    random: Callable[[], float] = random.random
+
+    def token_life(self, request: SolveRequest) -> float:
+        return float(self.token_lifetimes.get(request.method, request.spec.token_life))
+
+    def backoff(self, errors_so_far: int) -> float:
+        """Seconds before retry number ``errors_so_far`` (1, 2, ...): exponential, jittered."""
+        base = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** (errors_so_far - 1))
+        return base * (0.5 + self.random() / 2)
+
+
+# -- decisions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Call ``in.php`` now (the slot is held and the claim taken)."""
+
+
+@dataclass(frozen=True)
+class SubmitAt:
+    """Run the submit of ``job`` again at ``at`` (a rate budget, or the transient
+    ``error``)."""
+
+    at: float
+    job: Job
+    error: errors.CaptchaTasksError | None = None
+    #: The claim belongs to another copy of the message: leave it alone.
+    keep_claim: bool = False
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Nothing to do: parked, cancelled, or a duplicate message."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class PollAt:
+    """Poll the job's captcha at ``at``; ``poll_errors`` transport errors so far, the
+    last one ``error``."""
+
+    at: float
+    job: Job
+    poll_errors: int = 0
+    error: errors.CaptchaTasksError | None = None
+
+
+@dataclass(frozen=True)
+class Resubmit:
+    """The captcha failed but the solve goes on: submit ``job`` (the next attempt).
+    ``replace_proxy``: the pooled proxy was bad; quarantine it and take another."""
+
+    job: Job
+    error: errors.CaptchaTasksError
+    replace_proxy: bool = False
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """The solve is done: ``outcome`` (a Solved dict); ``solve_time_s`` for the samples."""
+
+    outcome: dict[str, Any]
+    solve_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The solve is over with ``error``."""
+
+    error: errors.CaptchaTasksError
+
+
+Decision = Submit | SubmitAt | Stop | PollAt | Resubmit | Deliver | Fail
+
+
+# -- jobs --------------------------------------------------------------------------------
+
+
+def new_job(
+    solve_id: str,
+    request: SolveRequest,
+    now: float,
+    policy: Policy,
+    *,
+    pool: str | None = None,
+    batch: Mapping[str, Any] | None = None,
+) -> Job:
+    """A solve's state, carried from step to step (JSON, no secrets)."""
+    return {
+        "solve_id": solve_id,
+        "request": request.to_dict(),
+        "started": now,
+        "deadline": now + policy.solve_timeout,
+        "attempt": 0,
+        "transport_errors": 0,
+        "resubmits": 0,
+        "pool": pool,
+        "batch": dict(batch) if batch else None,
+    }
+
+
+def unusable_job(solve_id: str, method: Any, now: float, batch: Mapping[str, Any] | None) -> Job:
+    """The job of a solve message whose request is not valid (it can only fail)."""
+    name = method if isinstance(method, str) and method in METHODS else "unknown"
+    request: dict[str, Any] = {"method": name, "sitekey": None, "pageurl": None, "params": {}}
+    return {
+        "solve_id": solve_id,
+        "request": request,
+        "started": now,
+        "deadline": now,
+        "attempt": 0,
+        "pool": None,
+        "batch": dict(batch) if batch else None,
+    }
+
+
+def request_of(job: Job) -> SolveRequest:
+    return SolveRequest.from_dict(job["request"])
+
+
+def label(job: Job) -> str:
+    """A readable, secret-free label of a job for Flower and the worker log."""
+    request = job["request"]
+    parts = [request["method"], str(request.get("sitekey") or ""), f"solve={job['solve_id']}"]
+    if job.get("captcha_id"):
+        parts.append(f"captcha={job['captcha_id']}")
+    if job.get("attempt"):
+        parts.append(f"attempt={job['attempt']}")
+    return "(" + " ".join(p for p in parts if p) + ")"
+
+
+def uses_bulk(job: Job, bulk: bool) -> bool:
+    """Whether the job's captcha is asked for in bulk polls (its answer is pipe-safe)."""
+    spec = METHODS.get(job["request"]["method"])
+    return bulk and spec is not None and spec.pipe_safe
+
+
+# -- submit ------------------------------------------------------------------------------
+
+
+def before_submit(job: Job, now: float) -> Fail | None:
+    """A submit whose solve's deadline passed (while parked, or queued) fails."""
+    if now >= job["deadline"]:
+        return Fail(_timeout(job, "the solve deadline passed before it could be submitted"))
+    return None
+
+
+def on_admission(job: Job, admission: Admission, now: float) -> Decision:
+    """What the limiter's admission means for this submit message."""
+    if admission.status == "go":
+        return Submit()
+    if admission.status == "wait":
+        return SubmitAt(now + admission.wait_s, job)
+    if admission.status == "busy":
+        # Another copy of this message is calling in.php, or died doing so: look again
+        # when its claim runs out (a live one will have registered the captcha by then).
+        return SubmitAt(now + admission.wait_s, job, keep_claim=True)
+    return Stop(admission.status)
+
+
+def on_submitted(
+    job: Job,
+    reply: str | errors.CaptchaTasksError,
+    now: float,
+    timing: Timing,
+    policy: Policy,
+    bulk: bool,
+) -> Decision:
+    """``in.php`` answered ``reply`` (a captcha id, or the error it raised)."""
+    if isinstance(reply, str):
+        polled = {**job, "captcha_id": reply, "submitted_at": now, "transport_errors": 0}
+        # In bulk, asking early costs nothing extra once the method's times are known.
+        wait = timing.earliest if timing.warm and uses_bulk(polled, bulk) else timing.first_wait
+        return PollAt(min(now + wait, job["deadline"]), polled)
+    if isinstance(reply, errors.RetryableError):
+        count = job.get("transport_errors", 0) + 1
+        if count > policy.transport_retries:
+            return Fail(_exhausted(reply, count))
+        at = now + policy.backoff(count)
+        if at >= job["deadline"]:
+            return Fail(_timeout(job, f"deadline passed while retrying ({reply.code})", reply))
+        return SubmitAt(at, {**job, "transport_errors": count}, reply)
+    return _failed_captcha(job, reply, now, policy)
+
+
+# -- poll --------------------------------------------------------------------------------
+
+
+def on_answer(
+    job: Job,
+    answer: Answer | _Pending | errors.CaptchaTasksError,
+    polled_before: float | None,
+    poll_errors: int,
+    now: float,
+    timing: Timing,
+    policy: Policy,
+    bulk: bool,
+) -> Decision:
+    """``res.php`` answered ``answer`` for the job's captcha, asked at ``now``.
+
+    ``polled_before``: when it was last seen not ready (None: this was its first poll).
+    """
+    if answer is NOT_READY:
+        return _not_ready(job, now, timing, policy, bulk)
+    if isinstance(answer, errors.RetryableError):
+        count = poll_errors + 1
+        if count > policy.transport_retries:
+            return Fail(_exhausted(answer, count))
+        return PollAt(min(now + policy.backoff(count), job["deadline"]), job, count, answer)
+    if isinstance(answer, errors.CaptchaTasksError):
+        return _failed_captcha(job, answer, now, policy)
+    return _solved(job, answer, polled_before, now, policy)
+
+
+def on_poll_budget(job: Job, wait_s: float, poll_errors: int, now: float) -> Decision:
+    """The account's ``res.php`` budget is spent for ``wait_s``: poll later (or fail)."""
+    if now >= job["deadline"]:
+        return Fail(_timeout(job, "the solve deadline passed"))
+    return PollAt(min(now + wait_s, job["deadline"]), job, poll_errors)
+
+
+def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, bulk: bool) -> Decision:
+    """Poll again soon once the captcha is past its method's earliest likely finish and it
+    is asked for in bulk (one request answers many); else at the poll interval."""
+    if now >= job["deadline"]:
+        return Fail(_timeout(job, "the solve deadline passed"))
+    likely = timing.warm and now >= job["submitted_at"] + timing.earliest
+    every = policy.bulk_interval if likely and uses_bulk(job, bulk) else policy.poll_interval
+    return PollAt(min(now + every, job["deadline"]), job)
+
+
+def _solved(
+    job: Job, answer: Answer, polled_before: float | None, now: float, policy: Policy
+) -> Decision:
+    request = request_of(job)
+    # The token was made after the last "not ready" (or the submit) at the earliest.
+    born = polled_before if polled_before is not None else job["submitted_at"]
+    expires = born + policy.token_life(request)
+    if now >= expires - EXPIRY_MARGIN:
+        expired = errors.TokenExpired(
+            "token expired before delivery", captcha_id=job.get("captcha_id")
+        )
+        return _failed_captcha(job, expired, now, policy)
+    outcome = Solved(
+        token=answer,
+        captcha_id=str(job["captcha_id"]),
+        method=request.method,
+        source="api",
+        elapsed_s=round(now - job["started"], 3),
+        solved_at=iso(now),
+        expires_at=iso(expires),
+    )
+    return Deliver(outcome.to_dict(), solve_time_s=now - job["submitted_at"])
+
+
+# -- failures ----------------------------------------------------------------------------
+
+
+def _failed_captcha(
+    job: Job, exc: errors.CaptchaTasksError, now: float, policy: Policy
+) -> Decision:
+    """An error about the captcha itself: submit a new one where that can help."""
+    pooled_proxy = isinstance(exc, errors.ProxyError) and request_of(job).uses_proxy_pool
+    if not (isinstance(exc, errors.ResubmitError) or pooled_proxy):
+        return Fail(exc)
+    if job.get("resubmits", 0) >= policy.max_resubmits:
+        return Fail(exc)
+    if now >= job["deadline"]:
+        return Fail(_timeout(job, "the solve deadline passed", exc))
+    fresh = {
+        key: value
+        for key, value in job.items()
+        if key not in ("captcha_id", "submitted_at", "transport_errors")
+    }
+    fresh.update(attempt=job["attempt"] + 1, resubmits=job.get("resubmits", 0) + 1)
+    return Resubmit(fresh, exc, replace_proxy=pooled_proxy)
+
+
+def _timeout(
+    job: Job, message: str, cause: errors.CaptchaTasksError | None = None
+) -> errors.SolveTimeout:
+    if cause is not None:
+        message = f"{message} (last error {cause.code})"
+    return errors.SolveTimeout(message, captcha_id=job.get("captcha_id"))
+
+
+def _exhausted(exc: errors.CaptchaTasksError, count: int) -> errors.RetriesExhausted:
+    return errors.RetriesExhausted(
+        f"gave up after {count - 1} retries; last error {exc.code}", exc.code, exc.captcha_id
+    )
