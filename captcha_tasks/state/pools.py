@@ -6,8 +6,8 @@ sorted set scored by its *own* expiry on the Redis server's clock; a take atomic
 drops expired tokens (counted as waste), hands out the soonest-expiring usable one and
 removes it, so every token goes to exactly one caller even across hosts.
 
-Pools are declared in ``CAPTCHAAI_POOLS`` (see :func:`parse_pools`) and registered in
-Redis; :meth:`PoolStore.plan` tells the refiller how many solves to start now.  Wiring
+Pools are declared in ``CAPTCHAAI_POOLS`` (see :mod:`captcha_tasks.poolspec`) and
+registered in Redis; :meth:`PoolStore.plan` tells the refiller how many solves to start now.  Wiring
 into the Celery tasks and beat lives elsewhere.
 """
 
@@ -15,24 +15,29 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import redis
 
-from ..errors import ConfigurationError, ValidationError
+from ..errors import ValidationError
 from ..keys import Keys
-from ..methods import METHODS, PER_REQUEST_PARAMS, Scalar, SolveRequest, build_request
-from .lua import guard, script
+from ..methods import METHODS, SolveRequest
+from ..poolspec import ENV_VAR, POOLABLE_METHODS, PoolSpec, parse_pools
+from .lua import NOW_MS, guard, script
+
+__all__ = [
+    "ENV_VAR",
+    "POOLABLE_METHODS",
+    "PoolNotFound",
+    "PoolSpec",
+    "PoolStore",
+    "parse_pools",
+]
 
 T = TypeVar("T")
 
-ENV_VAR = "CAPTCHAAI_POOLS"
-#: Methods whose answer is a token reusable by anyone on the page.  GeeTest answers are
-#: bound to one page load's ``challenge`` and image captchas to one image.
-POOLABLE_METHODS = frozenset({"userrecaptcha", "turnstile"})
 #: Seconds of take history kept for the take rate.
 TAKE_HISTORY_S = 600.0
 DEFAULT_RATE_WINDOW_S = 60.0
@@ -44,15 +49,6 @@ DEFAULT_MARGIN_S = 5.0
 #: Parsed pool definitions kept per store.
 PARSED_CACHE = 256
 
-#: Request parameters that must be equal for a pooled token to fit a request.
-_MATCH_PARAMS = ("action", "version", "min_score", "enterprise", "invisible", "data", "pagedata")
-#: What an absent match parameter means to the API.
-_PARAM_DEFAULTS = {("userrecaptcha", "version"): "v2"}
-_FIELDS = ("name", "method", "sitekey", "pageurl", "size", "ttl", "min_remaining")
-# Names go into key names and logs: keep them short and free of ':' and glob characters.
-_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
-_JSON_TYPES = {dict: "object", list: "list", str: "string", bool: "boolean", type(None): "null"}
-
 
 class PoolNotFound(ValidationError):
     """The named pool is not declared (not in the registry)."""
@@ -60,220 +56,8 @@ class PoolNotFound(ValidationError):
     default_code = "ERROR_POOL_NOT_FOUND"
 
 
-# -- pool definitions -------------------------------------------------------------------
-
-
-class _Invalid(Exception):
-    """One problem with a pool definition; the caller adds which pool and where."""
-
-
-@dataclass(frozen=True)
-class PoolSpec:
-    """One pool's definition.  Constructing it validates it (``ConfigurationError``)."""
-
-    name: str
-    method: str
-    sitekey: str
-    pageurl: str
-    #: Most tokens to keep (the refill target never exceeds it).
-    size: int
-    #: Seconds a pooled token is usable after it is solved (the pool's own life).
-    ttl: float
-    #: A take only returns tokens with at least this many seconds of life left.
-    min_remaining: float
-    #: Method extras: ``action``, ``version``, ``min_score``, ``invisible``, ...
-    params: Mapping[str, Scalar] = field(default_factory=dict, hash=False)
-
-    def __post_init__(self) -> None:
-        try:
-            request = _validate(self)
-        except _Invalid as bad:
-            raise ConfigurationError(f"pool {_label(self.name)}: {bad}") from None
-        # Keep build_request's clean form (stripped, booleans as 0/1) so equal
-        # definitions compare equal and match the requests build_request makes.
-        object.__setattr__(self, "sitekey", request.sitekey)
-        object.__setattr__(self, "pageurl", request.pageurl)
-        object.__setattr__(self, "params", dict(request.params))
-        object.__setattr__(self, "ttl", float(self.ttl))
-        object.__setattr__(self, "min_remaining", float(self.min_remaining))
-
-    def to_dict(self) -> dict[str, Any]:
-        """The flat JSON form used by ``CAPTCHAAI_POOLS`` and the registry."""
-        data: dict[str, Any] = {f: getattr(self, f) for f in _FIELDS}
-        data.update(self.params)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, source: str | None = None) -> PoolSpec:
-        """Validate a flat definition; errors are prefixed with ``source`` when given."""
-        try:
-            return cls._from_mapping(data)
-        except ConfigurationError as exc:
-            if source is None:
-                raise
-            raise ConfigurationError(f"{source}: {exc.message}") from None
-
-    @classmethod
-    def _from_mapping(cls, data: object) -> PoolSpec:
-        if not isinstance(data, Mapping):
-            raise ConfigurationError(f"a pool must be a JSON object, not {_json_type(data)}")
-        missing = [f for f in _FIELDS if data.get(f) is None]
-        if missing:
-            name = data.get("name")
-            raise ConfigurationError(f"pool {_label(name)}: missing field(s) {', '.join(missing)}")
-        extras = {k: v for k, v in data.items() if k not in _FIELDS}
-        return cls(**{f: data[f] for f in _FIELDS}, params=extras)
-
-    def matches(self, request: SolveRequest) -> bool:
-        """Whether a token of this pool answers ``request``.
-
-        Requests bound to a proxy, cookies, data-s, user agent or image never match:
-        a token solved without them would be rejected by the site.
-        """
-        if request.per_request:
-            return False
-        if (request.method, request.sitekey, request.pageurl) != (
-            self.method,
-            self.sitekey,
-            self.pageurl,
-        ):
-            return False
-        return all(
-            _match_value(self.method, k, self.params.get(k))
-            == _match_value(request.method, k, request.params.get(k))
-            for k in _MATCH_PARAMS
-        )
-
-    def solve_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``solve`` for one refill solve."""
-        return {
-            "method": self.method,
-            "sitekey": self.sitekey,
-            "pageurl": self.pageurl,
-            **self.params,
-        }
-
-
-def parse_pools(text: str) -> tuple[PoolSpec, ...]:
-    """Pools declared in ``CAPTCHAAI_POOLS``: a JSON list of flat pool objects.
-
-    Blank means no pools.  Any problem raises ``ConfigurationError`` naming the variable,
-    the pool (item index, and name when known) and the field.
-    """
-    if not text or not text.strip():
-        return ()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigurationError(f"{ENV_VAR} is not valid JSON: {exc}") from None
-    if not isinstance(data, list):
-        raise ConfigurationError(
-            f"{ENV_VAR} must be a JSON list of pool objects, not {_json_type(data)}"
-        )
-    specs: list[PoolSpec] = []
-    seen: dict[str, int] = {}
-    for index, item in enumerate(data):
-        where = f"{ENV_VAR} item #{index}"
-        spec = PoolSpec.from_dict(item, source=where)
-        if spec.name in seen:
-            raise ConfigurationError(
-                f"{where}: pool {spec.name!r}: name is a duplicate of item #{seen[spec.name]}"
-            )
-        seen[spec.name] = index
-        specs.append(spec)
-    return tuple(specs)
-
-
-def _validate(spec: PoolSpec) -> SolveRequest:
-    _check_name(spec.name)
-    _check_method(spec.method)
-    _check_size(spec.size)
-    _check_life(spec.ttl, spec.min_remaining)
-    return _check_request(spec)
-
-
-def _check_name(name: object) -> None:
-    if not isinstance(name, str) or not name.strip():
-        raise _Invalid("name is missing or empty")
-    if not _NAME_RE.fullmatch(name):
-        raise _Invalid("name must be 1-64 letters, digits, '.', '_' or '-'")
-
-
-def _check_method(method: object) -> None:
-    if not isinstance(method, str) or method not in METHODS:
-        raise _Invalid(f"method {method!r} is unknown; use one of {', '.join(sorted(METHODS))}")
-    if method not in POOLABLE_METHODS:
-        raise _Invalid(
-            f"method {method!r} cannot be pooled (its answer is bound to one page load "
-            f"or image); use one of {', '.join(sorted(POOLABLE_METHODS))}"
-        )
-
-
-def _check_size(size: object) -> None:
-    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-        raise _Invalid(f"size must be a positive integer, got {size!r}")
-
-
-def _seconds(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _Invalid(f"{name} must be a finite number of seconds, got {value!r}")
-    return float(value)
-
-
-def _check_life(ttl: object, min_remaining: object) -> None:
-    ttl_s = _seconds("ttl", ttl)
-    min_s = _seconds("min_remaining", min_remaining)
-    if ttl_s <= 0:
-        raise _Invalid(f"ttl must be > 0, got {ttl!r}")
-    if min_s < 0:
-        raise _Invalid(f"min_remaining must be >= 0, got {min_remaining!r}")
-    if ttl_s <= min_s:
-        raise _Invalid(
-            f"ttl shorter than min_remaining: ttl ({ttl_s:g} s) must be longer than "
-            f"min_remaining ({min_s:g} s) or no pooled token could ever be taken"
-        )
-
-
-def _check_request(spec: PoolSpec) -> SolveRequest:
-    if not isinstance(spec.params, Mapping) or not all(isinstance(k, str) for k in spec.params):
-        raise _Invalid("params must map parameter names to values")
-    bound = sorted(set(spec.params) & PER_REQUEST_PARAMS)
-    if bound:
-        raise _Invalid(
-            f"parameter(s) {', '.join(bound)} bind a token to one request; a pool cannot use them"
-        )
-    for name in ("sitekey", "pageurl"):
-        value = getattr(spec, name)
-        if not isinstance(value, str) or not value.strip():
-            raise _Invalid(f"{name} must be a non-empty string, got {value!r}")
-    try:
-        return build_request(spec.method, spec.sitekey, spec.pageurl, **spec.params)
-    except ValidationError as exc:
-        # build_request names the field: "pageurl must be an http(s) URL", "unknown
-        # parameter(s) for method 'turnstile': foo", "min_score must be ...".
-        raise _Invalid(exc.message) from None
-
-
-def _label(name: object) -> str:
-    return repr(name) if isinstance(name, str) and name.strip() else "(unnamed)"
-
-
-def _json_type(value: object) -> str:
-    return _JSON_TYPES.get(type(value), "number" if isinstance(value, int | float) else "value")
-
-
-def _match_value(method: str, param: str, value: Scalar | None) -> str | None:
-    if value is None:
-        return _PARAM_DEFAULTS.get((method, param))
-    return str(value)
-
-
 # -- Lua: one script per atomic operation -----------------------------------------------
 
-_NOW_MS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
 
 REGISTER_LUA = (
     """
@@ -286,7 +70,7 @@ REGISTER_LUA = (
 -- ARGV[3] = '1' to drop tokens and refills solved for an older, different definition
 -- returns 1 for a new pool, 0 when an existing definition was replaced
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 local new = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 -- A young pool's take rate is measured over its age, so remember when it started.
@@ -307,7 +91,7 @@ ADD_LUA = (
 -- ARGV[3] = seconds of life the token has left (capped at the pool's ttl)
 -- returns 1 added, 0 already in the pool, -1 undeclared pool
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 local def = redis.call('HGET', KEYS[1], ARGV[1])
 if not def then return -1 end
@@ -331,7 +115,7 @@ TAKE_LUA = (
 -- ARGV[3] = seconds of take history to keep
 -- returns {1, record, ms of life left}, {0} when no usable token (a miss), {-1} undeclared
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 local def = redis.call('HGET', KEYS[1], ARGV[1])
 if not def then return {-1} end
@@ -365,7 +149,7 @@ REFILL_STARTED_LUA = (
 -- ARGV[3] = seconds until it stops counting (a worker that died must not block refills)
 -- returns 1 recorded, -1 undeclared pool
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
 redis.call('ZADD', KEYS[2], now + math.floor(tonumber(ARGV[3]) * 1000), ARGV[2])
@@ -381,7 +165,7 @@ SWEEP_LUA = (
 -- ARGV[1] = pool name
 -- returns how many were dropped, -1 for an undeclared pool
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
 local swept = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
@@ -403,7 +187,7 @@ SNAPSHOT_LUA = (
 -- returns {-1} for an undeclared pool, else {1, live, covered, in flight,
 --   takes in window, window ms, added, taken, expired, misses}
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {-1} end
 -- Expired tokens are left for take / sweep to count; they are simply not live.
@@ -432,7 +216,7 @@ RESET_STATS_LUA = (
 -- ARGV (none)
 -- returns 1
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('HSET', KEYS[1], 'started', now)

@@ -16,31 +16,19 @@ masked (``user:***@host:port``) only.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import random
-import re
-from dataclasses import dataclass, field
-from typing import Any
 
 import redis
 
 from ..keys import Keys
-from .lua import script
+from ..proxyspec import PROXY_TYPES, Proxy, mask, parse, proxy_id, split
+from .lua import NOW_MS, script, text
 
 __all__ = ["PROXY_TYPES", "ProxyPool", "mask", "proxy_id", "split"]
 
 log = logging.getLogger(__name__)
 
-#: Prefix -> the ``proxytype`` the API expects.
-PROXY_TYPES = {"http": "HTTP", "https": "HTTPS", "socks4": "SOCKS4", "socks5": "SOCKS5"}
-_HOST_RE = re.compile(r"^(?:[A-Za-z0-9_](?:[A-Za-z0-9_.-]*[A-Za-z0-9_])?|\[[0-9A-Fa-f:.]+\])$")
-_FORMAT = "expected [type://][user:password@]host:port"
-
-_NOW_MS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
 
 ACQUIRE_LUA = (
     """
@@ -54,7 +42,7 @@ ACQUIRE_LUA = (
 -- returns {proxy, 1} when the owner keeps its live assignment (both its keys refreshed),
 --   {proxy, 0} for a new assignment, false when no proxy is free
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local ttl, owner = ARGV[1], ARGV[2]
@@ -131,7 +119,7 @@ QUARANTINE_LUA = (
 -- ARGV[2] = cool-off (ms)
 -- returns when the proxy comes back (ms, Redis clock)
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 local back = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], back, ARGV[1])
@@ -148,111 +136,12 @@ QUARANTINED_LUA = (
 -- KEYS[1] = the quarantine sorted set
 -- returns the proxies still cooling off (expired entries are dropped)
 """
-    + _NOW_MS
+    + NOW_MS
     + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
 """
 )
-
-
-# -- parsing --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class _Proxy:
-    kind: str  # a PROXY_TYPES key
-    host: str
-    port: int
-    user: str = ""
-    password: str = field(default="", repr=False)
-
-    def _address(self, password: str) -> str:
-        creds = f"{self.user}:{password}@" if self.user else ""
-        return f"{creds}{self.host}:{self.port}"
-
-    def _prefixed(self, address: str) -> str:
-        return address if self.kind == "http" else f"{self.kind}://{address}"
-
-    @property
-    def address(self) -> str:
-        return self._address(self.password)
-
-    @property
-    def canonical(self) -> str:
-        return self._prefixed(self.address)
-
-    @property
-    def masked(self) -> str:
-        return self._prefixed(self._address("***"))
-
-
-def _invalid(reason: str) -> ValueError:
-    # Never echoes the input: it may hold a password in any position.
-    return ValueError(f"invalid proxy ({_FORMAT}): {reason}")
-
-
-def _split_kind(text: str) -> tuple[str, str]:
-    kind, sep, rest = text.partition("://")
-    if not sep:
-        return "http", text
-    if kind.lower() not in PROXY_TYPES:
-        raise _invalid(f"type must be one of {', '.join(PROXY_TYPES)}")
-    return kind.lower(), rest
-
-
-def _split_credentials(creds: str) -> tuple[str, str]:
-    user, colon, password = creds.partition(":")
-    if not user or not colon or not password:
-        raise _invalid("credentials must be user:password")
-    return user, password
-
-
-def _parse(proxy: str) -> _Proxy:
-    if not isinstance(proxy, str):
-        raise TypeError("proxy must be a str")
-    text = proxy.strip()
-    if not text or any(ch.isspace() for ch in text):
-        raise _invalid("empty or contains whitespace")
-    kind, rest = _split_kind(text)
-    creds, at, hostport = rest.rpartition("@")
-    user, password = _split_credentials(creds) if at else ("", "")
-    host, colon, port = hostport.rpartition(":")
-    if not colon or not _HOST_RE.match(host):
-        raise _invalid("missing or malformed host")
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise _invalid("port must be a number 1-65535")
-    return _Proxy(kind, host.lower(), int(port), user, password)
-
-
-def mask(proxy: str) -> str:
-    """``proxy`` with its password replaced by ``***`` (safe to log)."""
-    try:
-        return _parse(proxy).masked
-    except (TypeError, ValueError):
-        pass
-    return _mask_malformed(proxy) if isinstance(proxy, str) else "***"
-
-
-def _mask_malformed(text: str) -> str:
-    # Keep only what cannot be a secret: the type, the user before a ':' and the host.
-    kind, sep, rest = text.partition("://")
-    if not (sep and kind.isalnum()):
-        kind, sep, rest = "", "", text
-    creds, at, host = rest.rpartition("@")
-    if not at:
-        return "***"
-    user, colon, _ = creds.partition(":")
-    return f"{kind}{sep}{user}:***@{host}" if colon else f"{kind}{sep}***@{host}"
-
-
-def split(proxy: str) -> tuple[str, str]:
-    """The API's ``(proxy, proxytype)`` pair: ``("user:pass@host:port", "SOCKS5")``."""
-    parsed = _parse(proxy)
-    return parsed.address, PROXY_TYPES[parsed.kind]
-
-
-def proxy_id(proxy: str) -> str:
-    """Short stable id of a proxy for key names (credentials never appear in keys)."""
-    return hashlib.sha1(_parse(proxy).canonical.encode()).hexdigest()[:16]
 
 
 def _owner(owner: str) -> str:
@@ -261,11 +150,6 @@ def _owner(owner: str) -> str:
     if any(ch.isspace() for ch in owner):
         raise ValueError("owner must not contain whitespace")
     return owner
-
-
-def _text(value: Any) -> str:
-    # Works with clients created with or without decode_responses=True.
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _ms(seconds: float, what: str) -> int:
@@ -309,7 +193,7 @@ class ProxyPool:
         parsed = []
         for index, proxy in enumerate(proxies):
             try:
-                parsed.append(_parse(proxy).canonical)
+                parsed.append(parse(proxy).canonical)
             except ValueError as exc:
                 raise ValueError(f"proxy #{index}: {exc}") from None
         if not parsed:
@@ -318,7 +202,7 @@ class ProxyPool:
 
     def remove(self, proxy: str) -> bool:
         """Take a proxy out of the pool; its holder loses it at its next acquire."""
-        canonical = _parse(proxy).canonical
+        canonical = parse(proxy).canonical
         with self._r.pipeline(transaction=True) as pipe:
             pipe.srem(self._keys.proxies(), canonical)
             pipe.zrem(self._keys.proxy_quarantine(), canonical)
@@ -328,26 +212,26 @@ class ProxyPool:
 
     def all(self) -> list[str]:
         """Every proxy in the pool (with credentials: do not log them, use :func:`mask`)."""
-        return sorted(_text(p) for p in self._r.smembers(self._keys.proxies()))
+        return sorted(text(p) for p in self._r.smembers(self._keys.proxies()))
 
     # -- assignments ----------------------------------------------------------------
     def current(self, owner: str) -> str | None:
         """The proxy assigned to ``owner`` right now, without refreshing it."""
         value = self._r.get(self._keys.proxy_assignment(_owner(owner)))
-        return None if value is None else _text(value)
+        return None if value is None else text(value)
 
     def acquire(self, owner: str) -> str | None:
         """The owner's live proxy (its TTL refreshed), else a free one, else None."""
         return self._acquire_for(_owner(owner))
 
     def _acquire_for(self, owner: str) -> str | None:
-        members = [_text(p) for p in self._r.smembers(self._keys.proxies())]
+        members = [text(p) for p in self._r.smembers(self._keys.proxies())]
         random.shuffle(members)  # spread owners over the pool instead of piling on one
         keys = [self._keys.proxies(), self._keys.proxy_quarantine()]
         keys.append(self._keys.proxy_assignment(owner))
         keys.extend(self._owner_key(p) for p in members)
         reply = self._acquire(keys=keys, args=[self._ttl_ms, owner, *members])
-        return None if not reply else _text(reply[0])
+        return None if not reply else text(reply[0])
 
     def release(self, owner: str) -> bool:
         """Free the owner's proxy; False (and nothing freed) if it is not the owner's."""
@@ -370,23 +254,23 @@ class ProxyPool:
     # -- bad proxies ----------------------------------------------------------------
     def quarantine(self, proxy: str, cool_off_s: float | None = None) -> None:
         """Exclude a proxy for ``cool_off_s`` and drop its assignment; it returns after."""
-        parsed = _parse(proxy)
+        parsed = parse(proxy)
         cool_ms = self._cool_ms if cool_off_s is None else _ms(cool_off_s, "cool_off_s")
         self._quarantine_parsed(parsed, cool_ms)
 
-    def _quarantine_parsed(self, parsed: _Proxy, cool_ms: int) -> None:
+    def _quarantine_parsed(self, parsed: Proxy, cool_ms: int) -> None:
         owner_key = self._owner_key(parsed.canonical)
         keys = [self._keys.proxy_quarantine(), owner_key]
         holder = self._r.get(owner_key)
         if holder is not None:
-            keys.append(self._keys.proxy_assignment(_text(holder)))
+            keys.append(self._keys.proxy_assignment(text(holder)))
         self._quarantine(keys=keys, args=[parsed.canonical, cool_ms])
         log.warning("proxy %s quarantined for %.1fs", parsed.masked, cool_ms / 1000)
 
     def quarantined(self) -> list[str]:
         """Proxies currently cooling off."""
         reply = self._quarantined(keys=[self._keys.proxy_quarantine()])
-        return sorted(_text(p) for p in reply)
+        return sorted(text(p) for p in reply)
 
     def replace(self, owner: str, cool_off_s: float | None = None) -> str | None:
         """Quarantine the owner's proxy (it failed) and acquire another for the owner."""
@@ -394,5 +278,5 @@ class ProxyPool:
         cool_ms = self._cool_ms if cool_off_s is None else _ms(cool_off_s, "cool_off_s")
         failed = self.current(owner)
         if failed is not None:
-            self._quarantine_parsed(_parse(failed), cool_ms)
+            self._quarantine_parsed(parse(failed), cool_ms)
         return self._acquire_for(owner)

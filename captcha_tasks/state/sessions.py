@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -32,12 +31,14 @@ from types import TracebackType
 from typing import Any
 
 import redis
+from redis.exceptions import LockError
+from redis.lock import Lock
 from redis.typing import EncodableT, FieldT
 from requests.cookies import RequestsCookieJar
 
 from ..errors import RetryableError
 from ..keys import Keys
-from .lua import script
+from .lua import text
 
 __all__ = [
     "Cookies",
@@ -61,27 +62,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _DOMAIN_RE = re.compile(r"^[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?$")
-
-RELEASE_LUA = """
--- KEYS[1] = the domain's session lock
--- ARGV[1] = the token this holder wrote when it acquired the lock
--- returns 1 if the lock was ours and is now deleted, 0 if someone else holds it (or nobody)
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
-EXTEND_LUA = """
--- KEYS[1] = the domain's session lock
--- ARGV[1] = the token this holder wrote when it acquired the lock
--- ARGV[2] = the new time to live in ms (from now, Redis clock)
--- returns 1 if the lock was ours and its TTL was reset, 0 otherwise
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
 
 
 # -- errors ---------------------------------------------------------------------------
@@ -148,11 +128,6 @@ class ReauthResult:
 
 
 # -- helpers --------------------------------------------------------------------------
-
-
-def _text(value: Any) -> str:
-    # Works with clients created with or without decode_responses=True.
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _normal_domain(domain: str) -> str:
@@ -244,7 +219,7 @@ class CookieStore:
             pipe.hgetall(self.keys.cookies(host))
             pipe.get(self.keys.session_version(host))
             raw, version = pipe.execute()
-        cookies = {_text(k): _text(v) for k, v in raw.items()}
+        cookies = {text(k): text(v) for k, v in raw.items()}
         return Cookies(cookies, version=int(version or 0))
 
     def version(self, domain: str) -> int:
@@ -302,8 +277,10 @@ def from_playwright(cookies: Iterable[Mapping[str, Any]], domain: str) -> Cookie
 class SessionLock:
     """A per-domain lock with a TTL, released or extended only by its holder.
 
-    Each acquire writes a fresh random token; release / extend compare it inside Lua, so
-    a holder whose lock already expired cannot delete or extend the next holder's lock.
+    It is redis-py's :class:`redis.lock.Lock` (a random token per acquire; release and
+    extend compare it in Lua, so a holder whose lock expired cannot delete or extend the
+    next holder's lock) with a non-blocking acquire and ``False`` instead of an exception
+    where the lock is no longer ours.
     """
 
     def __init__(self, r: redis.Redis, keys: Keys, domain: str, ttl_ms: int = 30000) -> None:
@@ -311,11 +288,14 @@ class SessionLock:
             raise ValueError("ttl_ms must be a positive int")
         self.domain = _normal_domain(domain)
         self.ttl_ms = ttl_ms
-        self._r = r
-        self._key = keys.session_lock(self.domain)
-        self._token: str | None = None
-        self._release = script(r, RELEASE_LUA)
-        self._extend = script(r, EXTEND_LUA)
+        self._lock = Lock(
+            r,
+            keys.session_lock(self.domain),
+            timeout=ttl_ms / 1000,
+            blocking=False,
+            thread_local=False,
+        )
+        self._held = False
 
     def __repr__(self) -> str:
         # The token stays out: with it anybody could release our lock.
@@ -325,38 +305,39 @@ class SessionLock:
     def held(self) -> bool:
         """Whether this instance acquired the lock and has not released it (it may
         have expired since: :meth:`owned` asks Redis)."""
-        return self._token is not None
+        return self._held
 
     def acquire(self) -> bool:
         """Take the lock if nobody holds it; never waits."""
-        token = secrets.token_hex(16)
-        if not self._r.set(self._key, token, nx=True, px=self.ttl_ms):
-            return False
-        self._token = token
-        return True
+        self._held = bool(self._lock.acquire(blocking=False))
+        return self._held
 
     def release(self) -> bool:
         """Delete the lock if it still holds our token; False if it expired meanwhile."""
-        token, self._token = self._token, None
-        if token is None:
+        if not self._held:
             return False
-        return bool(self._release(keys=[self._key], args=[token]))
+        self._held = False
+        try:
+            self._lock.release()
+        except LockError:
+            return False
+        return True
 
     def extend(self, ttl_ms: int | None = None) -> bool:
         """Reset the lock's TTL to ``ttl_ms`` (default: the original TTL) if it is ours."""
         ttl = self.ttl_ms if ttl_ms is None else ttl_ms
         if not isinstance(ttl, int) or ttl <= 0:
             raise ValueError("ttl_ms must be a positive int")
-        if self._token is None:
+        if not self._held:
             return False
-        return bool(self._extend(keys=[self._key], args=[self._token, ttl]))
+        try:
+            return bool(self._lock.extend(ttl / 1000, replace_ttl=True))
+        except LockError:
+            return False
 
     def owned(self) -> bool:
         """Whether Redis still holds our token under the lock key."""
-        if self._token is None:
-            return False
-        current = self._r.get(self._key)
-        return current is not None and _text(current) == self._token
+        return self._held and bool(self._lock.owned())
 
     def __enter__(self) -> SessionLock:
         if not self.acquire():

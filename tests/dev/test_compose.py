@@ -106,7 +106,7 @@ def test_the_dockerfile_default_command_is_a_worker() -> None:
     assert re.search(r"^USER (?!root)\w+", dockerfile, re.MULTILINE), (
         "the image must not run as root"
     )
-    assert "celeryconfig.py" in dockerfile  # the Celery settings travel with the package
+    assert "COPY captcha_tasks " in dockerfile  # the Celery settings travel in the package
     assert ".env" in (ROOT / ".dockerignore").read_text().split(), "secrets in the build context"
 
 

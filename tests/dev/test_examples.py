@@ -358,3 +358,57 @@ def test_a_fresh_process_keeps_each_app_to_itself(framework: Framework) -> None:
         "ours_registered_there": [],
         "their_queue": framework.queue,
     }
+
+
+# -- a host project's own celeryconfig ------------------------------------------------------
+
+#: What a Django project's own ``celeryconfig.py`` (at its root, first on sys.path) might
+#: say: none of it may reach captcha-tasks' app.
+THEIR_CELERYCONFIG = """
+broker_url = "memory://"
+result_backend = "cache+memory://"
+task_serializer = "pickle"
+accept_content = ["pickle", "json"]
+task_default_queue = "django"
+task_acks_late = False
+"""
+
+
+def test_a_project_celeryconfig_never_replaces_ours(
+    tmp_path: Path, output_dir: Path, sandbox: Any
+) -> None:
+    import shutil
+
+    project = tmp_path / "django_project"
+    shutil.copytree(EXAMPLES / "django_project", project)
+    (project / "celeryconfig.py").write_text(THEIR_CELERYCONFIG)
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "proj.settings", "PYTHONPATH": str(project)}
+    probe = (
+        "import json, django; django.setup()\n"
+        "import celeryconfig, captcha_tasks\n"
+        "conf = captcha_tasks.app.conf\n"
+        "print(json.dumps([celeryconfig.__file__, conf.task_serializer, conf.accept_content,\n"
+        "                  conf.task_default_queue, conf.task_acks_late, conf.broker_url]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs, serializer, accept, queue, acks_late, broker = json.loads(done.stdout.splitlines()[-1])
+    assert Path(theirs).parent == project  # their module is the one Python finds
+    assert (serializer, accept, queue, acks_late) == ("json", ["json"], "captcha.solve", True)
+    assert broker == os.environ["REDIS_URL"]
+    # A worker started from the project's root solves with our configuration too.
+    worker = CeleryProcess(
+        "worker", env=env, log_dir=output_dir, name="celeryconfig-shadow", cwd=project
+    )
+    with worker:
+        worker.start()
+        result = captcha_tasks.solve.delay(**GOOD).get(timeout=30)
+    assert result["status"] == "solved"
+    assert sandbox.verify(result["token"])["success"] is True

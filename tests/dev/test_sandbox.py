@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import base64
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
 
+from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.dev.sandbox import (
     FIRST_CAPTCHA_ID,
     MAX_BULK_IDS,
     SandboxConfig,
     SandboxServer,
-    parse_cli_args,
 )
 
 KEY = "sandbox-test-" + os.urandom(4).hex()
@@ -611,15 +614,32 @@ def test_config_validation_names_the_field(changes: dict[str, Any], field: str) 
         SandboxConfig(**changes)
 
 
-def test_cli_args() -> None:
-    host, port, config = parse_cli_args(
-        ["--port", "9999", "--threads", "4", "--no-bulk", "--thread-error", "ERROR_ZERO_BALANCE"]
-        + ["--token-ttl", "42", "--error-rate", "0.25", "--solve-time", "0.5"]
-    )
-    assert (host, port) == ("127.0.0.1", 9999)
-    assert config.threads == 4 and config.bulk is False
-    assert config.thread_error == "ERROR_ZERO_BALANCE"
-    assert set(config.token_ttl.values()) == {42.0}
-    assert set(config.token_ttl) == set(SandboxConfig().token_ttl)
-    assert (config.error_rate, config.solve_time) == (0.25, 0.5)
-    assert parse_cli_args([])[2].bulk is True
+def test_cli_sandbox_serves_the_configuration_given(tmp_path: Path) -> None:
+    port = free_port()
+    argv = [sys.executable, "-m", "captcha_tasks.cli", "sandbox", "--port", str(port)]
+    argv += ["--threads", "4", "--no-bulk", "--thread-error", "ERROR_ZERO_BALANCE"]
+    argv += ["--token-ttl", "42", "--error-rate", "0.25", "--solve-time", "0.5", "--seed", "7"]
+    log = tmp_path / "sandbox.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: "CaptchaAI sandbox on" in log.read_text(), 30, what="the sandbox")
+        config = requests.get(f"{url}/sandbox/config", timeout=5).json()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert config["threads"] == 4 and config["bulk"] is False
+    assert config["thread_error"] == "ERROR_ZERO_BALANCE"
+    assert set(config["token_ttl"].values()) == {42.0}
+    assert set(config["token_ttl"]) == set(SandboxConfig().token_ttl)
+    assert (config["error_rate"], config["solve_time"], config["seed"]) == (0.25, 0.5, 7)
+    assert proc.returncode == 0  # SIGTERM stops it cleanly
+
+
+def test_cli_sandbox_refuses_a_bad_value_naming_it() -> None:
+    argv = [sys.executable, "-m", "captcha_tasks.cli", "sandbox", "--threads", "0"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "threads must be >= 1" in done.stderr
+    assert "Traceback" not in done.stderr
