@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
@@ -23,6 +24,9 @@ T = TypeVar("T")
 
 DEFAULT_BASE_URL = "https://ocr.captchaai.com"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+#: The Celery queues, one per kind of task, so a flood of one cannot starve the others.
+QUEUE_KINDS = ("solve", "submit", "poll", "housekeeping")
+_QUEUE_PREFIX = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class Settings:
     token_lifetimes: Mapping[str, float] = field(default_factory=dict)
     #: CAPTCHAAI_KEY_PREFIX: prefix of every Redis key this package writes.
     key_prefix: str = "captcha"
+    #: CAPTCHAAI_QUEUE_PREFIX: prefix of the Celery queues (``<prefix>.solve``, ``.submit``,
+    #: ``.poll``, ``.housekeeping``); two deployments sharing a Redis use different ones.
+    queue_prefix: str = "captcha"
     #: CAPTCHAAI_ADAPTIVE_SAMPLES: solve-time samples needed before the adaptive first poll.
     adaptive_min_samples: int = 10
     #: CAPTCHAAI_ADAPTIVE_PERCENTILE: percentile of observed solve time to first poll at.
@@ -123,6 +130,11 @@ class Settings:
         _check("CAPTCHAAI_TRANSPORT_RETRIES", self.transport_retries >= 0, "must be >= 0")
         _check("CAPTCHAAI_MAX_RESUBMITS", self.max_resubmits >= 0, "must be >= 0")
         _check("CAPTCHAAI_KEY_PREFIX", bool(self.key_prefix.strip()), "must not be empty")
+        _check(
+            "CAPTCHAAI_QUEUE_PREFIX",
+            bool(_QUEUE_PREFIX.fullmatch(self.queue_prefix)),
+            "must be letters, digits, '.', '_' or '-'",
+        )
         _check("CAPTCHAAI_ADAPTIVE_SAMPLES", self.adaptive_min_samples >= 1, "must be >= 1")
         _check(
             "CAPTCHAAI_ADAPTIVE_PERCENTILE",
@@ -184,6 +196,15 @@ class Settings:
                 continue
             values[name] = _parse(var, raw.strip(), parse)
         return cls(**values)
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        """The Celery queues of this deployment: solve, submit, poll, housekeeping."""
+        return tuple(self.queue(kind) for kind in QUEUE_KINDS)
+
+    def queue(self, kind: str) -> str:
+        """The name of one of :data:`QUEUE_KINDS`."""
+        return f"{self.queue_prefix}.{kind}"
 
     @property
     def capacity(self) -> int:
@@ -288,6 +309,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "max_resubmits": ("CAPTCHAAI_MAX_RESUBMITS", int),
     "token_lifetimes": ("CAPTCHAAI_TOKEN_LIFETIMES", _lifetimes),
     "key_prefix": ("CAPTCHAAI_KEY_PREFIX", str),
+    "queue_prefix": ("CAPTCHAAI_QUEUE_PREFIX", str),
     "adaptive_min_samples": ("CAPTCHAAI_ADAPTIVE_SAMPLES", int),
     "adaptive_percentile": ("CAPTCHAAI_ADAPTIVE_PERCENTILE", float),
     "threads_reserved": ("CAPTCHAAI_THREADS_RESERVED", int),

@@ -30,6 +30,7 @@ TEST_ENV = {
     "CAPTCHAAI_SOLVE_TIMEOUT": "30",
     "CAPTCHAAI_THREADS": "15",
     "CAPTCHAAI_KEY_PREFIX": "ct-test",
+    "CAPTCHAAI_QUEUE_PREFIX": "ct-test",
     "CAPTCHAAI_TRANSPORT_RETRIES": "6",
 }
 SANDBOX_DEFAULTS = {
@@ -150,11 +151,31 @@ def purge_broker(redis_url: str) -> None:
     """Drop queued and unacknowledged Celery messages left by an earlier module."""
     import redis
 
-    from captcha_tasks.dev.devstack import ALL_QUEUES
+    from captcha_tasks.dev.devstack import queue_names
 
     conn = redis.Redis.from_url(redis_url)
-    conn.delete(*ALL_QUEUES, "unacked", "unacked_index", "unacked_mutex")
+    conn.delete(*queue_names(os.environ), "unacked", "unacked_index", "unacked_mutex")
     conn.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def isolated_module(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each test module works under Redis keys and Celery queues of its own, so state
+    another module leaked cannot loosen its assertions.  Returns the prefix."""
+    from captcha_tasks import settings, store
+
+    name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    prefix = f"ct-{name}-{os.urandom(3).hex()}"
+    os.environ.update(CAPTCHAAI_KEY_PREFIX=prefix, CAPTCHAAI_QUEUE_PREFIX=prefix)
+    settings.reset_settings()
+    store.reset()
+    yield prefix
+    os.environ.update(
+        CAPTCHAAI_KEY_PREFIX=TEST_ENV["CAPTCHAAI_KEY_PREFIX"],
+        CAPTCHAAI_QUEUE_PREFIX=TEST_ENV["CAPTCHAAI_QUEUE_PREFIX"],
+    )
+    settings.reset_settings()
+    store.reset()
 
 
 @pytest.fixture(scope="module")

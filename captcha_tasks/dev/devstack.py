@@ -24,8 +24,13 @@ from typing import Self
 import redis
 
 from ..errors import ConfigurationError
+from ..settings import QUEUE_KINDS
 
-ALL_QUEUES = ("captcha.solve", "captcha.submit", "captcha.poll", "captcha.housekeeping")
+
+def queue_names(env: Mapping[str, str]) -> tuple[str, ...]:
+    """The Celery queues of the deployment configured by ``env``."""
+    prefix = env.get("CAPTCHAAI_QUEUE_PREFIX") or "captcha"
+    return tuple(f"{prefix}.{kind}" for kind in QUEUE_KINDS)
 
 
 def free_port() -> int:
@@ -188,7 +193,7 @@ class CeleryProcess(_Process):
         env: Mapping[str, str] | None = None,
         concurrency: int = 16,
         pool: str = "threads",
-        queues: Sequence[str] = ALL_QUEUES,
+        queues: Sequence[str] | None = None,
         name: str | None = None,
         log_dir: Path | None = None,
         extra_args: Sequence[str] = (),
@@ -201,7 +206,7 @@ class CeleryProcess(_Process):
         self.env = {**os.environ, **(env or {})}
         self.concurrency = concurrency
         self.pool = pool
-        self.queues = queues
+        self.queues = tuple(queues) if queues is not None else queue_names(self.env)
         self.extra_args = list(extra_args)
 
     def argv(self) -> list[str]:

@@ -6,6 +6,8 @@ depend on the deployment come from :mod:`captcha_tasks.settings`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from kombu import Queue  # type: ignore[attr-defined]
 
 from ..keys import Keys
@@ -52,18 +54,25 @@ task_soft_time_limit = 100
 # A worker started with -A captcha_tasks.worker.app registers the tasks too.
 imports = ("captcha_tasks.worker.tasks",)
 
-task_default_queue = "captcha.solve"
-task_queues = tuple(
-    Queue(name)  # type: ignore[no-untyped-call]
-    for name in ("captcha.solve", "captcha.submit", "captcha.poll", "captcha.housekeeping")
-)
-task_routes = {
-    "captcha_tasks.solve": {"queue": "captcha.solve"},
-    "captcha_tasks.submit": {"queue": "captcha.submit"},
-    "captcha_tasks.poll": {"queue": "captcha.poll"},
-    "captcha_tasks.report": {"queue": "captcha.housekeeping"},
-    "captcha_tasks.prewarm": {"queue": "captcha.housekeeping"},
+#: The queue (kind) of each task; the names come from CAPTCHAAI_QUEUE_PREFIX.
+QUEUE_OF_TASK = {
+    "captcha_tasks.solve": "solve",
+    "captcha_tasks.submit": "submit",
+    "captcha_tasks.poll": "poll",
+    "captcha_tasks.report": "housekeeping",
+    "captcha_tasks.prewarm": "housekeeping",
 }
+
+
+def route(name: str, *_: Any, **__: Any) -> dict[str, str] | None:
+    """Celery router: each task to its queue, named by the settings read when it is sent."""
+    kind = QUEUE_OF_TASK.get(name)
+    return None if kind is None else {"queue": get_settings().queue(kind)}
+
+
+task_default_queue = _settings.queue("solve")
+task_queues = tuple(Queue(name) for name in _settings.queues)  # type: ignore[no-untyped-call]
+task_routes = (route,)
 
 worker_hijack_root_logger = False
 # Task events cost a fan-out publish each (three per task).  They are off until a monitor

@@ -18,7 +18,7 @@ from celery import _state as celery_state
 from celery.signals import before_task_publish
 
 import captcha_tasks
-from captcha_tasks.dev.devstack import ALL_QUEUES, CeleryProcess, wait_until
+from captcha_tasks.dev.devstack import CeleryProcess, queue_names, wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PAGE = "https://example.com/signup"
@@ -200,7 +200,7 @@ def published() -> Iterator[list[str]]:
 
 
 def _queue_lengths(redis_conn: Any) -> dict[str, int]:
-    return {queue: int(redis_conn.llen(queue)) for queue in ALL_QUEUES}
+    return {queue: int(redis_conn.llen(queue)) for queue in queue_names(os.environ)}
 
 
 @pytest.mark.parametrize(
@@ -401,7 +401,8 @@ def test_a_project_celeryconfig_never_replaces_ours(
     assert done.returncode == 0, done.stderr[-3000:]
     theirs, serializer, accept, queue, acks_late, broker = json.loads(done.stdout.splitlines()[-1])
     assert Path(theirs).parent == project  # their module is the one Python finds
-    assert (serializer, accept, queue, acks_late) == ("json", ["json"], "captcha.solve", True)
+    ours = f"{os.environ['CAPTCHAAI_QUEUE_PREFIX']}.solve"
+    assert (serializer, accept, queue, acks_late) == ("json", ["json"], ours, True)
     assert broker == os.environ["REDIS_URL"]
     # A worker started from the project's root solves with our configuration too.
     worker = CeleryProcess(

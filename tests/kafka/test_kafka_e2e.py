@@ -65,7 +65,8 @@ def celery_backlog() -> int:
     parked submits (one each per captcha).  Poll messages are left out: a captcha can
     briefly have two (its countdown poll and one a bulk poll woke)."""
     r = store.redis_client()
-    queued = sum(int(r.llen(q)) for q in ("captcha.solve", "captcha.submit"))  # type: ignore[arg-type]
+    names = (get_settings().queue("solve"), get_settings().queue("submit"))
+    queued = sum(int(r.llen(q)) for q in names)  # type: ignore[arg-type]
     return queued + store.limiter().parked_count()
 
 

@@ -11,6 +11,7 @@ import pytest
 from captcha_tasks import solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.outcome import parse_iso
+from captcha_tasks.settings import get_settings
 
 pytestmark = pytest.mark.slow
 
@@ -21,12 +22,13 @@ def test_expired_answer_is_never_delivered(sandbox: Any, start_worker: Any) -> N
     sandbox.configure(token_ttl={"turnstile": LIFE}, solve_time=0.1, jitter=0.0)
     env = {"CAPTCHAAI_TOKEN_LIFETIMES": json.dumps({"turnstile": LIFE})}
     # Only submits run at first: the poll waits in its queue until the token has expired.
-    start_worker(env, queues=("captcha.solve", "captcha.submit"), name="submit-only")
+    queue = get_settings().queue
+    start_worker(env, queues=(queue("solve"), queue("submit")), name="submit-only")
     res = solve.delay(method="turnstile", sitekey="k", pageurl="https://example.com/")
     wait_until(lambda: sandbox.stats()["submits"] == 1, 15, what="the first submit")
     first_submit = time.time()
     wait_until(lambda: time.time() > first_submit + LIFE, LIFE + 1, what="token expiry")
-    start_worker(env, queues=("captcha.poll",), name="poll-late")
+    start_worker(env, queues=(queue("poll"),), name="poll-late")
     result = res.get(timeout=30)
     assert sandbox.stats()["submits"] == 2
     assert parse_iso(result["expires_at"]) > time.time()

@@ -161,7 +161,7 @@ def test_api_key_not_in_failure(sandbox: Any) -> None:
 
 
 def test_validation_error_before_anything_is_queued(redis_conn: Any) -> None:
-    before = {q: redis_conn.llen(q) for q in ("captcha.solve", "captcha.submit")}
+    before = {q: redis_conn.llen(q) for q in get_settings().queues}
     keys_before = redis_conn.dbsize()
     with pytest.raises(errors.ValidationError, match="pageurl"):
         solve.delay(method="turnstile", sitekey="k", pageurl="javascript:alert(1)")
