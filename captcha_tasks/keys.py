@@ -81,6 +81,15 @@ class Keys:
         """Sorted set: submits owed a task message, score = when it counts as lost (ms)."""
         return self._k("limiter", "dispatch")
 
+    def requested(self) -> str:
+        """Sorted set: solves published but not started yet, score = when their message
+        counts as lost (ms)."""
+        return self._k("limiter", "requested")
+
+    def requested_messages(self) -> str:
+        """Hash: solve id -> its solve message's keyword arguments (JSON, no secrets)."""
+        return self._k("limiter", "requested-messages")
+
     def parked_seq(self) -> str:
         return self._k("limiter", "parked-seq")
 

@@ -156,6 +156,13 @@ class Settings:
         _check("CAPTCHAAI_PROXY_COOLOFF", self.proxy_cooloff > 0, "must be > 0")
         _check("CAPTCHAAI_SUBMIT_RATE", self.submit_rate >= 1, "must be at least 1")
         _check("CAPTCHAAI_VISIBILITY_TIMEOUT", self.visibility_timeout >= 4, "must be >= 4")
+        http = self.connect_timeout + self.read_timeout
+        _check(
+            "CAPTCHAAI_VISIBILITY_TIMEOUT",
+            self.visibility_timeout > http,
+            f"must be longer than CAPTCHAAI_CONNECT_TIMEOUT + CAPTCHAAI_READ_TIMEOUT ({http:g} s):"
+            " a message still waiting for the API must not be delivered a second time",
+        )
         _check("CAPTCHAAI_BULK_POLL", self.bulk_poll in ("auto", "off"), 'must be "auto" or "off"')
         _check(
             "CAPTCHAAI_BULK_WINDOW",

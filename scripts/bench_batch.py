@@ -10,13 +10,11 @@ Sandbox: a 15-thread plan, 1.5 s ± 0.3 s solves; poll interval 0.5 s, initial w
       sleep-then-poll), the peer.
 
 and prints wall time, time to first result, res.php requests per solved captcha, failures
-and peak RSS.  ``--inflight`` runs the scale mode instead: 10,000 threads, 30 s solves,
-10,000 captchas in flight at once on one worker host.
+and peak RSS.  (``bench_pipeline.py --inflight`` is the 10,000-in-flight scale mode.)
 
 Not a timed test: the targets are printed as MET / MISSED.
 
     python scripts/bench_batch.py [--count 200]
-    python scripts/bench_batch.py --inflight [--count 10000]
 """
 
 from __future__ import annotations
@@ -246,47 +244,13 @@ def batch_mode(
     return 0 if all(ok for _, ok in checks) else 1
 
 
-def inflight_mode(
-    args: argparse.Namespace, base_env: dict[str, str], sandbox: SandboxServer, log_dir: Path
-) -> int:
-    n = args.count
-    env = {
-        **base_env,
-        "CAPTCHAAI_THREADS": str(n),
-        "CAPTCHAAI_POLL_INTERVAL": "5",
-        "CAPTCHAAI_INITIAL_WAIT": "30",
-        "CAPTCHAAI_SOLVE_TIMEOUT": "600",
-        "CAPTCHAAI_SLOT_LEASE": "300",
-        "CAPTCHAAI_VISIBILITY_TIMEOUT": "120",
-        # the sandbox has no 60-per-3-s ban; the real API would need hours for this
-        "CAPTCHAAI_SUBMIT_RATE": "100000",
-    }
-    # one worker host: two worker processes (one per core)
-    run = run_ours("in-flight scale", env, sandbox, n, log_dir, workers=2, concurrency=32)
-    r = redis.Redis.from_url(base_env["REDIS_URL"])
-    info: Any = r.info("memory")
-    stats = sandbox.stats()
-    print_table([run])
-    print(f"\nsandbox peak in flight: {stats['peak_in_flight']} (of {n})")
-    print(f"submits to in.php: {run.submits} for {n} captchas -> duplicates: {run.submits - n}")
-    print(f"Redis used_memory_peak: {info['used_memory_peak_human']}")
-    ok = run.submits == n and run.solved == n
-    print(f"{'MET   ' if ok else 'MISSED'} every captcha solved, zero duplicate submits")
-    return 0 if ok else 1
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=None)
-    parser.add_argument("--inflight", action="store_true", help="10,000-in-flight scale mode")
     args = parser.parse_args()
-    args.count = args.count or (10_000 if args.inflight else 200)
+    args.count = args.count or 200
     log_dir = Path(tempfile.mkdtemp(prefix="bench-batch-"))
-    config = (
-        SandboxConfig(threads=args.count, solve_time=30, jitter=1, api_keys=(KEY,))
-        if args.inflight
-        else SandboxConfig(threads=15, solve_time=1.5, jitter=0.3, api_keys=(KEY,))
-    )
+    config = SandboxConfig(threads=15, solve_time=1.5, jitter=0.3, api_keys=(KEY,))
     with RedisServer(log_dir=log_dir) as redis_server:
         redis_server.start()
         sandbox = SandboxServer(config).start()
@@ -298,8 +262,7 @@ def main() -> int:
         }
         os.environ.update(base_env)
         try:
-            mode = inflight_mode if args.inflight else batch_mode
-            return mode(args, base_env, sandbox, log_dir)
+            return batch_mode(args, base_env, sandbox, log_dir)
         finally:
             sandbox.stop()
             wait_until(lambda: True, 1)

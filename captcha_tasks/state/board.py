@@ -180,6 +180,7 @@ FINISH_LUA = lua(
 -- KEYS[11] = its result key, KEYS[12] = its batch stream, KEYS[13] = the batch's cancelled flag
 -- KEYS[14] = the method's solve times (list), KEYS[15] = solves by source (hash)
 -- KEYS[16] = API errors by code (hash)
+-- KEYS[17] = requested (zset), KEYS[18] = requested messages (hash): its message ran
 -- ARGV[1] = captcha id ('' when no captcha of the solve is at the provider)
 -- ARGV[2] = lease id, ARGV[3..8] = handout: lease ms, capacity, refill capacity, most
 --   handed out, refill band, grace ms
@@ -200,6 +201,8 @@ if cid ~= '' then
 end
 if redis.call('HSETNX', KEYS[8], 'done', '1') == 0 then return {0} end
 redis.call('EXPIRE', KEYS[8], tonumber(ARGV[9]))
+redis.call('ZREM', KEYS[17], ARGV[2])
+redis.call('HDEL', KEYS[18], ARGV[2])
 redis.call('DEL', KEYS[9], KEYS[10])
 local lease = ARGV[2]
 redis.call('ZREM', KEYS[4], lease)
@@ -428,6 +431,8 @@ class Board:
             k.solve_times(done.method),
             k.solved_counter(done.method),
             k.api_errors(),
+            k.requested(),
+            k.requested_messages(),
         ]
         solve_time = "" if done.solve_time_s is None else f"{done.solve_time_s:.3f}"
         args: list[Arg] = [

@@ -22,6 +22,7 @@ limiter fails closed and nothing is submitted.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -108,31 +109,47 @@ ADMIT_LUA = lua(
 -- KEYS[7] = the solve's submit claim (string with a TTL)
 -- KEYS[8] = the batch's cancelled flag (looked at when ARGV[12] is '1')
 -- KEYS[9] = in.php window (zset), KEYS[10] = hourly request counts (hash)
+-- KEYS[11] = requested (zset), KEYS[12] = requested messages (hash): the solve's message
+--   has run now, so it is no longer waited for
 -- ARGV[1] = lease id (the solve id), ARGV[2] = lease ms, ARGV[3] = capacity of its class
 -- ARGV[4] = class: 0 on demand, 1 refill, ARGV[5] = the job (JSON), parked if no slot
 -- ARGV[6] = ms until the solve's deadline, ARGV[7] = refill band, ARGV[8] = attempt
 -- ARGV[9] = claim ms (0: take no claim), ARGV[10] = in.php window ms
 -- ARGV[11] = in.php requests per window (0: count no request)
 -- ARGV[12] = '1' when the solve belongs to a batch, ARGV[13] = in.php request id
--- returns {status, ms}: 'go' (slot held, claim taken, request counted), 'wait' (slot
+-- ARGV[14] = the id of the task message asking (the claim records its holder)
+-- ARGV[15] = '1' when that message is a redelivery (its first worker died)
+-- ARGV[16..19] = capacity, refill capacity, most handed out, grace ms: the handout of the
+--   slot a cancelled solve gives back
+-- returns {status, ms} or, for 'cancelled', {status, 0, {given, expired}} (as RELEASE)
+-- status: 'go' (slot held, claim taken, request counted), 'wait' (slot
 --   held; the in.php budget frees in ms), 'parked', 'cancelled' (its slot is freed),
---   'done' (this attempt was submitted or the solve is over), 'busy' (a copy holds the
---   claim, for ms more: look again then, in case its holder died)
+--   'done' (this attempt was submitted or the solve is over), 'busy' (another message
+--   holds the claim, for ms more: look again then, in case its holder died)
 """,
     IN_RATE_FN,
+    HANDOUT_FN,
     """
 local id = ARGV[1]
+redis.call('ZREM', KEYS[11], id)
+redis.call('HDEL', KEYS[12], id)
 local record = redis.call('HMGET', KEYS[6], 'done', 'attempt')
 if record[1] then return {'done', 0} end
 if record[2] and tonumber(record[2]) >= tonumber(ARGV[8]) then return {'done', 0} end
-local claimed = redis.call('PTTL', KEYS[7])
-if claimed > 0 then return {'busy', claimed} end
+local holder = redis.call('GET', KEYS[7])
+-- The message that took the claim, redelivered because its worker never acknowledged
+-- it (it died), goes on; any other copy waits for the claim.
+local mine = holder == ARGV[14] and ARGV[15] == '1'
+if holder and not mine then return {'busy', redis.call('PTTL', KEYS[7])} end
 if redis.call('ZSCORE', KEYS[2], id) then return {'parked', 0} end
 redis.call('ZREM', KEYS[5], id)
 redis.call('HDEL', KEYS[3], id)
 if ARGV[12] == '1' and redis.call('EXISTS', KEYS[8]) == 1 then
   redis.call('ZREM', KEYS[1], id)
-  return {'cancelled', 0}
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  return {'cancelled', 0, handout(KEYS[1], KEYS[2], KEYS[3], KEYS[5], tonumber(ARGV[2]),
+    tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18]), tonumber(ARGV[7]),
+    tonumber(ARGV[19]))}
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local lease_ms = tonumber(ARGV[2])
@@ -156,7 +173,7 @@ if tonumber(ARGV[11]) > 0 then
   local wait = in_rate(KEYS[9], KEYS[10], tonumber(ARGV[10]), tonumber(ARGV[11]), ARGV[13])
   if wait > 0 then return {'wait', wait} end
 end
-if tonumber(ARGV[9]) > 0 then redis.call('SET', KEYS[7], '1', 'PX', tonumber(ARGV[9])) end
+if tonumber(ARGV[9]) > 0 then redis.call('SET', KEYS[7], ARGV[14], 'PX', tonumber(ARGV[9])) end
 return {'go', 0}
 """,
 )
@@ -193,10 +210,13 @@ SWEEP_LUA = lua(
 -- free slots to parked submits, and hand out again the submits whose message was lost.
 -- KEYS[1] = slots, KEYS[2] = parked, KEYS[3] = waiting, KEYS[4] = dispatch (as in ADMIT)
 -- KEYS[5] = the sweep lock (string)
+-- KEYS[6] = requested (zset: solve id -> when its message counts as lost, ms)
+-- KEYS[7] = requested messages (hash), KEYS[8] = the solve queue (list)
 -- ARGV[1] = lock ms (the tick), ARGV[2..7] = as ARGV[2..7] of RELEASE
 -- ARGV[8] = most lost messages to hand out again
--- returns {0} when another process swept this tick, else {1, given, expired, lost}:
---   flat lists of lease id, job
+-- ARGV[9] = ms a solve message may wait before it counts as lost
+-- returns {0} when another process swept this tick, else {1, given, expired, lost,
+--   unstarted}: flat lists of lease id, job (unstarted: solve id, solve message)
 """,
     HANDOUT_FN,
     """
@@ -216,7 +236,57 @@ for _, id in ipairs(ids) do
     redis.call('ZREM', KEYS[4], id)
   end
 end
-return {1, out[1], out[2], lost}
+-- A solve message that never started: while the solve queue is backed up it may only be
+-- waiting; once the queue is empty (or it is ten times overdue) it was lost.
+local unstarted = {}
+local grace = tonumber(ARGV[9])
+local queued = redis.call('LLEN', KEYS[8])
+local horizon = now
+if queued > 0 then horizon = now - 9 * grace end
+ids = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', horizon, 'LIMIT', 0, tonumber(ARGV[8]))
+for _, id in ipairs(ids) do
+  local message = redis.call('HGET', KEYS[7], id)
+  if message then
+    redis.call('ZADD', KEYS[6], now + grace, id)
+    table.insert(unstarted, id)
+    table.insert(unstarted, message)
+  else
+    redis.call('ZREM', KEYS[6], id)
+  end
+end
+return {1, out[1], out[2], lost, unstarted}
+""",
+)
+
+EXPECT_LUA = lua(
+    """
+-- A solve message is about to be published: remember it until it starts.
+-- KEYS[1] = requested (zset: solve id -> when its message counts as lost, ms)
+-- KEYS[2] = requested messages (hash: solve id -> the message's keyword arguments)
+-- ARGV[1] = solve id, ARGV[2] = keyword arguments (JSON), ARGV[3] = ms it may wait
+-- returns 1
+""",
+    """
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+return 1
+""",
+)
+
+OWE_LUA = lua(
+    """
+-- A submit is published again (later): owe it until its message starts.
+-- KEYS[1] = dispatch (zset), KEYS[2] = waiting (hash), KEYS[3] = the solve's submit claim
+-- ARGV[1] = lease id (solve id), ARGV[2] = job (JSON), ARGV[3] = ms until the message
+--   counts as lost, ARGV[4] = ms until the solve's deadline, ARGV[5] = '1' to give up the
+--   claim (it is this message's)
+-- returns 1
+""",
+    """
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], tostring(now + tonumber(ARGV[4])) .. '|' .. ARGV[2])
+if ARGV[5] == '1' then redis.call('DEL', KEYS[3]) end
+return 1
 """,
 )
 
@@ -295,11 +365,24 @@ AdmitStatus = Literal["go", "wait", "parked", "cancelled", "done", "busy"]
 
 
 @dataclass(frozen=True)
+class Swept:
+    """What one housekeeping sweep handed out: parked submits given a slot (or expired),
+    submits whose message was lost (``lost``), and solve messages that never started
+    (``unstarted``: the solve id and the message's keyword arguments)."""
+
+    handout: Handout
+    lost: list[Parked]
+    unstarted: list[Parked]
+
+
+@dataclass(frozen=True)
 class Admission:
-    """What :meth:`ThreadLimiter.admit` decided; ``wait_s`` with ``"wait"``."""
+    """What :meth:`ThreadLimiter.admit` decided; ``wait_s`` with ``"wait"`` and ``"busy"``;
+    with ``"cancelled"``, the parked submits handed the slot it gave back."""
 
     status: AdmitStatus
     wait_s: float = 0.0
+    handout: Handout | None = None
 
 
 @dataclass(frozen=True)
@@ -318,6 +401,9 @@ class LimiterConfig:
     max_handout: int = 100
     #: Seconds a handed-out submit's message may take to start before it is sent again.
     dispatch_grace_s: float = 5.0
+    #: Seconds a solve message may wait to start (the queue empty) before it is sent again
+    #: (longer than a dead worker's unacknowledged messages take to come back).
+    message_grace_s: float = 70.0
 
     @property
     def refill_capacity(self) -> int:
@@ -335,6 +421,8 @@ class ThreadLimiter:
         self._release = script(r, RELEASE_LUA)
         self._sweep = script(r, SWEEP_LUA)
         self._renew = script(r, RENEW_LUA)
+        self._expect = script(r, EXPECT_LUA)
+        self._owe = script(r, OWE_LUA)
         self._in_rate = script(r, IN_RATE_LUA)
         self._res_rate = script(r, RES_RATE_LUA)
 
@@ -363,10 +451,14 @@ class ThreadLimiter:
         refill: bool = False,
         batch_id: str | None = None,
         submitting: bool = True,
+        message_id: str = "",
+        redelivered: bool = False,
     ) -> Admission:
         """Admit a submit of ``job`` (see ``ADMIT_LUA``); parks the job if no slot is free.
 
-        With ``submitting`` False only the slot is taken (no in.php budget, no claim)."""
+        ``message_id`` is the task message asking: a message ``redelivered`` after its
+        worker died finds the claim it took itself and goes on.  With ``submitting`` False only
+        the slot is taken (no in.php budget, no claim)."""
         cfg, k = self.config, self.keys
         solve_id = str(job["solve_id"])
         keys = [
@@ -378,6 +470,8 @@ class ThreadLimiter:
             k.batch_cancelled(batch_id or "-"),
             k.rate("in"),
             k.rate("hourly"),
+            k.requested(),
+            k.requested_messages(),
         ]
         args: list[Arg] = [
             solve_id,
@@ -393,9 +487,16 @@ class ThreadLimiter:
             cfg.in_per_window if submitting else 0,
             "1" if batch_id else "0",
             uuid.uuid4().hex,
+            message_id or uuid.uuid4().hex,
+            "1" if redelivered else "0",
+            cfg.capacity,
+            cfg.refill_capacity,
+            cfg.max_handout,
+            ms(cfg.dispatch_grace_s),
         ]
-        status, wait = _guarded(lambda: self._admit(keys=keys, args=args))
-        return Admission(text(status), int(wait) / 1000)  # type: ignore[arg-type]
+        reply = _guarded(lambda: self._admit(keys=keys, args=args))
+        handout = Handout(handed(reply[2][0]), handed(reply[2][1])) if len(reply) > 2 else None
+        return Admission(text(reply[0]), int(reply[1]) / 1000, handout)  # type: ignore[arg-type]
 
     def acquire(
         self, lease_id: str, *, job: Mapping[str, Any], deadline_in_s: float, refill: bool = False
@@ -420,15 +521,40 @@ class ThreadLimiter:
         given, expired = _guarded(lambda: self._release(keys=self.slot_keys(), args=args))
         return Handout(handed(given), handed(expired))
 
-    def sweep(self, tick_s: float, most: int = 500) -> tuple[Handout, list[Parked]] | None:
-        """Reclaim expired leases, hand out parked submits, and hand out again submits
-        whose message was lost; None when another process swept within ``tick_s``."""
-        keys = [*self.slot_keys(), self.keys.housekeeping_lock()]
+    def sweep(self, tick_s: float, solve_queue: str, most: int = 500) -> Swept | None:
+        """Reclaim expired leases, hand out parked submits, and hand out again the submits
+        and solves whose message was lost; None when another process swept within
+        ``tick_s``."""
+        k = self.keys
+        keys = [*self.slot_keys(), k.housekeeping_lock()]
+        keys += [k.requested(), k.requested_messages(), solve_queue]
         args: list[Arg] = [max(1, ms(tick_s)), *self.handout_args(), most]
+        args.append(ms(self.config.message_grace_s))
         reply = _guarded(lambda: self._sweep(keys=keys, args=args))
         if int(reply[0]) == 0:
             return None
-        return Handout(handed(reply[1]), handed(reply[2])), handed(reply[3])
+        unstarted = handed(reply[4])
+        return Swept(Handout(handed(reply[1]), handed(reply[2])), handed(reply[3]), unstarted)
+
+    def expect(self, solve_id: str, message: Mapping[str, Any]) -> None:
+        """A solve message is about to be published: wait for it to start (``ADMIT``), and
+        publish it again from :meth:`sweep` if it is lost on its way to a worker."""
+        k = self.keys
+        keys = [k.requested(), k.requested_messages()]
+        args: list[Arg] = [solve_id, _dumps(message), ms(self.config.message_grace_s)]
+        _guarded(lambda: self._expect(keys=keys, args=args))
+
+    def owe(self, job: Mapping[str, Any], countdown_s: float, *, unclaim: bool) -> None:
+        """The submit of ``job`` is published again after ``countdown_s``: owe it, so that
+        :meth:`sweep` hands it out again if that message is lost (and give up the submit
+        claim unless another message holds it)."""
+        solve_id = str(job["solve_id"])
+        k = self.keys
+        keys = [k.dispatch(), k.waiting(), k.submit_claim(solve_id)]
+        due = ms(countdown_s + self.config.dispatch_grace_s)
+        deadline = ms(max(0.0, float(job["deadline"]) - time.time()))
+        args: list[Arg] = [solve_id, _dumps(job), due, deadline, "1" if unclaim else "0"]
+        _guarded(lambda: self._owe(keys=keys, args=args))
 
     def renew(self, lease_id: str) -> bool:
         """Extend a solve's lease; False if it holds none (released or long expired)."""

@@ -25,7 +25,7 @@ from ..errors import ValidationError
 from ..keys import Keys
 from ..methods import METHODS, SolveRequest
 from ..poolspec import ENV_VAR, POOLABLE_METHODS, PoolSpec, parse_pools
-from .lua import NOW_MS, guard, script
+from .lua import guard, lua, script
 
 __all__ = [
     "ENV_VAR",
@@ -59,7 +59,7 @@ class PoolNotFound(ValidationError):
 # -- Lua: one script per atomic operation -----------------------------------------------
 
 
-REGISTER_LUA = (
+REGISTER_LUA = lua(
     """
 -- Declare (or redefine) a pool.
 -- KEYS[1] = pool registry (hash: name -> JSON definition)
@@ -69,18 +69,17 @@ REGISTER_LUA = (
 -- ARGV[2] = JSON definition
 -- ARGV[3] = '1' to drop tokens and refills solved for an older, different definition
 -- returns 1 for a new pool, 0 when an existing definition was replaced
-"""
-    + NOW_MS
-    + """
+""",
+    """
 local new = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 -- A young pool's take rate is measured over its age, so remember when it started.
 redis.call('HSETNX', KEYS[2], 'started', now)
 if ARGV[3] == '1' then redis.call('DEL', KEYS[3], KEYS[4]) end
 return new
-"""
+""",
 )
 
-ADD_LUA = (
+ADD_LUA = lua(
     """
 -- Put one solved token in a pool, scored by its own expiry.
 -- KEYS[1] = pool registry (hash: name -> JSON definition)
@@ -90,9 +89,8 @@ ADD_LUA = (
 -- ARGV[2] = token record (JSON; unique because it holds the token and captcha id)
 -- ARGV[3] = seconds of life the token has left (capped at the pool's ttl)
 -- returns 1 added, 0 already in the pool, -1 undeclared pool
-"""
-    + NOW_MS
-    + """
+""",
+    """
 local def = redis.call('HGET', KEYS[1], ARGV[1])
 if not def then return -1 end
 local life = math.min(tonumber(ARGV[3]), tonumber(cjson.decode(def).ttl))
@@ -100,10 +98,10 @@ local life = math.min(tonumber(ARGV[3]), tonumber(cjson.decode(def).ttl))
 local added = redis.call('ZADD', KEYS[2], 'NX', now + math.floor(life * 1000), ARGV[2])
 if added == 1 then redis.call('HINCRBY', KEYS[3], 'added', 1) end
 return added
-"""
+""",
 )
 
-TAKE_LUA = (
+TAKE_LUA = lua(
     """
 -- Hand out the soonest-expiring usable token, exactly once.
 -- KEYS[1] = pool registry (hash: name -> JSON definition)
@@ -114,9 +112,8 @@ TAKE_LUA = (
 -- ARGV[2] = seconds of life the token must have left ('' = the pool's min_remaining)
 -- ARGV[3] = seconds of take history to keep
 -- returns {1, record, ms of life left}, {0} when no usable token (a miss), {-1} undeclared
-"""
-    + NOW_MS
-    + """
+""",
+    """
 local def = redis.call('HGET', KEYS[1], ARGV[1])
 if not def then return {-1} end
 local min_s = tonumber(ARGV[2]) or tonumber(cjson.decode(def).min_remaining)
@@ -136,10 +133,10 @@ end
 redis.call('ZREM', KEYS[2], hit[1])
 redis.call('HINCRBY', KEYS[3], 'taken', 1)
 return {1, hit[1], tonumber(hit[2]) - now}
-"""
+""",
 )
 
-REFILL_STARTED_LUA = (
+REFILL_STARTED_LUA = lua(
     """
 -- Count a refill solve as in flight until it finishes or its timeout passes.
 -- KEYS[1] = pool registry (hash: name -> JSON definition)
@@ -148,33 +145,31 @@ REFILL_STARTED_LUA = (
 -- ARGV[2] = refill id
 -- ARGV[3] = seconds until it stops counting (a worker that died must not block refills)
 -- returns 1 recorded, -1 undeclared pool
-"""
-    + NOW_MS
-    + """
+""",
+    """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
 redis.call('ZADD', KEYS[2], now + math.floor(tonumber(ARGV[3]) * 1000), ARGV[2])
 return 1
-"""
+""",
 )
 
-SWEEP_LUA = (
+SWEEP_LUA = lua(
     """
 -- Drop a pool's expired tokens, counting them as waste.
 -- KEYS[1] = pool registry (hash: name -> JSON definition)
 -- KEYS[2] = the pool's tokens (zset), KEYS[3] = the pool's stats (hash)
 -- ARGV[1] = pool name
 -- returns how many were dropped, -1 for an undeclared pool
-"""
-    + NOW_MS
-    + """
+""",
+    """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
 local swept = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 if swept > 0 then redis.call('HINCRBY', KEYS[3], 'expired', swept) end
 return swept
-"""
+""",
 )
 
-SNAPSHOT_LUA = (
+SNAPSHOT_LUA = lua(
     """
 -- Read everything a pool's status and refill plan need, at one instant.
 -- KEYS[1] = pool registry (hash: name -> JSON definition)
@@ -186,9 +181,8 @@ SNAPSHOT_LUA = (
 -- ARGV[4] = shortest window a young pool's rate is measured over, seconds
 -- returns {-1} for an undeclared pool, else {1, live, covered, in flight,
 --   takes in window, window ms, added, taken, expired, misses}
-"""
-    + NOW_MS
-    + """
+""",
+    """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {-1} end
 -- Expired tokens are left for take / sweep to count; they are simply not live.
 local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
@@ -206,22 +200,21 @@ local takes = redis.call('ZCOUNT', KEYS[5], '(' .. (now - window), '+inf')
 local c = redis.call('HMGET', KEYS[4], 'added', 'taken', 'expired', 'misses')
 return {1, live, covered, inflight, takes, window,
   tonumber(c[1]) or 0, tonumber(c[2]) or 0, tonumber(c[3]) or 0, tonumber(c[4]) or 0}
-"""
+""",
 )
 
-RESET_STATS_LUA = (
+RESET_STATS_LUA = lua(
     """
 -- Forget a pool's counters and take history; its age starts again now.
 -- KEYS[1] = the pool's stats (hash), KEYS[2] = the pool's take times (zset)
 -- ARGV (none)
 -- returns 1
-"""
-    + NOW_MS
-    + """
+""",
+    """
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('HSET', KEYS[1], 'started', now)
 return 1
-"""
+""",
 )
 
 

@@ -23,14 +23,14 @@ import redis
 
 from ..keys import Keys
 from ..proxyspec import PROXY_TYPES, Proxy, mask, parse, proxy_id, split
-from .lua import NOW_MS, script, text
+from .lua import lua, script, text
 
 __all__ = ["PROXY_TYPES", "ProxyPool", "mask", "proxy_id", "split"]
 
 log = logging.getLogger(__name__)
 
 
-ACQUIRE_LUA = (
+ACQUIRE_LUA = lua(
     """
 -- KEYS[1] = the pool's proxy set
 -- KEYS[2] = the quarantine sorted set (score = when the proxy comes back, ms, Redis clock)
@@ -41,9 +41,8 @@ ACQUIRE_LUA = (
 -- ARGV[2+i] = candidate proxies (the pool's members, shuffled by the caller)
 -- returns {proxy, 1} when the owner keeps its live assignment (both its keys refreshed),
 --   {proxy, 0} for a new assignment, false when no proxy is free
-"""
-    + NOW_MS
-    + """
+""",
+    """
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local ttl, owner = ARGV[1], ARGV[2]
 local function usable(proxy)
@@ -76,7 +75,7 @@ for i = 3, #ARGV do
   end
 end
 return false
-"""
+""",
 )
 
 RELEASE_LUA = """
@@ -110,7 +109,7 @@ end
 return 0
 """
 
-QUARANTINE_LUA = (
+QUARANTINE_LUA = lua(
     """
 -- KEYS[1] = the quarantine sorted set
 -- KEYS[2] = the proxy's owner key
@@ -118,9 +117,8 @@ QUARANTINE_LUA = (
 -- ARGV[1] = proxy
 -- ARGV[2] = cool-off (ms)
 -- returns when the proxy comes back (ms, Redis clock)
-"""
-    + NOW_MS
-    + """
+""",
+    """
 local back = now + tonumber(ARGV[2])
 redis.call('ZADD', KEYS[1], back, ARGV[1])
 redis.call('DEL', KEYS[2])
@@ -128,19 +126,19 @@ if KEYS[3] and redis.call('GET', KEYS[3]) == ARGV[1] then
   redis.call('DEL', KEYS[3])
 end
 return back
-"""
+""",
 )
 
-QUARANTINED_LUA = (
+QUARANTINED_LUA = lua(
     """
 -- KEYS[1] = the quarantine sorted set
+-- ARGV (none)
 -- returns the proxies still cooling off (expired entries are dropped)
-"""
-    + NOW_MS
-    + """
+""",
+    """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
-"""
+""",
 )
 
 

@@ -73,6 +73,7 @@ def limiter() -> ThreadLimiter:
         lease_s=settings.slot_lease,
         in_per_window=settings.submit_rate,
         claim_s=settings.connect_timeout + settings.read_timeout + 10,
+        message_grace_s=settings.visibility_timeout + 10,
     )
     return ThreadLimiter(redis_client(), keys(), config)
 

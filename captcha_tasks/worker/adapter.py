@@ -13,15 +13,15 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
 
 from .. import errors
 from ..client import NOT_READY, Answer, _Pending
-from ..methods import POOL_PROXY, SolveRequest, build_request, default_wait
+from ..methods import SolveRequest, build_request, default_wait
 from ..outcome import Solved, iso
-from ..redact import SECRET_PARAMS
 from ..settings import Settings, get_settings
 from ..state import store
 from ..state.board import Again, Entry, RoundDue
@@ -56,6 +56,15 @@ def policy(settings: Settings) -> Policy:
     )
 
 
+@dataclass(frozen=True)
+class Message:
+    """The task message a step runs for: its id, and whether the broker delivered it again
+    because the worker that had it died."""
+
+    id: str
+    redelivered: bool = False
+
+
 class Runner:
     """Runs the steps of solves for one Celery app, in one process."""
 
@@ -68,21 +77,22 @@ class Runner:
         self._bulk_checked = (-math.inf, True)
 
     # -- solve -------------------------------------------------------------------------
-    def solve(self, solve_id: str, kwargs: dict[str, Any]) -> None:
+    def solve(self, message: Message, kwargs: dict[str, Any]) -> None:
         """A caller's solve: answer from a pool, or submit (or park) its captcha."""
+        solve_id = message.id
         batch = kwargs.pop("_batch", None)
+        stashed = kwargs.pop("_secrets", None) or []
         now = time.time()
         try:
-            request = build_request(**kwargs)
-        except errors.ValidationError as exc:  # a message that skipped the call-site check
+            request = build_request(**kwargs, **_stashed(solve_id, stashed))
+        except errors.CaptchaTasksError as exc:  # skipped the call-site check, or expired
             job = steps.unusable_job(solve_id, kwargs.get("method"), now, batch)
             self.completer.complete(job, Fail(exc))
             return
         job = steps.new_job(solve_id, request, now, self.policy, batch=batch)
         if self._from_pool(job, request, now):
             return
-        ttl = int(self.settings.solve_timeout) + 600
-        self.submit(_stash_secrets(job, request, ttl), request)
+        self.submit(_without_secrets(job, stashed), message, request)
 
     def _from_pool(self, job: Job, request: SolveRequest, started: float) -> bool:
         if request.per_request:
@@ -109,8 +119,14 @@ class Runner:
         return True
 
     # -- submit ------------------------------------------------------------------------
-    def submit(self, job: Job, request: SolveRequest | None = None) -> None:
-        """Admit the job's submit and call ``in.php`` for it when it holds a slot."""
+    def submit(
+        self,
+        job: Job,
+        message: Message,
+        request: SolveRequest | None = None,
+    ) -> None:
+        """Admit the job's submit (for task ``message``) and call ``in.php`` for it when it
+        holds a slot."""
         now = time.time()
         decision: Decision | None = steps.before_submit(job, now)
         if decision is None:
@@ -120,7 +136,11 @@ class Runner:
                 deadline_in_s=job["deadline"] - now,
                 refill=bool(job.get("pool")),
                 batch_id=batch["id"] if batch else None,
+                message_id=message.id,
+                redelivered=message.redelivered,
             )
+            if admission.handout is not None:
+                self.completer.publish(admission.handout)
             decision = steps.on_admission(job, admission, now)
         if isinstance(decision, Submit):
             decision = self._call_in_php(job, request)
@@ -143,14 +163,11 @@ class Runner:
             self.publish_round(due)
         elif isinstance(decision, SubmitAt):
             self._count(decision.error)
-            if not decision.keep_claim:
-                store.limiter().unclaim(job["solve_id"])
-            self._send_submit(decision.job, decision.at - time.time())
+            self.resend(decision.job, decision.at - time.time(), not decision.keep_claim)
         elif isinstance(decision, Resubmit):
             self._count(decision.error)
             self._replace_proxy(job, decision)
-            store.limiter().unclaim(job["solve_id"])
-            self._send_submit(decision.job, 0.0)
+            self.resend(decision.job, 0.0, unclaim=True)
         elif isinstance(decision, Deliver | Fail):
             self.completer.complete(job, decision)
         elif isinstance(decision, Stop):
@@ -240,7 +257,7 @@ class Runner:
         self._replace_proxy(entry.job, decision)
         deadline_in = decision.job["deadline"] - now
         if store.board().retire(entry.captcha_id, decision.job, deadline_in, decision.error.code):
-            self._send_submit(decision.job, 0.0)
+            send_submit(self.app, decision.job)
 
     # -- messages ----------------------------------------------------------------------
     def publish_round(self, due: RoundDue | None) -> None:
@@ -253,7 +270,10 @@ class Runner:
                 POLL_TASK, args=(due.at_ms,), countdown=countdown, argsrepr="(round)"
             )
 
-    def _send_submit(self, job: Job, countdown: float) -> None:
+    def resend(self, job: Job, countdown: float, unclaim: bool) -> None:
+        """Publish the submit of ``job`` again, owed until it starts (see ``limiter.owe``)."""
+        countdown = min(max(0.0, countdown), self.settings.visibility_timeout / 2)
+        store.limiter().owe(job, countdown, unclaim=unclaim)
         send_submit(self.app, job, countdown)
 
     # -- helpers -----------------------------------------------------------------------
@@ -320,15 +340,22 @@ def _cancelled(job: Job) -> bool:
 # -- secrets and proxies ----------------------------------------------------------------
 
 
-def _stash_secrets(job: Job, request: SolveRequest, ttl_s: int) -> Job:
-    """Keep the caller's proxy and cookies out of every later task message and of the
-    parked job: they wait in Redis for the submit that needs them."""
-    secret = {k: v for k, v in request.params.items() if k in SECRET_PARAMS and v != POOL_PROXY}
-    if not secret:
+def _stashed(solve_id: str, names: list[str]) -> dict[str, Any]:
+    """The proxy and cookies the caller stashed for this solve (see ``SolveTask``)."""
+    if not names:
+        return {}
+    found = store.secrets().fetch(solve_id, names)
+    if found is None:
+        raise errors.SolveTimeout("the solve's proxy/cookies expired before it started")
+    return found
+
+
+def _without_secrets(job: Job, names: list[str]) -> Job:
+    """The job as it travels on: the stashed parameters are named, never carried."""
+    if not names:
         return job
-    store.secrets().stash(job["solve_id"], secret, ttl_s)
-    params = {k: v for k, v in request.params.items() if k not in secret}
-    return {**job, "request": {**job["request"], "params": params, "secrets": sorted(secret)}}
+    params = {k: v for k, v in job["request"]["params"].items() if k not in names}
+    return {**job, "request": {**job["request"], "params": params, "secrets": sorted(names)}}
 
 
 def _full_request(job: Job) -> SolveRequest:

@@ -3,8 +3,10 @@
 * :func:`tick` runs every :data:`TICK_S` seconds in **every** worker process (a worker
   bootstep, :class:`Housekeeping`), guarded so that one process per tick does the work:
   it reclaims expired thread leases, hands free slots to parked submits, publishes again
-  the submits whose message was lost, and makes sure a poll round is pending while
-  captchas are at the provider.  Nothing here depends on beat, which is one process.
+  the submit and solve messages that were lost (a worker died with them, or the broker
+  dropped them between a worker's read and its bookkeeping), and makes sure a poll round
+  is pending while captchas are at the provider.  Nothing here depends on beat, which is
+  one process.
 * :func:`top_up` keeps token pools filled; beat's ``prewarm`` tick and every pool take
   call it.
 """
@@ -31,18 +33,21 @@ log = logging.getLogger(__name__)
 
 #: Seconds between housekeeping ticks (one process per tick does the work).
 TICK_S = 1.0
+SOLVE_TASK = "captcha_tasks.solve"
 
 
 def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
-    swept = store.limiter().sweep(TICK_S)
+    swept = store.limiter().sweep(TICK_S, get_settings().queue("solve"))
     if swept is None:
         return False
-    handout, lost = swept
-    runner.completer.publish(handout)
-    for parked in lost:
+    runner.completer.publish(swept.handout)
+    for parked in swept.lost:
         log.warning("solve %s: its submit message was lost; sending it again", parked.lease_id)
         send_submit(runner.app, parked.job)
+    for solve in swept.unstarted:
+        log.warning("solve %s: its message was lost; sending it again", solve.lease_id)
+        runner.app.send_task(SOLVE_TASK, kwargs=solve.job, task_id=solve.lease_id)
     runner.publish_round(store.board().ensure_round())
     return True
 
@@ -106,7 +111,7 @@ def _start_refill(runner: Runner, pool: str, request: SolveRequest) -> None:
     refill_id = f"refill-{uuid.uuid4().hex}"
     job = steps.new_job(refill_id, request, time.time(), runner.policy, pool=pool)
     store.pools().refill_started(pool, refill_id, get_settings().solve_timeout)
-    send_submit(runner.app, job)
+    runner.resend(job, 0.0, unclaim=False)
 
 
 def register_configured_pools() -> int:

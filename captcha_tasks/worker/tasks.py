@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from functools import lru_cache
 from typing import Any
 
@@ -25,17 +26,19 @@ from celery import Task
 from celery.signals import worker_process_init
 
 from .. import errors
-from ..methods import build_request
-from ..redact import mask_params
+from ..methods import POOL_PROXY, build_request
+from ..redact import SECRET_PARAMS, mask_params
 from ..state import store
 from ..state.pools import PoolSpec
 from . import housekeeping
-from .adapter import Runner
+from .adapter import Message, Runner
 from .app import app
 from .steps import Job
 
 log = logging.getLogger(__name__)
 
+#: Seconds a solve's stashed proxy and cookies may wait for it (it may queue behind a batch).
+SECRETS_TTL_S = 24 * 3600
 #: Task results are shown (worker log, Flower) cut at this many characters; outcome dicts
 #: put the token last, so it is cut short or left out.
 RESULT_REPR_MAX = 230
@@ -64,13 +67,29 @@ class SolveTask(Task):
         # Flower and task events show this instead of the arguments: no proxy password,
         # no cookie values, no image body.
         options.setdefault("kwargsrepr", repr(mask_params(kwargs)))
+        solve_id = options.setdefault("task_id", str(uuid.uuid4()))
+        kwargs = _stash_secrets(solve_id, kwargs)
         if batch is not None:
             kwargs["_batch"] = batch
+        # Until a worker starts it, the message is remembered in Redis: one lost between
+        # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
+        store.limiter().expect(solve_id, kwargs)
         result = super().apply_async((), kwargs, **options)
         # The worker never stores this task's return value (the completion path stores
         # the outcome), but the caller waits for it: get() must not return at once.
         result.ignored = False
         return result
+
+
+def _stash_secrets(solve_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Keep the caller's proxy and cookies out of every task message: they wait in Redis
+    (under a key with a TTL, deleted when the solve ends) for the worker that needs them."""
+    secret = {k: v for k, v in kwargs.items() if k in SECRET_PARAMS and v != POOL_PROXY}
+    if not secret:
+        return kwargs
+    store.secrets().stash(solve_id, secret, SECRETS_TTL_S)
+    kept = {k: v for k, v in kwargs.items() if k not in secret}
+    return {**kept, "_secrets": sorted(secret)}
 
 
 def normalize_solve_args(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -107,12 +126,12 @@ def solve(
 ) -> None:
     """Solve one captcha; its outcome dict (see :mod:`captcha_tasks.outcome`) is stored
     on this task's id."""
-    runner().solve(
-        self.request.id, {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
-    )
+    kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
+    runner().solve(_message(self), kwargs)
 
 
 @app.task(
+    bind=True,
     name="captcha_tasks.submit",
     ignore_result=True,
     autoretry_for=(errors.StoreUnavailable,),
@@ -120,15 +139,20 @@ def solve(
     max_retries=None,
     shared=False,
 )
-def submit(job: Job) -> None:
+def submit(self: Task, job: Job) -> None:
     """Submit a solve's captcha: a parked solve given a thread, a retry, a resubmit."""
-    runner().submit(job)
+    runner().submit(job, _message(self))
 
 
 @app.task(name="captcha_tasks.poll", ignore_result=True, shared=False)
 def poll(round_at_ms: int | None = None) -> None:
     """One poll round; it schedules the next while captchas are at the provider."""
     runner().poll_round(round_at_ms)
+
+
+def _message(task: Task) -> Message:
+    delivery = task.request.delivery_info or {}
+    return Message(task.request.id, bool(delivery.get("redelivered")))
 
 
 @app.task(name="captcha_tasks.report", shared=False)

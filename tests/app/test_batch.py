@@ -25,7 +25,13 @@ VISIBILITY = "6"
 
 @pytest.fixture
 def two_workers(start_worker: Any, clean_state: None) -> list[Any]:
-    env = {"CAPTCHAAI_VISIBILITY_TIMEOUT": VISIBILITY}
+    # A killed worker's messages come back within seconds; the sandbox answers at once, so
+    # short HTTP timeouts (which the visibility timeout must exceed) cost nothing.
+    env = {
+        "CAPTCHAAI_VISIBILITY_TIMEOUT": VISIBILITY,
+        "CAPTCHAAI_CONNECT_TIMEOUT": "1",
+        "CAPTCHAAI_READ_TIMEOUT": "3",
+    }
     return [start_worker(env, concurrency=16, name=f"batch-w{n}") for n in range(2)]
 
 

@@ -1,37 +1,78 @@
 """Pins the public API: a removal or rename here is a breaking change."""
 
 from __future__ import annotations
+import __future__
+
+import importlib
+import inspect
+import types
+
+from celery import Celery, Task
 
 import captcha_tasks
 
+EXPORTED = {
+    "METHODS",
+    "NOT_READY",
+    "CaptchaAIClient",
+    "CaptchaTasksError",
+    "Failed",
+    "Settings",
+    "SolveRequest",
+    "Solved",
+    "ValidationError",
+    "app",
+    "build_request",
+    "create_pool",
+    "errors",
+    "get_settings",
+    "outcome_from_dict",
+    "poll",
+    "report",
+    "solve",
+    "store",
+    "stream",
+    "submit",
+    "take_token",
+}
+
 
 def test_exported_members() -> None:
-    assert set(captcha_tasks.__all__) == {
-        "METHODS",
-        "NOT_READY",
-        "CaptchaAIClient",
-        "CaptchaTasksError",
-        "Failed",
-        "Settings",
-        "SolveRequest",
-        "Solved",
-        "ValidationError",
-        "app",
-        "build_request",
-        "create_pool",
-        "errors",
-        "get_settings",
-        "outcome_from_dict",
-        "poll",
-        "report",
-        "solve",
-        "store",
-        "stream",
-        "submit",
-        "take_token",
+    assert set(captcha_tasks.__all__) == EXPORTED
+    # Nothing public beyond __all__ (subpackages are reachable, but are not names of it).
+    public = {
+        name
+        for name, value in vars(captcha_tasks).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType | __future__._Feature)
     }
-    for name in captcha_tasks.__all__:
-        assert getattr(captcha_tasks, name) is not None
+    assert public <= EXPORTED, public - EXPORTED
+
+
+def test_each_export_is_what_it_says() -> None:
+    assert isinstance(captcha_tasks.app, Celery) and captcha_tasks.app.main == "captcha_tasks"
+    for name in ("solve", "submit", "poll"):
+        task = getattr(captcha_tasks, name)
+        assert isinstance(task, Task) and task.name == f"captcha_tasks.{name}"
+    for name in ("report", "create_pool", "take_token", "stream", "build_request"):
+        assert inspect.isfunction(getattr(captcha_tasks, name)), name
+    assert issubclass(captcha_tasks.ValidationError, captcha_tasks.CaptchaTasksError)
+    assert captcha_tasks.errors.CaptchaTasksError is captcha_tasks.CaptchaTasksError
+    assert callable(captcha_tasks.store.redis_client)
+    assert "turnstile" in captcha_tasks.METHODS
+
+
+def test_documented_import_paths() -> None:
+    for module, name in [
+        ("captcha_tasks.stream", "stream"),
+        ("captcha_tasks.errors", "FatalError"),
+        ("captcha_tasks.state.sessions", "CookieStore"),
+        ("captcha_tasks.state.sessions", "reauthenticate"),
+        ("captcha_tasks.state.proxies", "ProxyPool"),
+        ("captcha_tasks.kafka.client", "TaskProducer"),
+    ]:
+        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+    assert captcha_tasks.stream is importlib.import_module("captcha_tasks.stream").stream
 
 
 def test_task_names() -> None:

@@ -41,6 +41,8 @@ def test_reads_environment() -> None:
         ("REDIS_URL", "http://localhost:6379"),
         ("CAPTCHAAI_TOKEN_LIFETIMES", "[1, 2]"),
         ("CAPTCHAAI_TOKEN_LIFETIMES", '{"turnstile": -5}'),
+        ("CAPTCHAAI_VISIBILITY_TIMEOUT", "30"),  # not longer than the HTTP timeouts (35 s)
+        ("CAPTCHAAI_QUEUE_PREFIX", "two words"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str) -> None:

@@ -16,6 +16,10 @@ from captcha_tasks.keys import Keys
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 
 
+#: The solve queue a sweep looks at (empty in these tests unless a test fills it).
+QUEUE = "t-limiter-solve-queue"
+
+
 def make(redis_conn: Any, keys: Keys, **overrides: Any) -> ThreadLimiter:
     config = {"capacity": 3, "reserve": 1, "lease_s": 30.0, **overrides}
     return ThreadLimiter(redis_conn, keys, LimiterConfig(**config))
@@ -190,6 +194,20 @@ def test_admission_claims_the_submit_once(redis_conn: Any, keys: Keys) -> None:
     assert lim.in_use() == 1
 
 
+def test_the_claims_own_message_redelivered_after_a_crash_goes_on(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, capacity=2, reserve=0)
+    job = job_of("s1", 1)
+    assert lim.admit(job, deadline_in_s=60, message_id="m1").status == "go"
+    # ... its worker dies in in.php; the broker delivers the same message again
+    assert lim.admit(job, deadline_in_s=60, message_id="m1").status == "busy"  # a copy
+    assert lim.admit(job, deadline_in_s=60, message_id="m2", redelivered=True).status == "busy"
+    again = lim.admit(job, deadline_in_s=60, message_id="m1", redelivered=True)
+    assert again.status == "go"
+    assert lim.in_use() == 1
+
+
 def test_a_finished_solve_is_never_admitted_again(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=2, reserve=0)
     redis_conn.hset(keys.submission("s1"), "done", "1")
@@ -213,9 +231,14 @@ def test_a_cancelled_batch_gives_its_slot_back(redis_conn: Any, keys: Keys) -> N
     job = job_of("s1", 1)
     assert admit(lim, job, batch_id="b1") == "go"
     lim.unclaim("s1")
+    assert admit(lim, job_of("s2", 2)) == "parked"
     redis_conn.set(keys.batch_cancelled("b1"), "1")
-    assert admit(lim, job, batch_id="b1") == "cancelled"
-    assert lim.in_use() == 0
+    cancelled = lim.admit(job, deadline_in_s=60, batch_id="b1")
+    assert cancelled.status == "cancelled"
+    # the slot it gave back went to the parked submit at once
+    assert cancelled.handout is not None
+    assert [p.lease_id for p in cancelled.handout.given] == ["s2"]
+    assert redis_conn.zrange(keys.slots(), 0, -1) == ["s2"]
 
 
 def test_a_parked_submit_is_parked_once(redis_conn: Any, keys: Keys) -> None:
@@ -229,7 +252,7 @@ def test_a_parked_submit_is_parked_once(redis_conn: Any, keys: Keys) -> None:
 def sweep_now(lim: ThreadLimiter, redis_conn: Any) -> Any:
     """One sweep, whoever swept last (the lock only spaces sweeps of many workers)."""
     redis_conn.delete(lim.keys.housekeeping_lock())
-    swept = lim.sweep(tick_s=5)
+    swept = lim.sweep(tick_s=5, solve_queue=QUEUE)
     assert swept is not None
     return swept
 
@@ -242,13 +265,13 @@ def test_a_handed_out_submit_whose_message_is_lost_is_handed_out_again(
     assert not lim.acquire("p1", job=payload(1), deadline_in_s=60)
     handout = lim.release("a")  # ... and the worker dies before it publishes p1's submit
     assert [p.lease_id for p in handout.given] == ["p1"]
-    assert sweep_now(lim, redis_conn)[1] == []  # not overdue yet
+    assert sweep_now(lim, redis_conn).lost == []  # not overdue yet
     start = server_ms(redis_conn)
     wait_until(lambda: server_ms(redis_conn) > start + 250, 2, what="the grace period")
-    lost = sweep_now(lim, redis_conn)[1]
+    lost = sweep_now(lim, redis_conn).lost
     assert [p.lease_id for p in lost] == ["p1"]
     assert lost[0].job == job_of("p1", 1)
-    assert sweep_now(lim, redis_conn)[1] == []  # handed out again once per grace period
+    assert sweep_now(lim, redis_conn).lost == []  # handed out again once per grace period
     # once its message starts, it is not owed any more
     assert admit(lim, job_of("p1", 1)) == "go"
     assert redis_conn.zcard(keys.dispatch()) == 0
@@ -259,11 +282,40 @@ def test_the_sweep_reclaims_leases_and_hands_out_without_beat(redis_conn: Any, k
     assert lim.acquire("dead-worker", job=payload(0), deadline_in_s=60)
     assert not lim.acquire("waiting", job=payload(1), deadline_in_s=60)
     wait_until(lambda: lim.in_use() == 0, 3, what="the lease to expire")
-    handout, _ = sweep_now(lim, redis_conn)
+    handout = sweep_now(lim, redis_conn).handout
     assert [p.lease_id for p in handout.given] == ["waiting"]
 
 
 def test_one_sweep_per_tick(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys)
-    assert lim.sweep(tick_s=5) is not None
-    assert lim.sweep(tick_s=5) is None
+    assert lim.sweep(tick_s=5, solve_queue=QUEUE) is not None
+    assert lim.sweep(tick_s=5, solve_queue=QUEUE) is None
+
+
+def test_a_solve_message_lost_before_it_started_is_sent_again(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, message_grace_s=0.2)
+    lim.expect("s1", {"method": "turnstile", "_batch": {"id": "b", "index": 3}})
+    lim.expect("s2", {"method": "turnstile"})
+    assert lim.admit(job_of("s2", 2), deadline_in_s=60).status == "go"  # s2's message ran
+    assert sweep_now(lim, redis_conn).unstarted == []  # not overdue yet
+    start = server_ms(redis_conn)
+    wait_until(lambda: server_ms(redis_conn) > start + 250, 2, what="the grace period")
+    redis_conn.rpush(QUEUE, "a message still queued")
+    assert sweep_now(lim, redis_conn).unstarted == []  # the queue is backed up: waiting
+    redis_conn.delete(QUEUE)
+    (lost,) = sweep_now(lim, redis_conn).unstarted
+    assert (lost.lease_id, lost.job["_batch"]["index"]) == ("s1", 3)
+    assert sweep_now(lim, redis_conn).unstarted == []  # once per grace period
+
+
+def test_an_owed_retry_is_handed_out_again_if_its_message_is_lost(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, dispatch_grace_s=0.1)
+    job = {**job_of("s1", 1), "deadline": 2e9}
+    assert lim.admit(job, deadline_in_s=60, message_id="m1").status == "go"
+    lim.owe(job, 0.0, unclaim=True)  # in.php failed: the submit goes again at once
+    assert not redis_conn.exists(keys.submit_claim("s1"))
+    start = server_ms(redis_conn)
+    wait_until(lambda: server_ms(redis_conn) > start + 150, 2, what="the grace period")
+    assert [p.lease_id for p in sweep_now(lim, redis_conn).lost] == ["s1"]

@@ -15,13 +15,6 @@ from captcha_tasks.errors import ConfigurationError, ValidationError
 from captcha_tasks.keys import Keys
 from captcha_tasks.methods import build_request
 from captcha_tasks.state.pools import (
-    ADD_LUA,
-    REFILL_STARTED_LUA,
-    REGISTER_LUA,
-    RESET_STATS_LUA,
-    SNAPSHOT_LUA,
-    SWEEP_LUA,
-    TAKE_LUA,
     PoolNotFound,
     PoolSpec,
     PoolStore,
@@ -241,23 +234,6 @@ def test_undeclared_pool_raises(store: PoolStore) -> None:
     ):
         with pytest.raises(PoolNotFound, match="'ghost'"):
             call()
-
-
-def test_lua_scripts_have_headers() -> None:
-    for script in (
-        REGISTER_LUA,
-        ADD_LUA,
-        TAKE_LUA,
-        REFILL_STARTED_LUA,
-        SNAPSHOT_LUA,
-        SWEEP_LUA,
-        RESET_STATS_LUA,
-    ):
-        header = [line for line in script.strip().splitlines() if line.startswith("--")]
-        text = "\n".join(header)
-        assert "-- KEYS[1] = " in text and "-- returns " in text and "-- ARGV" in text
-        # Durations cross from Python; the clock is the server's.
-        assert "redis.call('TIME')" in script
 
 
 # -- tokens -----------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """``celery -A captcha_tasks flower``: authentication is required, and the task list is
-readable and free of secrets in a real headless browser (skipped without Chromium)."""
+readable and free of secrets in a real headless browser (skipped without Chromium, and
+failed instead on CI)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from typing import Any
 
 import pytest
 import requests
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from system_parts import missing
 
 from captcha_tasks.dev.devstack import CeleryProcess, free_port, wait_until
 from captcha_tasks.worker.flower_auth import EXIT_CONFIG, NO_AUTH_MESSAGE, auth_problem
@@ -155,12 +159,10 @@ def test_credentials_are_required_but_metrics_stay_open(output_dir: Path) -> Non
 
 
 def _browser() -> Any:
-    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
     if not (chromium and driver_path):
-        pytest.skip("no headless browser: apt-get install -y chromium chromium-driver")
-    from selenium.webdriver.chrome.service import Service
+        missing("headless browser", "apt-get install -y chromium chromium-driver")
 
     options = webdriver.ChromeOptions()
     options.binary_location = chromium

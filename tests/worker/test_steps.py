@@ -1,0 +1,201 @@
+"""The steps of a captcha's life, as plain functions: no worker, no Redis, no network, and
+the time passed in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from captcha_tasks import errors
+from captcha_tasks.client import NOT_READY
+from captcha_tasks.methods import build_request
+from captcha_tasks.outcome import parse_iso
+from captcha_tasks.state.limiter import Admission
+from captcha_tasks.state.timing import Timing
+from captcha_tasks.worker import steps
+from captcha_tasks.worker.steps import (
+    Deliver,
+    Fail,
+    PollAt,
+    Resubmit,
+    Stop,
+    Submit,
+    SubmitAt,
+)
+
+T0 = 1_000_000.0
+PAGE = "https://example.com/steps"
+POLICY = steps.Policy(
+    solve_timeout=300.0,
+    poll_interval=5.0,
+    bulk_interval=0.5,
+    transport_retries=2,
+    max_resubmits=1,
+    random=lambda: 0.0,  # back-offs at their lowest: half the exponential base
+)
+COLD = Timing(first_wait=10.0, earliest=10.0, typical=10.0)
+WARM = Timing(first_wait=14.0, earliest=12.0, typical=15.0, warm=True)
+
+
+def job(method: str = "turnstile", **params: Any) -> dict[str, Any]:
+    sitekey = None if method == "base64" else "k"
+    pageurl = None if method == "base64" else PAGE
+    request = build_request(method, sitekey, pageurl, **params)
+    return steps.new_job("solve-1", request, T0, POLICY)
+
+
+def submitted(at: float = T0 + 1, **params: Any) -> dict[str, Any]:
+    decision = steps.on_submitted(job(**params), "7001", at, COLD, POLICY, bulk=True)
+    assert isinstance(decision, PollAt)
+    return decision.job
+
+
+# -- submit ---------------------------------------------------------------------------------
+
+
+def test_a_new_job_carries_its_budgets_and_deadline() -> None:
+    new = job()
+    assert (new["started"], new["deadline"]) == (T0, T0 + POLICY.solve_timeout)
+    assert (new["attempt"], new["transport_errors"], new["resubmits"]) == (0, 0, 0)
+    assert "key" not in new and "key" not in new["request"]["params"]  # workers hold it
+
+
+def test_a_submit_past_the_deadline_fails() -> None:
+    assert steps.before_submit(job(), T0 + 299) is None
+    late = steps.before_submit(job(), T0 + 300)
+    assert isinstance(late, Fail) and isinstance(late.error, errors.SolveTimeout)
+
+
+@pytest.mark.parametrize(
+    ("admission", "expected"),
+    [
+        (Admission("go"), Submit()),
+        (Admission("parked"), Stop("parked")),
+        (Admission("cancelled"), Stop("cancelled")),
+        (Admission("done"), Stop("done")),
+    ],
+)
+def test_admission_decisions(admission: Admission, expected: object) -> None:
+    assert steps.on_admission(job(), admission, T0) == expected
+
+
+def test_a_spent_submit_budget_or_a_busy_claim_means_later() -> None:
+    waited = steps.on_admission(job(), Admission("wait", 1.5), T0)
+    assert waited == SubmitAt(T0 + 1.5, job())
+    busy = steps.on_admission(job(), Admission("busy", 40.0), T0)
+    assert isinstance(busy, SubmitAt) and busy.at == T0 + 40 and busy.keep_claim
+
+
+def test_a_submitted_captcha_is_first_polled_after_the_cold_wait() -> None:
+    decision = steps.on_submitted(job(), "7001", T0 + 1, COLD, POLICY, bulk=True)
+    assert isinstance(decision, PollAt)
+    assert decision.at == T0 + 1 + COLD.first_wait
+    assert (decision.job["captcha_id"], decision.job["submitted_at"]) == ("7001", T0 + 1)
+
+
+def test_warm_bulk_polls_start_at_the_earliest_likely_finish() -> None:
+    bulk = steps.on_submitted(job(), "7001", T0, WARM, POLICY, bulk=True)
+    single = steps.on_submitted(job(), "7001", T0, WARM, POLICY, bulk=False)
+    image = steps.on_submitted(job("base64", body="aGVsbG8="), "7001", T0, WARM, POLICY, True)
+    assert isinstance(bulk, PollAt) and bulk.at == T0 + WARM.earliest
+    assert isinstance(single, PollAt) and single.at == T0 + WARM.first_wait
+    # image answers may hold "|": never asked for in bulk
+    assert isinstance(image, PollAt) and image.at == T0 + WARM.first_wait
+
+
+def test_transport_errors_back_off_then_give_up() -> None:
+    error = errors.TransportError("in.php: HTTP 500")
+    first = steps.on_submitted(job(), error, T0, COLD, POLICY, bulk=True)
+    assert isinstance(first, SubmitAt) and first.error is error
+    assert first.at == T0 + steps.BACKOFF_BASE * 0.5
+    assert first.job["transport_errors"] == 1
+    second = steps.on_submitted(first.job, error, T0, COLD, POLICY, bulk=True)
+    assert isinstance(second, SubmitAt) and second.at == T0 + steps.BACKOFF_BASE
+    third = steps.on_submitted(second.job, error, T0, COLD, POLICY, bulk=True)
+    assert isinstance(third, Fail) and isinstance(third.error, errors.RetriesExhausted)
+    assert third.error.code == "ERROR_TRANSPORT"
+
+
+def test_fatal_submit_errors_fail_at_once() -> None:
+    auth = errors.AuthError("ERROR_WRONG_USER_KEY", "ERROR_WRONG_USER_KEY")
+    assert steps.on_submitted(job(), auth, T0, COLD, POLICY, True) == Fail(auth)
+
+
+def test_a_bad_pooled_proxy_is_replaced_but_a_callers_proxy_is_fatal() -> None:
+    bad = errors.ProxyError("ERROR_BAD_PROXY", "ERROR_BAD_PROXY")
+    pooled = steps.on_submitted(job(proxy="pool"), bad, T0, COLD, POLICY, True)
+    assert isinstance(pooled, Resubmit) and pooled.replace_proxy
+    assert (pooled.job["attempt"], pooled.job["resubmits"]) == (1, 1)
+    own = steps.on_submitted(job(proxy="u:p@10.0.0.1:3128"), bad, T0, COLD, POLICY, True)
+    assert own == Fail(bad)
+
+
+# -- poll -----------------------------------------------------------------------------------
+
+
+def test_not_ready_is_polled_again_at_the_poll_interval_while_cold() -> None:
+    polled = submitted()
+    again = steps.on_answer(polled, NOT_READY, None, 0, T0 + 11, COLD, POLICY, bulk=True)
+    assert again == PollAt(T0 + 11 + POLICY.poll_interval, polled)
+
+
+def test_warm_bulk_polls_are_frequent_only_past_the_earliest_finish() -> None:
+    polled = submitted(at=T0)
+    early = steps.on_answer(polled, NOT_READY, None, 0, T0 + 5, WARM, POLICY, bulk=True)
+    late = steps.on_answer(polled, NOT_READY, None, 0, T0 + 13, WARM, POLICY, bulk=True)
+    assert isinstance(early, PollAt) and early.at == T0 + 5 + POLICY.poll_interval
+    assert isinstance(late, PollAt) and late.at == T0 + 13 + POLICY.bulk_interval
+
+
+def test_polls_never_go_past_the_deadline_and_then_fail() -> None:
+    polled = submitted()
+    last = steps.on_answer(polled, NOT_READY, None, 0, T0 + 298, COLD, POLICY, True)
+    assert isinstance(last, PollAt) and last.at == polled["deadline"]
+    over = steps.on_answer(polled, NOT_READY, None, 0, T0 + 300, COLD, POLICY, True)
+    assert isinstance(over, Fail) and isinstance(over.error, errors.SolveTimeout)
+
+
+def test_an_answer_is_delivered_with_a_conservative_expiry() -> None:
+    polled = submitted(at=T0)
+    decision = steps.on_answer(polled, "0.tok", T0 + 9, 0, T0 + 10, COLD, POLICY, True)
+    assert isinstance(decision, Deliver)
+    outcome = decision.outcome
+    assert (outcome["status"], outcome["token"], outcome["source"]) == ("solved", "0.tok", "api")
+    # the token was made after the last "not ready" at T0 + 9
+    life = POLICY.token_life(steps.request_of(polled))
+    assert parse_iso(outcome["expires_at"]) == pytest.approx(T0 + 9 + life, abs=0.001)
+    assert decision.solve_time_s == 10.0
+    assert list(outcome)[-1] == "token"  # a truncated repr never shows it
+
+
+def test_an_answer_too_old_to_use_is_solved_again() -> None:
+    polled = submitted(at=T0)
+    life = POLICY.token_life(steps.request_of(polled))
+    stale = steps.on_answer(polled, "0.tok", None, 0, T0 + life - 0.5, COLD, POLICY, True)
+    assert isinstance(stale, Resubmit) and isinstance(stale.error, errors.TokenExpired)
+    assert "captcha_id" not in stale.job and stale.job["attempt"] == 1
+
+
+def test_unsolvable_is_resubmitted_within_its_budget() -> None:
+    unsolvable = errors.UnsolvableError("ERROR_CAPTCHA_UNSOLVABLE", "ERROR_CAPTCHA_UNSOLVABLE")
+    first = steps.on_answer(submitted(), unsolvable, None, 0, T0 + 12, COLD, POLICY, True)
+    assert isinstance(first, Resubmit)
+    again = steps.on_submitted(first.job, "7002", T0 + 13, COLD, POLICY, True)
+    assert isinstance(again, PollAt)
+    second = steps.on_answer(again.job, unsolvable, None, 0, T0 + 25, COLD, POLICY, True)
+    assert second == Fail(unsolvable)
+
+
+def test_poll_transport_errors_have_their_own_budget() -> None:
+    polled = submitted()
+    error = errors.TransportError("res.php: timed out")
+    first = steps.on_answer(polled, error, None, 0, T0 + 12, COLD, POLICY, True)
+    assert isinstance(first, PollAt) and (first.poll_errors, first.error) == (1, error)
+    third = steps.on_answer(polled, error, None, 2, T0 + 14, COLD, POLICY, True)
+    assert isinstance(third, Fail) and isinstance(third.error, errors.RetriesExhausted)
+
+
+def test_a_spent_res_budget_polls_later() -> None:
+    polled = submitted()
+    assert steps.on_poll_budget(polled, 30.0, 1, T0 + 12) == PollAt(T0 + 42, polled, 1)
