@@ -15,7 +15,6 @@ from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.keys import Keys
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 
-
 #: The solve queue a sweep looks at (empty in these tests unless a test fills it).
 QUEUE = "t-limiter-solve-queue"
 
