@@ -339,6 +339,9 @@ def inflight_mode(args: argparse.Namespace, base: dict[str, str], sandbox: Any, 
         **base,
         "CAPTCHAAI_THREADS": str(n),
         "CAPTCHAAI_POLL_INTERVAL": "5",
+        # an operator who knows the solves take 30 s says so (cold, a method's default
+        # first wait applies until 10 solve times are known)
+        "CAPTCHAAI_INITIAL_WAIT": "30",
         "CAPTCHAAI_SOLVE_TIMEOUT": "600",
         "CAPTCHAAI_SLOT_LEASE": "300",
         "CAPTCHAAI_VISIBILITY_TIMEOUT": "120",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -48,6 +49,8 @@ MIN_RATE_WINDOW_S = 1.0
 DEFAULT_MARGIN_S = 5.0
 #: Parsed pool definitions kept per store.
 PARSED_CACHE = 256
+#: Seconds :meth:`PoolStore.find` reuses the definitions it read.
+LIST_FRESH_S = 1.0
 
 
 class PoolNotFound(ValidationError):
@@ -249,9 +252,13 @@ class PoolStore:
     :class:`~captcha_tasks.errors.StoreUnavailable`.
     """
 
-    def __init__(self, r: redis.Redis, keys: Keys) -> None:
+    def __init__(
+        self, r: redis.Redis, keys: Keys, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.r = r
         self.keys = keys
+        self._clock = clock
+        self._listed: tuple[float, list[PoolSpec]] = (-math.inf, [])
         self._register = script(r, REGISTER_LUA)
         self._add = script(r, ADD_LUA)
         self._take = script(r, TAKE_LUA)
@@ -275,6 +282,7 @@ class PoolStore:
         keys = [k.pool_registry(), k.pool_stats(spec.name)]
         keys += [k.pool_tokens(spec.name), k.pool_inflight(spec.name)]
         args: list[str | float] = [spec.name, _dumps(spec.to_dict()), "1" if drop else "0"]
+        self._listed = (-math.inf, [])
         return int(_guard(lambda: self._register(keys=keys, args=args))) == 1
 
     def _identity(self, name: str) -> str | None:
@@ -289,6 +297,7 @@ class PoolStore:
 
     def unregister(self, name: str) -> bool:
         """Forget a pool with its tokens, refills and counters (True if it existed)."""
+        self._listed = (-math.inf, [])
         k = self.keys
         pipe = self.r.pipeline(transaction=True)
         pipe.hdel(k.pool_registry(), name)
@@ -322,10 +331,19 @@ class PoolStore:
         return spec
 
     def find(self, request: SolveRequest) -> PoolSpec | None:
-        """The first pool (by name) whose tokens answer ``request``, if any."""
+        """The first pool (by name) whose tokens answer ``request``, if any.
+
+        Every solve asks, so the definitions are read at most once per
+        :data:`LIST_FRESH_S` per store: a pool declared elsewhere serves this process's
+        solves within that time."""
         if request.per_request:
             return None
-        return next((spec for spec in self.all() if spec.matches(request)), None)
+        listed_at, specs = self._listed
+        now = self._clock()
+        if now - listed_at >= LIST_FRESH_S:
+            specs = self.all()
+            self._listed = (now, specs)
+        return next((spec for spec in specs if spec.matches(request)), None)
 
     # -- tokens ------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from ..outcome import Solved, iso
 from ..settings import Settings, get_settings
 from ..state import store
 from ..state.board import Again, Entry, RoundDue
+from ..state.pools import PoolNotFound
 from ..state.proxies import split
 from ..state.timing import Timing
 from . import steps
@@ -101,7 +102,10 @@ class Runner:
         spec = pools.find(request)
         if spec is None or _cancelled(job):
             return False
-        record = pools.take(spec.name)
+        try:
+            record = pools.take(spec.name)
+        except PoolNotFound:  # removed since this process last read the definitions
+            return False
         self.app.send_task("captcha_tasks.prewarm", args=(spec.name,))
         if record is None:
             return False
@@ -162,6 +166,8 @@ class Runner:
             due = store.board().register(decision.job, decision.at - time.time())
             self.publish_round(due)
         elif isinstance(decision, SubmitAt):
+            if decision.error is not None:
+                log.info("solve %s: %s; submitting again", job["solve_id"], decision.error.code)
             self._count(decision.error)
             self.resend(decision.job, decision.at - time.time(), not decision.keep_claim)
         elif isinstance(decision, Resubmit):
