@@ -85,9 +85,13 @@ class CaptchaAIClient:
         self._http.clear()
 
     # -- calls -----------------------------------------------------------------------
-    def submit(self, request: SolveRequest) -> str:
-        """Submit a captcha; returns its captcha id."""
-        reply = self._call("in.php", request.api_fields())
+    def submit(self, request: SolveRequest, pingback: str | None = None) -> str:
+        """Submit a captcha; returns its captcha id.  ``pingback``: the URL the provider
+        calls when it is done (see :mod:`captcha_tasks.pingback`)."""
+        fields = request.api_fields()
+        if pingback is not None:
+            fields["pingback"] = pingback
+        reply = self._call("in.php", fields)
         if not reply.ok:
             raise _error(reply.request)
         return str(reply.request)
@@ -136,6 +140,13 @@ class CaptchaAIClient:
         reply = self._call("res.php", {"action": action, "id": captcha_id})
         if not reply.ok and reply.request != "OK_REPORT_RECORDED":
             raise _error(reply.request, captcha_id)
+
+    def add_pingback(self, url: str) -> None:
+        """Register a callback address with the provider (2captcha requires this before
+        it calls a ``pingback`` URL; the address registered is the base of our URLs)."""
+        reply = self._call("res.php", {"action": "add_pingback", "addr": url})
+        if not reply.ok:
+            raise _error(reply.request)
 
     def threads_info(self) -> dict[str, int] | None:
         """CaptchaAI's thread usage ``{"threads": N, "working_threads": M}``, if answered."""
@@ -225,6 +236,25 @@ def _bulk_value(part: str, captcha_id: str) -> str | _Pending | Exception:
     if part.startswith("ERROR") or part in ("MAX_USER_TURN", "IP_BANNED"):
         return errors.from_api_code(part, captcha_id)
     return part
+
+
+def callback_answer(code: str, captcha_id: str) -> Answer | _Pending | errors.CaptchaTasksError:
+    """A provider callback's ``code``: an answer (a JSON object's text becomes the object),
+    an API error, or :data:`NOT_READY`."""
+    if code.startswith("{"):
+        try:
+            value = json.loads(code)
+        except ValueError:
+            return code
+        return value if isinstance(value, dict) else code
+    found = _bulk_value(code, captcha_id)
+    return found if not isinstance(found, Exception) else _as_error(found)
+
+
+def _as_error(exc: Exception) -> errors.CaptchaTasksError:
+    if isinstance(exc, errors.CaptchaTasksError):
+        return exc
+    return errors.TransportError(type(exc).__name__)
 
 
 def _looks_unsupported(reply: Reply, parts: list[str]) -> bool:

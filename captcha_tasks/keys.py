@@ -42,6 +42,10 @@ class Keys:
         """Hash: count of API error answers by code."""
         return self._k("stats", "api-errors")
 
+    def pingback_callbacks(self) -> str:
+        """Hash: provider callbacks by verdict ("accepted" or a rejection reason)."""
+        return self._k("stats", "pingback")
+
     def solved_counter(self, method: str) -> str:
         """Hash: solves of a method, by source."""
         return self._k("stats", "solved", method)

@@ -18,7 +18,9 @@ Exposed (``captcha_tasks_`` prefix):
   ``pool_refills_in_flight``, ``pool_hit_ratio``, ``pool_waste_ratio``,
   ``pool_takes_per_second``, and the counters ``pool_tokens_added_total``,
   ``pool_tokens_taken_total``, ``pool_tokens_expired_total``, ``pool_misses_total``
-* ``api_errors_total{code}``, ``solved_total{method,source}``
+* ``api_errors_total{code}``, ``solved_total{method,source}`` (source: ``pingback``,
+  ``bulk_poll``, ``poll`` or ``pool``)
+* ``pingback_accepted_total``, ``pingback_rejected_total{reason}``: provider callbacks
 * ``solve_seconds{method}``: a gauge histogram of the recent solve times per method (the
   samples the adaptive first poll keeps), for ``histogram_quantile``
 """
@@ -92,6 +94,7 @@ class StoreCollector(Collector):
         yield from self._pools()
         yield from self._api_errors()
         yield from self._solves()
+        yield from self._callbacks()
 
     def describe(self) -> Iterable[Metric]:
         # Nothing up front: registering must not need Redis (metrics are read per scrape).
@@ -148,7 +151,7 @@ class StoreCollector(Collector):
         r, keys = store.redis_client(), store.keys()
         solved = CounterMetricFamily(
             _name("solved"),
-            "Captchas solved, by method and source (api / pool).",
+            "Captchas solved, by method and source (pingback / bulk_poll / poll / pool).",
             labels=["method", "source"],
         )
         times = GaugeHistogramMetricFamily(
@@ -165,6 +168,20 @@ class StoreCollector(Collector):
                 times.add_metric([method], _buckets(samples), sum(samples))
         yield solved
         yield times
+
+    def _callbacks(self) -> Iterator[Metric]:
+        counts = store.board().callback_counts()
+        yield CounterMetricFamily(
+            _name("pingback_accepted"),
+            "Provider callbacks that completed their captcha.",
+            value=float(counts.pop("accepted", 0)),
+        )
+        rejected = CounterMetricFamily(
+            _name("pingback_rejected"), "Provider callbacks refused, by reason.", labels=["reason"]
+        )
+        for reason, count in sorted(counts.items()):
+            rejected.add_metric([reason], float(count))
+        yield rejected
 
 
 def _gauge(suffix: str, doc: str, value: float) -> GaugeMetricFamily:

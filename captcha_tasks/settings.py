@@ -93,6 +93,15 @@ class Settings:
     #: CAPTCHAAI_BULK_WINDOW: at most one bulk request per this many seconds
     #: (unset: a tenth of the poll interval).
     bulk_window: float | None = None
+    #: CAPTCHAAI_PINGBACK_URL: base URL where the provider can reach our receiver
+    #: (``captcha-tasks pingback-server``); set, every submit asks for a callback.
+    pingback_url: str | None = None
+    #: CAPTCHAAI_PINGBACK_SECRET: key of the MAC in every callback URL (required with
+    #: CAPTCHAAI_PINGBACK_URL, at least 16 characters).
+    pingback_secret: str = field(default="", repr=False)
+    #: CAPTCHAAI_PINGBACK_FALLBACK_POLL: with callbacks on, a captcha still waiting this many
+    #: seconds after its expected solve time is polled (a lost callback costs latency only).
+    pingback_fallback_poll: float = 10.0
     #: KAFKA_BOOTSTRAP_SERVERS: the Kafka brokers of the bridge and the producer helper.
     kafka_bootstrap_servers: str = "localhost:9092"
     #: KAFKA_TASKS_TOPIC: tasks to solve (JSON with task_id, method, sitekey, pageurl, ...).
@@ -169,9 +178,31 @@ class Settings:
             self.bulk_window is None or self.bulk_window > 0,
             "must be > 0",
         )
+        self._check_pingback()
         for method, life in self.token_lifetimes.items():
             _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
         self._check_kafka()
+
+    def _check_pingback(self) -> None:
+        _check("CAPTCHAAI_PINGBACK_FALLBACK_POLL", self.pingback_fallback_poll > 0, "must be > 0")
+        if self.pingback_url is None:
+            return
+        _check_url("CAPTCHAAI_PINGBACK_URL", self.pingback_url, ("http", "https"))
+        _check(
+            "CAPTCHAAI_PINGBACK_URL",
+            not urlsplit(self.pingback_url).query,
+            "must not carry a query string (the provider appends its own)",
+        )
+        _check(
+            "CAPTCHAAI_PINGBACK_SECRET",
+            len(self.pingback_secret) >= 16,
+            "must be set (at least 16 characters) when CAPTCHAAI_PINGBACK_URL is",
+        )
+
+    @property
+    def pingback(self) -> bool:
+        """Whether submits ask the provider to call back."""
+        return self.pingback_url is not None
 
     def _check_kafka(self) -> None:
         _check("KAFKA_BOOTSTRAP_SERVERS", bool(self.kafka_bootstrap_servers.strip()), "must be set")
@@ -331,6 +362,9 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "bulk_poll": ("CAPTCHAAI_BULK_POLL", lambda s: s.lower()),
     "bulk_window": ("CAPTCHAAI_BULK_WINDOW", float),
     "flower_no_auth": ("CAPTCHAAI_FLOWER_NO_AUTH", _flag),
+    "pingback_url": ("CAPTCHAAI_PINGBACK_URL", lambda s: s.rstrip("/")),
+    "pingback_secret": ("CAPTCHAAI_PINGBACK_SECRET", str),
+    "pingback_fallback_poll": ("CAPTCHAAI_PINGBACK_FALLBACK_POLL", float),
     "kafka_bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS", str),
     "kafka_tasks_topic": ("KAFKA_TASKS_TOPIC", str),
     "kafka_results_topic": ("KAFKA_RESULTS_TOPIC", str),

@@ -41,6 +41,9 @@ SANDBOX_DEFAULTS = {
     "error_rate": 0.0,
     "bulk": True,
     "thread_error": "ERROR_NO_SLOT_AVAILABLE",
+    "pingback_method": "GET",
+    "pingback_delay": 0.0,
+    "pingback_drop_rate": 0.0,
     # the real token lives (tests that shorten them must not leak into later tests)
     "token_ttl": {"userrecaptcha": 120.0, "turnstile": 300.0, "geetest": 120.0, "base64": 600.0},
 }

@@ -17,6 +17,7 @@ from ..dev.sandbox import DEFAULT_TOKEN_TTL, SandboxConfig, serve
 from ..errors import CaptchaTasksError
 from ..kafka.cli import register as register_kafka_commands
 from ..metrics import metrics_command
+from ..receiver.cli import register_commands as register_pingback_commands
 from ..state import store
 from ..stream import stream
 from ..worker.tasks import solve
@@ -56,6 +57,15 @@ def cli() -> None:
 @click.option("--token-ttl", type=float, default=None, help="Token life for every method.")
 @click.option("--api-key", "api_keys", multiple=True, help="Accepted key(s).")
 @click.option("--seed", type=int, default=None, help="Seed of its randomness (repeatable runs).")
+@click.option(
+    "--pingback-method",
+    type=click.Choice(["GET", "POST"]),
+    default="GET",
+    show_default=True,
+    help="Callbacks as CaptchaAI (GET) or 2captcha (POST, registered addresses only).",
+)
+@click.option("--pingback-delay", default=0.0, show_default=True, type=float, help="Seconds.")
+@click.option("--pingback-drop-rate", default=0.0, show_default=True, type=float)
 def sandbox(
     host: str,
     port: int,
@@ -69,6 +79,9 @@ def sandbox(
     token_ttl: float | None,
     api_keys: tuple[str, ...],
     seed: int | None,
+    pingback_method: str,
+    pingback_delay: float,
+    pingback_drop_rate: float,
 ) -> None:
     """Run a local CaptchaAI-compatible API (for development, tests and benchmarks)."""
 
@@ -81,6 +94,9 @@ def sandbox(
         "bulk": not no_bulk,
         "thread_error": thread_error,
         "seed": seed,
+        "pingback_method": pingback_method,
+        "pingback_delay": pingback_delay,
+        "pingback_drop_rate": pingback_drop_rate,
     }
     if token_ttl is not None:
         options["token_ttl"] = {m: token_ttl for m in DEFAULT_TOKEN_TTL}
@@ -300,3 +316,4 @@ def _pct(value: float | None) -> str:
 
 cli.add_command(metrics_command)
 register_kafka_commands(cli)  # kafka-bridge, kafka lag, kafka create-topics
+register_pingback_commands(cli)  # pingback-server, pingback register

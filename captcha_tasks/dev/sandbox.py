@@ -9,10 +9,14 @@ It is a real HTTP server, not a mock: tests, demos and benchmarks point a client
 * unsolvable captchas, proxy failures (a ``proxy`` containing ``bad-proxy``) and injected
   transient errors (HTTP 500, HTML pages, empty bodies, ``ERROR_SERVER_ERROR``);
 * bulk polling with ``res.php?action=get&ids=...`` (switchable);
+* callbacks to a captcha's ``pingback`` URL when its answer is ready: CaptchaAI's GET, or
+  2captcha's POST to registered addresses (``res.php?action=add_pingback``), with a delay
+  and a drop rate (see :mod:`.callbacks`);
 * a ``/siteverify`` endpoint that checks tokens the way a protected site would: single
   use, with a lifetime that starts when the captcha is solved;
-* admin endpoints: ``GET /sandbox/stats``, ``POST /sandbox/reset``, ``POST /sandbox/config``
-  and ``GET /health``.
+* admin endpoints: ``GET /sandbox/stats``, ``POST /sandbox/reset``, ``POST /sandbox/config``,
+  ``GET /sandbox/ready?ids=...`` (when each answer was ready, for latency benchmarks) and
+  ``GET /health``.
 
 Run it with ``captcha-tasks sandbox --port 8765`` or :func:`serve`, or embed it::
 
@@ -44,6 +48,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from cheroot import wsgi
+
+from .callbacks import Caller
 
 __all__ = [
     "DEFAULT_TOKEN_TTL",
@@ -106,6 +112,9 @@ _COUNTERS = (
     "reports_bad",
     "reports_good",
     "injected_errors",
+    "pingbacks_scheduled",
+    "pingbacks_dropped",
+    "pingbacks_unregistered",
 )
 
 
@@ -132,6 +141,13 @@ class SandboxConfig:
     balance: float = 10.0
     max_image_bytes: int = 100 * 1024
     seed: int | None = None
+    #: How captchas submitted with ``pingback`` are called back: "GET" (CaptchaAI) or
+    #: "POST" (2captcha: form fields, registered addresses only).
+    pingback_method: str = "GET"
+    #: Seconds between a captcha's answer being ready and its callback.
+    pingback_delay: float = 0.0
+    #: Share of callbacks never made (lost on the way).
+    pingback_drop_rate: float = 0.0
 
     def __post_init__(self) -> None:
         # Values also arrive as JSON from POST /sandbox/config, so check types, not just ranges.
@@ -150,6 +166,12 @@ class SandboxConfig:
         self.max_image_bytes = _check_int("max_image_bytes", self.max_image_bytes, minimum=1)
         if self.seed is not None:
             self.seed = _check_int("seed", self.seed, minimum=None)
+        if self.pingback_method not in ("GET", "POST"):
+            raise ValueError(f"pingback_method must be GET or POST, got {self.pingback_method!r}")
+        self.pingback_delay = _check_number("pingback_delay", self.pingback_delay, 0.0)
+        self.pingback_drop_rate = _check_number(
+            "pingback_drop_rate", self.pingback_drop_rate, 0.0, 1.0
+        )
 
     def ttl_for(self, method: str) -> float:
         """Token lifetime in seconds for a captcha method."""
@@ -439,6 +461,8 @@ class _State:
         self._peak = 0
         # reset() bumps the epoch so "read at least once" is counted afresh.
         self._epoch = 0
+        self._pingback_addrs: set[str] = set()
+        self.caller = Caller(clock)
 
     # -- config and stats --------------------------------------------------------------
     def config(self) -> SandboxConfig:
@@ -469,6 +493,7 @@ class _State:
             data["captchas_stored"] = len(self._captchas)
             data["submits_by_method"] = dict(self._by_method)
             data["config"] = self._config.public_dict()
+            data.update(self.caller.counts)
             return data
 
     def reset(self) -> None:
@@ -477,6 +502,7 @@ class _State:
             self._by_method = dict.fromkeys(METHODS, 0)
             self._peak = 0
             self._epoch += 1
+            self.caller.counts.update(dict.fromkeys(self.caller.counts, 0))
 
     # -- in.php ------------------------------------------------------------------------
     def in_php(self, params: Mapping[str, str]) -> _Reply:
@@ -504,7 +530,34 @@ class _State:
                 return _fail(config.thread_error, json_mode)
             self._peak = max(self._peak, in_flight + 1)
             captcha_id = self._create(spec, now)
+            self._call_back(self._captchas[captcha_id], params.get("pingback", "").strip())
             return _api(True, captcha_id, json_mode, f"OK|{captcha_id}")
+
+    def _call_back(self, captcha: _Captcha, url: str) -> None:
+        """Schedule the captcha's callback, as its provider would make it."""
+        config = self._config
+        if not url:
+            return
+        self._counts["pingbacks_scheduled"] += 1
+        if config.pingback_method == "POST" and not any(
+            url.startswith(addr) for addr in self._pingback_addrs
+        ):
+            self._counts["pingbacks_unregistered"] += 1
+            return
+        if self._rng.random() < config.pingback_drop_rate:
+            self._counts["pingbacks_dropped"] += 1
+            return
+        answer = captcha.answer
+        code = captcha.error or (json.dumps(answer) if isinstance(answer, dict) else str(answer))
+        at = captcha.ready_at + config.pingback_delay
+        self.caller.schedule(at, url, captcha.captcha_id, code, config.pingback_method)
+
+    def ready_times(self, ids: Sequence[str]) -> dict[str, float]:
+        """When each captcha's answer was (or will be) ready, as Unix time."""
+        with self._lock:
+            offset = time.time() - self._clock()
+            found = (self._captchas.get(i) for i in ids)
+            return {c.captcha_id: c.ready_at + offset for c in found if c is not None}
 
     def _key_error(self, params: Mapping[str, str]) -> str | None:
         key = params.get("key", "")
@@ -669,11 +722,28 @@ class _State:
                 return _fail("ERROR_WRONG_CAPTCHA_ID", json_mode)
             self._counts["reports_bad" if action == "reportbad" else "reports_good"] += 1
             return _api(True, "OK_REPORT_RECORDED", json_mode)
+        if action in ("add_pingback", "del_pingback", "get_pingback"):
+            return self._pingback_action(action, params.get("addr", "").strip(), json_mode)
         if action == "threadsinfo":
             info = {"threads": self._config.threads, "working_threads": self._release(now)}
             text = f"threads={info['threads']}|working_threads={info['working_threads']}"
             return _api(True, info, json_mode, text)
         return _fail("ERROR_BAD_PARAMETERS", json_mode)
+
+    def _pingback_action(self, action: str, addr: str, json_mode: bool) -> _Reply:
+        if action == "get_pingback":
+            return _api(
+                True, sorted(self._pingback_addrs), json_mode, ",".join(self._pingback_addrs)
+            )
+        if action == "del_pingback":
+            self._pingback_addrs.difference_update(
+                set(self._pingback_addrs) if addr == "all" else {addr}
+            )
+            return _api(True, "OK", json_mode, "OK")
+        if not addr.startswith(("http://", "https://")):
+            return _fail("ERROR_BAD_PARAMETERS", json_mode)
+        self._pingback_addrs.add(addr)
+        return _api(True, "OK", json_mode, "OK")
 
     # -- siteverify --------------------------------------------------------------------
     def siteverify(self, params: Mapping[str, str]) -> _Reply:
@@ -742,6 +812,11 @@ def _admin_set_config(state: _State, body: bytes) -> _Reply:
     return _json_reply(config.public_dict())
 
 
+def _admin_ready(state: _State, query: str) -> _Reply:
+    ids = [i for i in _query_params(query).get("ids", "").split(",") if i]
+    return _json_reply(state.ready_times(ids))
+
+
 def _health(state: _State, body: bytes) -> _Reply:
     return _text_reply("ok")
 
@@ -806,6 +881,8 @@ def _route(state: _State, environ: Mapping[str, Any], body: bytes) -> _Reply:
         if body and content_type in ("", "application/x-www-form-urlencoded"):
             params.update(_query_params(body.decode("utf-8", errors="replace")))
         return protocol(state, params)
+    if (verb, path) == ("GET", "/sandbox/ready"):
+        return _admin_ready(state, environ.get("QUERY_STRING", ""))
     admin = _ADMIN_ROUTES.get((verb, path))
     if admin is not None:
         return admin(state, body)
@@ -875,6 +952,7 @@ class SandboxServer:
             return
         self._stopped = True
         self._server.stop()
+        self._state.caller.stop()
         if self._thread is not None:
             self._thread.join()
 
@@ -894,6 +972,10 @@ class SandboxServer:
     def stats(self) -> dict[str, Any]:
         """Counters and config, as served by ``GET /sandbox/stats``."""
         return self._state.stats()
+
+    def ready_times(self, ids: Sequence[str]) -> dict[str, float]:
+        """When each captcha's answer was ready, as Unix time (``GET /sandbox/ready``)."""
+        return self._state.ready_times(ids)
 
     def reset(self) -> None:
         """Zero the counters and the in-flight peak; captchas and config are kept."""

@@ -338,7 +338,8 @@ class Board:
             captcha_id,
             _dumps(job),
             solve_id,
-            ms(self.limiter.config.lease_s),
+            # the lease outlives the wait to its first poll (long with callbacks on)
+            ms(self.limiter.config.lease_s + max(0.0, first_poll_in_s)),
             int(job.get("attempt", 0)),
             cfg.record_ttl_s,
             ms(max(0.0, first_poll_in_s)),
@@ -459,6 +460,19 @@ class Board:
         return list(_guarded(pipe.execute))
 
     # -- reading -----------------------------------------------------------------------
+    def lookup(self, captcha_id: str, solve_id: str) -> tuple[Entry | None, bool]:
+        """The captcha as a round would take it (None when it is not on the board), and
+        whether ``solve_id`` has ended with this captcha (a callback for it is a replay)."""
+        k = self.keys
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(k.board(), captcha_id)
+        pipe.hget(k.poll_state(), captcha_id)
+        pipe.hmget(k.submission(solve_id), "captcha_id", "done")
+        job, state, (last, done) = _guarded(pipe.execute)
+        entry = None if job is None else _entry(captcha_id, job, state or "")
+        ended = done is not None and last is not None and text(last) == captcha_id
+        return entry, ended
+
     def in_flight_count(self) -> int:
         return int(_guarded(lambda: self.r.hlen(self.keys.board())))
 
@@ -473,6 +487,15 @@ class Board:
         for code in codes:
             pipe.hincrby(self.keys.api_errors(), code, 1)
         _guarded(pipe.execute)
+
+    def count_callback(self, verdict: str) -> None:
+        """Count one provider callback by verdict."""
+        _guarded(lambda: self.r.hincrby(self.keys.pingback_callbacks(), verdict, 1))
+
+    def callback_counts(self) -> dict[str, int]:
+        """Provider callbacks so far, by verdict."""
+        raw = _guarded(lambda: self.r.hgetall(self.keys.pingback_callbacks()))
+        return {text(k): int(v) for k, v in raw.items()}
 
     def bulk_supported(self) -> bool | None:
         """Whether the API honours ``res.php?ids=`` (None: not known yet)."""

@@ -11,14 +11,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from celery import Celery
 
-from .. import errors
+from .. import errors, pingback
 from ..client import NOT_READY, Answer, _Pending
 from ..methods import SolveRequest, build_request, default_wait
 from ..outcome import Solved, iso
@@ -54,6 +54,7 @@ def policy(settings: Settings) -> Policy:
         transport_retries=settings.transport_retries,
         max_resubmits=settings.max_resubmits,
         token_lifetimes=dict(settings.token_lifetimes),
+        pingback_fallback=settings.pingback_fallback_poll if settings.pingback else None,
     )
 
 
@@ -154,7 +155,7 @@ class Runner:
         reply: str | errors.CaptchaTasksError
         try:
             full = request or _full_request(job)
-            reply = store.api_client().submit(_with_pool_proxy(full, job))
+            reply = store.api_client().submit(_with_pool_proxy(full, job), self._pingback(job))
         except errors.CaptchaTasksError as exc:
             reply = exc
         timing = _timing(job)
@@ -186,14 +187,20 @@ class Runner:
         entries = board.take_due(round_at_ms, ROUND_MOST)
         asked_at = time.time()
         bulk = self._bulk()
-        replies = self._fetch(entries, bulk) if entries else {}
+        replies, in_bulk = self._fetch(entries, bulk) if entries else ({}, set())
         now = time.time()
         decisions = [(entry, self._decide(entry, replies, now, bulk)) for entry in entries]
-        self._finish_all((e, d) for e, d in decisions if isinstance(d, Deliver | Fail))
+        self.completer.complete_many(
+            [
+                Done(e.job, d, "bulk_poll" if e.captcha_id in in_bulk else "poll")
+                for e, d in decisions
+                if isinstance(d, Deliver | Fail)
+            ]
+        )
         again = [_again(e, d, now) for e, d in decisions if isinstance(d, PollAt)]
         for entry, decision in decisions:
             if isinstance(decision, Resubmit):
-                self._retire(entry, decision, now)
+                self.retire(entry, decision, now)
         self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)))
         gap = 0.0 if len(entries) >= ROUND_MOST else self.settings.bulk_window_s
         self.publish_round(board.end_round(asked_at, again, gap))
@@ -209,25 +216,29 @@ class Runner:
             entry.job, reply, entry.polled_at, entry.errors, now, timing, self.policy, bulk
         )
 
-    def _fetch(self, entries: Sequence[Entry], bulk_on: bool) -> dict[str, Reply | float]:
-        """Every due captcha's answer: pipe-safe ones in bulk, the others one by one; a
-        float means "the res.php budget frees in this many seconds"."""
+    def _fetch(
+        self, entries: Sequence[Entry], bulk_on: bool
+    ) -> tuple[dict[str, Reply | float], set[str]]:
+        """Every due captcha's answer, and the ids answered in bulk: pipe-safe ones are
+        asked in bulk, the others one by one; a float means "the res.php budget frees in
+        this many seconds"."""
         bulk = [e.captcha_id for e in entries if steps.uses_bulk(e.job, bulk_on)]
         in_bulk = set(bulk)
         single = [e.captcha_id for e in entries if e.captcha_id not in in_bulk]
         chunks = [bulk[i : i + BULK_IDS] for i in range(0, len(bulk), BULK_IDS)]
         wait = store.limiter().poll_wait(len(chunks) + len(single))
         if wait > 0:
-            return dict.fromkeys((e.captcha_id for e in entries), wait)
+            return dict.fromkeys((e.captcha_id for e in entries), wait), set()
         replies: dict[str, Reply | float] = {}
         for chunk in chunks:
             found = self._ask_many(chunk)
             if found is None:
                 single += chunk
+                in_bulk.difference_update(chunk)
             else:
                 replies.update(found)
         replies.update(self._ask_each(single))
-        return replies
+        return replies, in_bulk
 
     def _ask_many(self, ids: list[str]) -> dict[str, Reply] | None:
         if len(ids) == 1:
@@ -254,16 +265,17 @@ class Runner:
             self._executor = ThreadPoolExecutor(SINGLE_POLLS, thread_name_prefix="captcha-poll")
         return dict(zip(ids, self._executor.map(_ask_one, ids), strict=True))
 
-    def _finish_all(self, ended: Iterable[tuple[Entry, Decision]]) -> None:
-        done = [Done(e.job, d) for e, d in ended if isinstance(d, Deliver | Fail)]
-        self.completer.complete_many(done)
-
-    def _retire(self, entry: Entry, decision: Resubmit, now: float) -> None:
+    def retire(self, entry: Entry, decision: Resubmit, now: float) -> bool:
+        """Take a failed captcha off the board and submit its solve's next attempt; False
+        when something else ended the captcha first."""
+        board = store.board()
+        deadline_in = decision.job["deadline"] - now
+        if not board.retire(entry.captcha_id, decision.job, deadline_in, decision.error.code):
+            return False
         log.info("captcha %s: %s; submitting a new one", entry.captcha_id, decision.error.code)
         self._replace_proxy(entry.job, decision)
-        deadline_in = decision.job["deadline"] - now
-        if store.board().retire(entry.captcha_id, decision.job, deadline_in, decision.error.code):
-            send_submit(self.app, decision.job)
+        send_submit(self.app, decision.job)
+        return True
 
     # -- messages ----------------------------------------------------------------------
     def publish_round(self, due: RoundDue | None) -> None:
@@ -283,6 +295,14 @@ class Runner:
         send_submit(self.app, job, countdown)
 
     # -- helpers -----------------------------------------------------------------------
+    def _pingback(self, job: Job) -> str | None:
+        """The callback URL of this attempt, when callbacks are on."""
+        base = self.settings.pingback_url
+        if base is None:
+            return None
+        secret = self.settings.pingback_secret
+        return pingback.callback_url(base, secret, job["solve_id"], int(job.get("attempt", 0)))
+
     def _bulk(self) -> bool:
         """Whether pipe-safe captchas are polled in bulk: the setting, and whether the API
         honours ``ids=`` (read from Redis at most every :data:`BULK_CHECK_S`)."""

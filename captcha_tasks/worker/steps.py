@@ -56,6 +56,9 @@ class Policy:
     transport_retries: int
     max_resubmits: int
     token_lifetimes: Mapping[str, float] = field(default_factory=dict)
+    #: With provider callbacks on: seconds past a captcha's expected solve time before it
+    #: is polled (None: callbacks off, poll as usual).
+    pingback_fallback: float | None = None
     #: Returns a number in [0, 1): the jitter of back-offs (a constant in tests).
     random: Callable[[], float] = random.random
 
@@ -230,8 +233,7 @@ def on_submitted(
     """``in.php`` answered ``reply`` (a captcha id, or the error it raised)."""
     if isinstance(reply, str):
         polled = {**job, "captcha_id": reply, "submitted_at": now, "transport_errors": 0}
-        # In bulk, asking early costs nothing extra once the method's times are known.
-        wait = timing.earliest if timing.warm and uses_bulk(polled, bulk) else timing.first_wait
+        wait = first_poll(polled, timing, policy, bulk)
         return PollAt(min(now + wait, job["deadline"]), polled)
     if isinstance(reply, errors.RetryableError):
         count = job.get("transport_errors", 0) + 1
@@ -242,6 +244,17 @@ def on_submitted(
             return Fail(_timeout(job, f"deadline passed while retrying ({reply.code})", reply))
         return SubmitAt(at, {**job, "transport_errors": count}, reply)
     return _failed_captcha(job, reply, now, policy)
+
+
+def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool) -> float:
+    """Seconds after its submit a captcha is first polled.
+
+    With callbacks on, the callback is expected: poll only a fallback's time after the
+    method's expected solve time.  In bulk, asking early costs nothing extra once the
+    method's times are known: its earliest likely finish."""
+    if policy.pingback_fallback is not None:
+        return timing.first_wait + policy.pingback_fallback
+    return timing.earliest if timing.warm and uses_bulk(job, bulk) else timing.first_wait
 
 
 # -- poll --------------------------------------------------------------------------------
@@ -273,6 +286,23 @@ def on_answer(
     return _solved(job, answer, polled_before, now, policy)
 
 
+def on_callback(
+    job: Job,
+    answer: Answer | _Pending | errors.CaptchaTasksError,
+    polled_before: float | None,
+    now: float,
+    policy: Policy,
+) -> Deliver | Fail | Resubmit | None:
+    """The provider called back with ``answer`` for the job's captcha: it ends the
+    captcha as a poll reading the same answer would.  None: not an ending (a "not ready"
+    or a transient code), so nothing changes."""
+    if answer is NOT_READY or isinstance(answer, errors.RetryableError):
+        return None
+    if isinstance(answer, errors.CaptchaTasksError):
+        return _failed_captcha(job, answer, now, policy)
+    return _solved(job, answer, polled_before, now, policy)
+
+
 def on_poll_budget(job: Job, wait_s: float, poll_errors: int, now: float) -> Decision:
     """The account's ``res.php`` budget is spent for ``wait_s``: poll later (or fail)."""
     if now >= job["deadline"]:
@@ -292,7 +322,7 @@ def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, bulk: bool)
 
 def _solved(
     job: Job, answer: Answer, polled_before: float | None, now: float, policy: Policy
-) -> Decision:
+) -> Deliver | Fail | Resubmit:
     request = request_of(job)
     # The token was made after the last "not ready" (or the submit) at the earliest.
     born = polled_before if polled_before is not None else job["submitted_at"]
@@ -319,7 +349,7 @@ def _solved(
 
 def _failed_captcha(
     job: Job, exc: errors.CaptchaTasksError, now: float, policy: Policy
-) -> Decision:
+) -> Fail | Resubmit:
     """An error about the captcha itself: submit a new one where that can help."""
     pooled_proxy = isinstance(exc, errors.ProxyError) and request_of(job).uses_proxy_pool
     if not (isinstance(exc, errors.ResubmitError) or pooled_proxy):

@@ -199,3 +199,50 @@ def test_poll_transport_errors_have_their_own_budget() -> None:
 def test_a_spent_res_budget_polls_later() -> None:
     polled = submitted()
     assert steps.on_poll_budget(polled, 30.0, 1, T0 + 12) == PollAt(T0 + 42, polled, 1)
+
+
+# -- provider callbacks -----------------------------------------------------------------------
+
+CALLBACKS = steps.Policy(
+    solve_timeout=300.0,
+    poll_interval=5.0,
+    bulk_interval=0.5,
+    transport_retries=2,
+    max_resubmits=1,
+    pingback_fallback=20.0,
+    random=lambda: 0.0,
+)
+
+
+@pytest.mark.parametrize("timing", [COLD, WARM])
+def test_with_callbacks_on_the_first_poll_waits_a_fallback_past_the_expected_time(
+    timing: Timing,
+) -> None:
+    decision = steps.on_submitted(job(), "7001", T0 + 1, timing, CALLBACKS, bulk=True)
+    assert isinstance(decision, PollAt)
+    assert decision.at == T0 + 1 + timing.first_wait + CALLBACKS.pingback_fallback  # type: ignore[operator]
+
+
+def test_a_callback_answer_is_delivered_like_a_polled_one() -> None:
+    polled = submitted()
+    decision = steps.on_callback(polled, "0.tok", None, T0 + 12, CALLBACKS)
+    assert isinstance(decision, Deliver)
+    assert (decision.outcome["token"], decision.outcome["captcha_id"]) == ("0.tok", "7001")
+    assert decision.solve_time_s == pytest.approx(11.0)
+
+
+def test_a_callback_error_takes_the_polls_route() -> None:
+    polled = submitted()
+    unsolvable = errors.from_api_code("ERROR_CAPTCHA_UNSOLVABLE", "7001")
+    decision = steps.on_callback(polled, unsolvable, None, T0 + 12, CALLBACKS)
+    assert decision == steps.on_answer(polled, unsolvable, None, 0, T0 + 12, COLD, CALLBACKS, True)
+    assert isinstance(decision, Resubmit)
+    fatal = errors.from_api_code("ERROR_BAD_TOKEN_OR_PAGEURL", "7001")
+    assert isinstance(steps.on_callback(polled, fatal, None, T0 + 12, CALLBACKS), Fail)
+
+
+def test_a_callback_that_ends_nothing_changes_nothing() -> None:
+    polled = submitted()
+    assert steps.on_callback(polled, NOT_READY, None, T0 + 12, CALLBACKS) is None
+    transient = errors.from_api_code("ERROR_SERVER_ERROR", "7001")
+    assert steps.on_callback(polled, transient, None, T0 + 12, CALLBACKS) is None

@@ -1,0 +1,194 @@
+"""The pingback receiver: a provider callback completes its captcha, if it is genuine.
+
+A callback is hostile input until proven otherwise.  It counts only when
+
+* its path carries a ticket with a right MAC (see :mod:`captcha_tasks.pingback`);
+* its ``id`` is the captcha that ticket's attempt has at the provider (on the board);
+* it is the first word on that captcha: the completion script claims a solve once.
+
+Anything else is answered with a 4xx and changes nothing; each rejection is counted by
+reason.  An address that keeps sending rejected callbacks is throttled (429) for a while.
+An accepted callback goes through the one completion path
+(:class:`~captcha_tasks.worker.completion.Completer`), as if a poll had read its answer.
+
+:meth:`Receiver.handle` knows no HTTP framework: :func:`~.wsgi.make_wsgi_app` serves it,
+and a Flask or Django view can call :meth:`Receiver.handle_request` (see the README).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from celery import Celery
+
+from .. import errors, pingback
+from ..client import callback_answer
+from ..settings import Settings, get_settings
+from ..state import store
+from ..worker import steps
+from ..worker.adapter import Runner
+from ..worker.steps import Resubmit
+
+log = logging.getLogger(__name__)
+
+#: Bytes a callback body may have (``id`` and ``code``: a token is a few KiB at most).
+MAX_BODY = 16 * 1024
+#: Rejected callbacks an address may send in a burst, and per second after that.
+STRIKES_BURST = 30
+STRIKES_PER_S = 1.0
+#: Addresses whose strikes are remembered (least recently seen are forgotten first).
+STRIKES_REMEMBERED = 10_000
+
+ACCEPTED = "accepted"
+#: Rejection reasons, with their HTTP status.
+REJECTIONS = {
+    "method_not_allowed": 405,
+    "too_large": 413,
+    "bad_path": 404,
+    "bad_mac": 403,
+    "missing_field": 400,
+    "bad_code": 400,
+    "unknown_id": 404,
+    "mismatch": 403,
+    "replay": 409,
+    "rate_limited": 429,
+    "unavailable": 503,
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the receiver did with one callback: ``reason`` is ``"accepted"`` or one of
+    :data:`REJECTIONS`."""
+
+    status: int
+    reason: str
+
+    @property
+    def accepted(self) -> bool:
+        return self.reason == ACCEPTED
+
+
+def _reject(reason: str) -> Verdict:
+    return Verdict(REJECTIONS[reason], reason)
+
+
+class Strikes:
+    """Per-address token buckets of rejected callbacks (bounded, thread-safe)."""
+
+    def __init__(
+        self,
+        burst: int = STRIKES_BURST,
+        per_s: float = STRIKES_PER_S,
+        remembered: int = STRIKES_REMEMBERED,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.burst, self.per_s, self.remembered = burst, per_s, remembered
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
+
+    def _level(self, address: str, now: float) -> float:
+        tokens, at = self._buckets.get(address, (float(self.burst), now))
+        return min(float(self.burst), tokens + (now - at) * self.per_s)
+
+    def blocked(self, address: str) -> bool:
+        """Whether ``address`` has used up its rejections."""
+        with self._lock:
+            return address in self._buckets and self._level(address, self._clock()) < 1.0
+
+    def strike(self, address: str) -> None:
+        """Count one rejected callback from ``address``."""
+        with self._lock:
+            now = self._clock()
+            level = max(0.0, self._level(address, now) - 1.0)
+            self._buckets[address] = (level, now)
+            self._buckets.move_to_end(address)
+            while len(self._buckets) > self.remembered:
+                self._buckets.popitem(last=False)
+
+
+class Receiver:
+    """Judges callbacks and completes the genuine ones (one per process; thread-safe)."""
+
+    def __init__(
+        self,
+        app: Celery,
+        settings: Settings | None = None,
+        strikes: Strikes | None = None,
+    ) -> None:
+        self.settings = settings or get_settings()
+        if len(self.settings.pingback_secret) < 16:
+            raise errors.ConfigurationError(
+                "CAPTCHAAI_PINGBACK_SECRET must be set (at least 16 characters) to receive"
+                " callbacks"
+            )
+        self.runner = Runner(app, self.settings)
+        self.strikes = strikes or Strikes()
+
+    def handle_request(
+        self,
+        verb: str,
+        segment: str,
+        fields: Mapping[str, str],
+        address: str,
+        body_size: int = 0,
+    ) -> Verdict:
+        """Judge one HTTP request: ``segment`` is the last path segment (the ticket),
+        ``fields`` the query and form fields merged, ``body_size`` its body's length."""
+        if self.strikes.blocked(address):
+            return self._count(_reject("rate_limited"))
+        verdict = self._judge(verb, segment, fields, body_size)
+        if not verdict.accepted and verdict.reason != "unavailable":
+            self.strikes.strike(address)
+        return self._count(verdict)
+
+    def _judge(self, verb: str, segment: str, fields: Mapping[str, str], body_size: int) -> Verdict:
+        if verb not in ("GET", "POST"):
+            return _reject("method_not_allowed")
+        if body_size > MAX_BODY:
+            return _reject("too_large")
+        try:
+            ticket = pingback.read_ticket(self.settings.pingback_secret, segment)
+        except pingback.BadMac:
+            return _reject("bad_mac")
+        except pingback.BadTicket:
+            return _reject("bad_path")
+        captcha_id, code = fields.get("id", "").strip(), fields.get("code", "").strip()
+        if not captcha_id or not code:
+            return _reject("missing_field")
+        try:
+            return self.handle(ticket, captcha_id, code)
+        except errors.StoreUnavailable:
+            log.warning("callback for captcha %s not taken: Redis is unavailable", captcha_id)
+            return _reject("unavailable")
+
+    def handle(self, ticket: pingback.Ticket, captcha_id: str, code: str) -> Verdict:
+        """End the captcha ``captcha_id`` of the ticket's attempt with ``code``."""
+        entry, ended = store.board().lookup(captcha_id, ticket.solve_id)
+        if entry is None:
+            return _reject("replay" if ended else "unknown_id")
+        job = entry.job
+        if job["solve_id"] != ticket.solve_id or int(job.get("attempt", 0)) != ticket.attempt:
+            return _reject("mismatch")
+        answer = callback_answer(code, captcha_id)
+        decision = steps.on_callback(job, answer, entry.polled_at, time.time(), self.runner.policy)
+        if decision is None:
+            return _reject("bad_code")
+        if isinstance(decision, Resubmit):
+            done = self.runner.retire(entry, decision, time.time())
+        else:
+            done = self.runner.completer.complete(job, decision, source="pingback")
+        return Verdict(200, ACCEPTED) if done else _reject("replay")
+
+    def _count(self, verdict: Verdict) -> Verdict:
+        try:
+            store.board().count_callback(verdict.reason)
+        except errors.StoreUnavailable:  # counting must never change the answer
+            log.debug("could not count a %s callback", verdict.reason)
+        return verdict

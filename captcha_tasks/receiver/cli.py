@@ -1,0 +1,45 @@
+"""``captcha-tasks pingback-server`` and ``captcha-tasks pingback register``."""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from ..errors import ConfigurationError
+from ..settings import get_settings
+from ..state import store
+from ..worker.app import app
+from .callbacks import Receiver
+from .wsgi import serve
+
+
+@click.command("pingback-server")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8766, show_default=True, type=int)
+@click.option("--log-level", default="WARNING", show_default=True)
+def pingback_server(host: str, port: int, log_level: str) -> None:
+    """Receive provider callbacks (CAPTCHAAI_PINGBACK_URL must lead here)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    serve(Receiver(app), host, port)
+
+
+@click.group()
+def pingback() -> None:
+    """Provider callbacks."""
+
+
+@pingback.command()
+@click.option("--url", default=None, help="Address to register (default: CAPTCHAAI_PINGBACK_URL).")
+def register(url: str | None) -> None:
+    """Register the callback address with the provider (2captcha requires it)."""
+    address = url or get_settings().pingback_url
+    if not address:
+        raise ConfigurationError("CAPTCHAAI_PINGBACK_URL is not set (or pass --url)")
+    store.api_client().add_pingback(address)
+    click.echo(f"registered {address}")
+
+
+def register_commands(cli: click.Group) -> None:
+    cli.add_command(pingback_server)
+    cli.add_command(pingback)

@@ -1,0 +1,226 @@
+"""Provider callbacks end to end: the sandbox calls back the receiver (a real cheroot
+server in this process) for captchas a real worker submitted with ``pingback=``."""
+
+from __future__ import annotations
+
+import http.client
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+import requests
+from prometheus_client import CollectorRegistry, generate_latest
+
+from captcha_tasks import errors, pingback, solve, store
+from captcha_tasks.dev.devstack import free_port, wait_until
+from captcha_tasks.metrics import StoreCollector
+from captcha_tasks.receiver.callbacks import STRIKES_BURST, Receiver
+from captcha_tasks.receiver.wsgi import PingbackServer
+from captcha_tasks.settings import get_settings
+from captcha_tasks.worker.app import app
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
+
+SECRET = "pingback-test-secret-" + "x" * 8
+PAGE = "https://example.com/pingback"
+GET_TIMEOUT = 15
+#: With callbacks on, a captcha is polled this long after its expected solve time: longer
+#: than GET_TIMEOUT, so a solve that ends in time was ended by its callback.
+NO_POLL_S = 60.0
+
+
+def worker_env(port: int, fallback: float) -> dict[str, str]:
+    return {
+        "CAPTCHAAI_PINGBACK_URL": f"http://127.0.0.1:{port}/captcha/pingback",
+        "CAPTCHAAI_PINGBACK_SECRET": SECRET,
+        "CAPTCHAAI_PINGBACK_FALLBACK_POLL": str(fallback),
+    }
+
+
+@pytest.fixture
+def receiver() -> Receiver:
+    return Receiver(app, get_settings().replace(pingback_secret=SECRET))
+
+
+@pytest.fixture
+def serve_receiver(receiver: Receiver) -> Iterator[Callable[[int], PingbackServer]]:
+    servers: list[PingbackServer] = []
+
+    def start(port: int = 0) -> PingbackServer:
+        servers.append(PingbackServer(receiver, port=port).start())
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+def solve_many(count: int) -> list[Any]:
+    return [solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE) for _ in range(count)]
+
+
+def solved_by_source() -> dict[str, int]:
+    raw = store.redis_client().hgetall(store.keys().solved_counter("turnstile"))
+    return {str(k): int(v) for k, v in raw.items()}
+
+
+def test_callbacks_complete_captchas_without_a_single_poll(
+    sandbox: Any, serve_receiver: Any, start_worker: Any
+) -> None:
+    server = serve_receiver()
+    start_worker(env=worker_env(server.port, NO_POLL_S))
+    results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(20)]
+    assert all(sandbox.verify(r["token"])["success"] for r in results)
+    stats = sandbox.stats()
+    assert (stats["submits"], stats["pingbacks_sent"]) == (20, 20)
+    assert stats["res_php_get_requests"] == 0
+    assert solved_by_source() == {"pingback": 20}
+    assert store.board().callback_counts() == {"accepted": 20}
+    wait_until(lambda: store.limiter().in_use() == 0, 5, what="threads freed")
+
+
+def test_lost_callbacks_cost_latency_never_a_captcha(sandbox: Any, start_worker: Any) -> None:
+    sandbox.configure(pingback_drop_rate=1.0)
+    nobody = free_port()  # callbacks that were not dropped would find nobody either
+    start_worker(env=worker_env(nobody, 0.5))
+    results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(10)]
+    assert all(r["status"] == "solved" for r in results)
+    assert sandbox.stats()["pingbacks_dropped"] == 10
+    sources = solved_by_source()
+    assert sum(sources.values()) == 10 and "pingback" not in sources
+
+
+def test_a_receiver_down_for_a_while(sandbox: Any, serve_receiver: Any, start_worker: Any) -> None:
+    port = free_port()
+    start_worker(env=worker_env(port, 1.0))
+    down = [r.get(timeout=GET_TIMEOUT) for r in solve_many(5)]
+    assert all(r["status"] == "solved" for r in down)
+    wait_until(lambda: sandbox.stats()["pingbacks_failed"] == 5, 10, what="failed callbacks")
+    serve_receiver(port)  # back up, on the address the workers send
+    up = [r.get(timeout=GET_TIMEOUT) for r in solve_many(5)]
+    assert all(r["status"] == "solved" for r in up)
+    assert solved_by_source().get("pingback") == 5
+
+
+def test_an_error_in_a_callback_takes_the_polls_route(
+    sandbox: Any, serve_receiver: Any, start_worker: Any
+) -> None:
+    sandbox.configure(unsolvable_rate=1.0)
+    server = serve_receiver()
+    start_worker(env=worker_env(server.port, NO_POLL_S))
+    with pytest.raises(errors.UnsolvableError):
+        solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE).get(timeout=GET_TIMEOUT)
+    stats = sandbox.stats()
+    assert stats["submits"] == 1 + get_settings().max_resubmits
+    assert stats["res_php_get_requests"] == 0
+    assert store.board().callback_counts() == {"accepted": stats["submits"]}
+
+
+# -- hostile callbacks --------------------------------------------------------------------
+
+
+def call(
+    port: int,
+    segment: str,
+    fields: dict[str, str] | None = None,
+    verb: str = "GET",
+    body: bytes | None = None,
+    source: str = "127.0.0.1",
+) -> tuple[int, str]:
+    """One HTTP request to the receiver, from ``source`` (any 127/8 address)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+    path = f"/captcha/pingback/{segment}"
+    headers = {}
+    if verb == "POST":
+        body = body if body is not None else urlencode(fields or {}).encode()
+        headers["Content-Type"] = "application/x-www-form-urlencoded"
+    elif fields:
+        path += "?" + urlencode(fields)
+    try:
+        conn.request(verb, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+def in_flight_captcha(solve_id: str) -> dict[str, Any]:
+    def found() -> dict[str, Any] | None:
+        for cid, job in store.redis_client().hgetall(store.keys().board()).items():
+            if f'"solve_id":"{solve_id}"' in job:
+                return {"captcha_id": str(cid), "job": job}
+        return None
+
+    return wait_until(found, 10, what="the captcha on the board")  # type: ignore[return-value]
+
+
+def exported(name: str) -> dict[str, float]:
+    registry = CollectorRegistry()
+    registry.register(StoreCollector())
+    found = {}
+    for line in generate_latest(registry).decode().splitlines():
+        if line.startswith(name):
+            label, _, value = line.rpartition(" ")
+            found[label] = float(value)
+    return found
+
+
+def test_forged_callbacks_are_refused_and_change_nothing(
+    sandbox: Any, serve_receiver: Any, start_worker: Any
+) -> None:
+    sandbox.configure(pingback_drop_rate=1.0, solve_time=0.5, jitter=0.0)  # we call back
+    port = serve_receiver().port
+    start_worker(env=worker_env(port, NO_POLL_S))
+    pending = solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE)
+    captcha_id = in_flight_captcha(pending.id)["captcha_id"]
+    genuine = pingback.ticket(SECRET, pending.id, 0)
+    forged = {"id": captcha_id, "code": "0.FORGED"}
+
+    assert call(port, pingback.ticket("another-secret-abcdef", pending.id, 0), forged) == (
+        403,
+        "bad_mac",
+    )
+    assert call(port, pingback.ticket(SECRET, "another-solve", 0), forged) == (403, "mismatch")
+    assert call(port, pingback.ticket(SECRET, pending.id, 1), forged) == (403, "mismatch")
+    assert call(port, genuine, {"id": "1", "code": "0.FORGED"}) == (404, "unknown_id")
+    assert call(port, genuine, {"id": captcha_id}) == (400, "missing_field")
+    assert call(port, genuine, verb="POST", body=b"id=1&code=" + b"x" * 20_000)[0] == 413
+    assert call(port, genuine, forged, verb="PUT")[0] == 405
+    assert call(port, "not-a-ticket", forged) == (404, "bad_path")
+    assert not pending.ready()
+
+    flood = [call(port, "x", forged)[0] for _ in range(STRIKES_BURST)]
+    assert flood.count(429) > 0  # the address used up its rejections
+    assert call(port, genuine, forged)[0] == 429  # even a right MAC, from that address
+
+    real = wait_until(lambda: sandbox_answer(sandbox, captcha_id), 10, what="the real answer")
+    assert call(port, genuine, {"id": captcha_id, "code": real}, source="127.0.0.2") == (
+        200,
+        "accepted",
+    )
+    result = pending.get(timeout=GET_TIMEOUT)
+    assert result["token"] == real and sandbox.verify(real)["success"]
+    assert call(port, genuine, {"id": captcha_id, "code": real}, source="127.0.0.3") == (
+        409,
+        "replay",
+    )
+
+    rejected = exported("captcha_tasks_pingback_rejected_total")
+    by_reason = {label.split('"')[1]: count for label, count in rejected.items()}
+    expected = {"bad_mac", "mismatch", "unknown_id", "missing_field", "too_large"}
+    expected |= {"method_not_allowed", "bad_path", "rate_limited", "replay"}
+    assert set(by_reason) == expected
+    assert by_reason["mismatch"] == 2 and by_reason["replay"] == 1
+    assert exported("captcha_tasks_pingback_accepted_total") == {
+        "captcha_tasks_pingback_accepted_total": 1.0
+    }
+
+
+def sandbox_answer(sandbox: Any, captcha_id: str) -> str | None:
+    resp = requests.post(
+        f"{sandbox.url}/res.php",
+        data={"key": get_settings().api_key, "action": "get", "id": captcha_id, "json": 1},
+        timeout=5,
+    ).json()
+    return str(resp["request"]) if resp["status"] == 1 else None
