@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from celery import Celery
 
@@ -32,6 +33,7 @@ from ..settings import Settings, get_settings
 from ..state import store
 from ..worker import steps
 from ..worker.adapter import Runner
+from ..worker.app import app as worker_app
 from ..worker.steps import Resubmit
 
 log = logging.getLogger(__name__)
@@ -192,3 +194,11 @@ class Receiver:
         except errors.StoreUnavailable:  # counting must never change the answer
             log.debug("could not count a %s callback", verdict.reason)
         return verdict
+
+
+@lru_cache(maxsize=1)
+def default_receiver() -> Receiver:
+    """The process's receiver, for views mounted in a web app (settings from the
+    environment; raises :class:`~captcha_tasks.errors.ConfigurationError` without a
+    secret)."""
+    return Receiver(worker_app)

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,9 +17,13 @@ import celery
 import pytest
 from celery import _state as celery_state
 from celery.signals import before_task_publish
+from cheroot import wsgi
 
 import captcha_tasks
-from captcha_tasks.dev.devstack import CeleryProcess, queue_names, wait_until
+from captcha_tasks import store
+from captcha_tasks.dev.devstack import CeleryProcess, free_port, queue_names, wait_until
+from captcha_tasks.receiver import default_receiver
+from captcha_tasks.settings import reset_settings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PAGE = "https://example.com/signup"
@@ -44,6 +49,7 @@ class Framework:
     post_form: Callable[[str, dict[str, str]], Reply]
     get: Callable[[str], Reply]
     env: dict[str, str]
+    wsgi: Any  #: the app as a WSGI application, to serve it over HTTP
 
 
 def _flask() -> Framework:
@@ -80,6 +86,7 @@ def _flask() -> Framework:
         post_form=post_form,
         get=get,
         env={},
+        wsgi=app,
     )
 
 
@@ -95,6 +102,7 @@ def _django() -> Framework:
     finally:
         del os.environ["DJANGO_SETTINGS_MODULE"]
     setup_test_environment()
+    from django.core.wsgi import get_wsgi_application
     from django.test import Client
     from proj.celery import app as project_celery
 
@@ -128,7 +136,36 @@ def _django() -> Framework:
         post_form=post_form,
         get=get,
         env={"DJANGO_SETTINGS_MODULE": "proj.settings"},
+        wsgi=get_wsgi_application(),
     )
+
+
+#: Provider callbacks reach the example apps here (served over HTTP by the pingback test).
+CALLBACK_PORT = free_port()
+PINGBACK_ENV = {
+    "CAPTCHAAI_PINGBACK_URL": f"http://127.0.0.1:{CALLBACK_PORT}/captcha/pingback",
+    "CAPTCHAAI_PINGBACK_SECRET": "examples-pingback-secret",
+    # while no app listens (the other tests), a captcha is polled soon after its solve time
+    "CAPTCHAAI_PINGBACK_FALLBACK_POLL": "2",
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def pingback_env(isolated_module: str) -> Iterator[None]:
+    """Callbacks on, for the module's worker (autouse: set before it starts) and for the
+    views' receiver in this process."""
+    saved = {name: os.environ.get(name) for name in PINGBACK_ENV}
+    os.environ.update(PINGBACK_ENV)
+    reset_settings()
+    default_receiver.cache_clear()
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    reset_settings()
+    default_receiver.cache_clear()
 
 
 @pytest.fixture(scope="module", params=["flask", "django"])
@@ -178,6 +215,31 @@ def test_solve_through_the_views(framework: Framework, sandbox: Any, clean_state
     assert outcome["status"] == "solved"
     assert outcome["method"] == "turnstile"
     assert sandbox.verify(outcome["token"])["success"] is True
+
+
+@pytest.mark.slow
+def test_provider_callbacks_reach_the_mounted_receiver(
+    framework: Framework, sandbox: Any, clean_state: None
+) -> None:
+    server = wsgi.Server(("127.0.0.1", CALLBACK_PORT), framework.wsgi, numthreads=4)
+    server.prepare()
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    try:
+        status, body = framework.post_json(framework.solve_url, GOOD)
+        assert status == 202, body
+        done = wait_until(
+            lambda: _finished(framework, body["status_url"]), 30, interval=0.1, what="the solve"
+        )
+    finally:
+        server.stop()
+        thread.join()
+    assert isinstance(done, dict) and done["state"] == "SUCCESS", done
+    assert sandbox.verify(done["result"]["token"])["success"] is True
+    assert sandbox.stats()["pingbacks_sent"] == 1
+    solved = store.redis_client().hgetall(store.keys().solved_counter("turnstile"))
+    assert solved == {"pingback": "1"}
+    assert store.board().callback_counts() == {"accepted": 1}
 
 
 def test_unknown_task_id_is_pending(framework: Framework) -> None:

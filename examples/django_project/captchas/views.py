@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from celery.result import AsyncResult
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
@@ -16,6 +16,7 @@ from proj.celery import app as project_celery
 
 from captcha_tasks import solve
 from captcha_tasks.errors import ValidationError
+from captcha_tasks.receiver import MAX_BODY, default_receiver
 
 from .tasks import add
 
@@ -43,6 +44,20 @@ def start_solve(request: HttpRequest) -> JsonResponse:
     response = JsonResponse({"task_id": result.id, "status_url": status_url}, status=202)
     response["Location"] = status_url
     return response
+
+
+# Provider callbacks: set CAPTCHAAI_PINGBACK_URL=https://<this site>/captcha/pingback (and
+# CAPTCHAAI_PINGBACK_SECRET here and on the workers).  The receiver judges every request.
+@csrf_exempt
+def pingback(request: HttpRequest, ticket: str) -> HttpResponse:
+    size = int(request.META.get("CONTENT_LENGTH") or 0)
+    fields = request.GET.dict()
+    if request.method == "POST" and size <= MAX_BODY:  # a larger body is refused unread
+        fields.update(request.POST.dict())
+    verdict = default_receiver().handle_request(
+        request.method or "", ticket, fields, request.META.get("REMOTE_ADDR", ""), size
+    )
+    return HttpResponse(verdict.reason, status=verdict.status, content_type="text/plain")
 
 
 @require_GET

@@ -11,6 +11,7 @@ from kombu.exceptions import OperationalError
 
 from captcha_tasks import solve
 from captcha_tasks.errors import ValidationError
+from captcha_tasks.receiver import MAX_BODY, default_receiver
 
 from .tasks import add_together
 
@@ -34,6 +35,20 @@ def start_solve() -> Reply:
         return {"error": "unavailable", "message": "the task queue is unreachable"}, 503
     status_url = url_for(".solve_status", task_id=result.id)
     return {"task_id": result.id, "status_url": status_url}, 202, {"Location": status_url}
+
+
+# Provider callbacks: set CAPTCHAAI_PINGBACK_URL=https://<this app>/captcha/pingback (and
+# CAPTCHAAI_PINGBACK_SECRET here and on the workers).  The receiver judges every request.
+@bp.route("/captcha/pingback/<ticket>", methods=["GET", "POST"])
+def pingback(ticket: str) -> tuple[str, int]:
+    size = request.content_length or 0
+    fields = request.args.to_dict()
+    if size <= MAX_BODY:  # a larger body is refused unread
+        fields.update(request.form.to_dict())
+    verdict = default_receiver().handle_request(
+        request.method, ticket, fields, request.remote_addr or "", size
+    )
+    return verdict.reason, verdict.status
 
 
 @bp.get("/captchas/<task_id>")
