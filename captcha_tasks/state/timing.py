@@ -1,16 +1,19 @@
 """Observed solve times, and when to poll a captcha first.
 
-Every finished captcha's solve time (submit to answer seen) is kept per method in Redis
-(the completion script records it).  Once enough samples exist:
+Every finished captcha's solve time is kept per method in Redis (the completion script
+records it): from its submit to the midpoint between its last "not ready" and the answer
+(to the answer when its first poll or its callback had it).  Once enough samples exist:
 
 * the *first wait* (a captcha polled on its own) aims at a high percentile of them minus
-  half a poll interval.  The observed times are upper bounds (an answer is seen only when
-  polled), so this settles where roughly ``100 - percentile`` % of captchas need a second
+  half a poll interval.  The samples of captchas answered at their first poll are upper
+  bounds, so this settles where roughly ``100 - percentile`` % of captchas need a second
   poll;
 * the *earliest* time worth asking about a captcha in a bulk poll is their 5th percentile;
-* the *typical* time is their median.
+* the *typical* time is their median;
+* the *spread* is the window most of them finish in: their 95th minus their 5th percentile.
 
-Cold, all three are the method's default wait (or ``CAPTCHAAI_INITIAL_WAIT``).
+Cold, the first three are the method's default wait (or ``CAPTCHAAI_INITIAL_WAIT``), and
+``probe`` says whether that wait is only a method's default guess.
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ FRESH_FOR_S = 1.0
 @dataclass(frozen=True)
 class Timing:
     """When to poll captchas of one method, in seconds after their submit.  ``warm``:
-    figured from observed solve times (else all three are the cold default)."""
+    figured from observed solve times (else the cold default).  ``probe``: cold, and the
+    wait is a method's default, not the operator's (``CAPTCHAAI_INITIAL_WAIT``)."""
 
     first_wait: float
     earliest: float
     typical: float
     warm: bool = False
+    spread: float = 0.0
+    probe: bool = False
 
 
 @dataclass(frozen=True)
@@ -63,10 +69,12 @@ def figures(samples: list[float], default: float, config: TimingConfig) -> Timin
     """The timing of a method from its samples (any order) and its default wait."""
     cold = config.initial_wait if config.initial_wait is not None else default
     if len(samples) < config.min_samples:
-        return Timing(cold, cold, cold)
+        return Timing(cold, cold, cold, probe=config.initial_wait is None)
     ordered = sorted(samples)
     aim = percentile(ordered, config.percentile) - config.poll_interval / 2
-    return Timing(max(MIN_WAIT, aim), percentile(ordered, 5), percentile(ordered, 50), warm=True)
+    early, late = percentile(ordered, 5), percentile(ordered, 95)
+    typical = percentile(ordered, 50)
+    return Timing(max(MIN_WAIT, aim), early, typical, warm=True, spread=late - early)
 
 
 class SolveTimes:

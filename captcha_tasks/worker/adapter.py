@@ -189,7 +189,11 @@ class Runner:
         bulk = self._bulk()
         replies, in_bulk = self._fetch(entries, bulk) if entries else ({}, set())
         now = time.time()
-        decisions = [(entry, self._decide(entry, replies, now, bulk)) for entry in entries]
+        paces = [steps.pace(self.policy, _timing(e.job), bulk) for e in entries]
+        decisions = [
+            (entry, self._decide(entry, replies, now, pace))
+            for entry, pace in zip(entries, paces, strict=True)
+        ]
         self.completer.complete_many(
             [
                 Done(e.job, d, "bulk_poll" if e.captcha_id in in_bulk else "poll")
@@ -202,18 +206,20 @@ class Runner:
             if isinstance(decision, Resubmit):
                 self.retire(entry, decision, now)
         self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)))
-        gap = 0.0 if len(entries) >= ROUND_MOST else self.settings.bulk_window_s
+        gap = min((p.every for p in paces if p.bulk), default=self.settings.bulk_window_s)
+        if len(entries) >= ROUND_MOST:
+            gap = 0.0
         self.publish_round(board.end_round(asked_at, again, gap))
 
     def _decide(
-        self, entry: Entry, replies: dict[str, Reply | float], now: float, bulk: bool
+        self, entry: Entry, replies: dict[str, Reply | float], now: float, pace: steps.Pace
     ) -> Decision:
         reply = replies.get(entry.captcha_id, NOT_READY)
         if isinstance(reply, float):
             return steps.on_poll_budget(entry.job, reply, entry.errors, now)
         timing = _timing(entry.job)
         return steps.on_answer(
-            entry.job, reply, entry.polled_at, entry.errors, now, timing, self.policy, bulk
+            entry.job, reply, entry.polled_at, entry.errors, now, timing, self.policy, pace
         )
 
     def _fetch(

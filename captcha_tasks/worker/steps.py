@@ -41,6 +41,14 @@ Job = dict[str, Any]
 
 #: A token is discarded when less than this many seconds of its life are left.
 EXPIRY_MARGIN = 1.0
+#: Bulk polls a captcha gets within the window its method's captchas finish in.
+BULK_POLLS_PER_SPREAD = 4.0
+#: Least seconds between bulk polls of a captcha.
+MIN_BULK_EVERY = 0.1
+#: Cold (no solve times known, and no CAPTCHAAI_INITIAL_WAIT), pipe-safe captchas are first
+#: asked about in bulk after this share of the method's default wait, then at the bulk
+#: pace: the first answers teach the method's real times.
+COLD_PROBE = 0.1
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 30.0
 
@@ -135,6 +143,29 @@ class Fail:
 
 
 Decision = Submit | SubmitAt | Stop | PollAt | Resubmit | Deliver | Fail
+
+
+@dataclass(frozen=True)
+class Pace:
+    """How often captchas likely done are asked for: in bulk (``bulk``) every ``every``
+    seconds; see :func:`pace`."""
+
+    bulk: bool
+    every: float
+
+
+def pace(policy: Policy, timing: Timing, bulk: bool) -> Pace:
+    """A captcha likely done is asked about :data:`BULK_POLLS_PER_SPREAD` times within
+    the window its method's captchas finish in (their 5th to 95th percentile): fast for a
+    provider with steady times, so an answer waits a fraction of that window, and a
+    bounded number of requests per captcha.  Never slower than the bulk window (cold: the
+    bulk window), never faster than :data:`MIN_BULK_EVERY`."""
+    if not bulk:
+        return Pace(False, policy.poll_interval)
+    if not timing.warm:
+        return Pace(True, policy.bulk_interval)
+    every = timing.spread / BULK_POLLS_PER_SPREAD
+    return Pace(True, min(policy.bulk_interval, max(MIN_BULK_EVERY, every)))
 
 
 # -- jobs --------------------------------------------------------------------------------
@@ -250,11 +281,16 @@ def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool) -> float:
     """Seconds after its submit a captcha is first polled.
 
     With callbacks on, the callback is expected: poll only a fallback's time after the
-    method's expected solve time.  In bulk, asking early costs nothing extra once the
-    method's times are known: its earliest likely finish."""
+    method's expected solve time (its 95th percentile once known, else its cold wait).  In bulk, asking early costs little: at the method's
+    earliest likely finish once its times are known, and early while they are not."""
     if policy.pingback_fallback is not None:
-        return timing.first_wait + policy.pingback_fallback
-    return timing.earliest if timing.warm and uses_bulk(job, bulk) else timing.first_wait
+        expected = timing.earliest + timing.spread if timing.warm else timing.first_wait
+        return expected + policy.pingback_fallback
+    if not uses_bulk(job, bulk):
+        return timing.first_wait
+    if timing.warm:
+        return timing.earliest
+    return timing.first_wait * COLD_PROBE if timing.probe else timing.first_wait
 
 
 # -- poll --------------------------------------------------------------------------------
@@ -268,14 +304,14 @@ def on_answer(
     now: float,
     timing: Timing,
     policy: Policy,
-    bulk: bool,
+    pace: Pace,
 ) -> Decision:
     """``res.php`` answered ``answer`` for the job's captcha, asked at ``now``.
 
     ``polled_before``: when it was last seen not ready (None: this was its first poll).
     """
     if answer is NOT_READY:
-        return _not_ready(job, now, timing, policy, bulk)
+        return _not_ready(job, now, timing, policy, pace)
     if isinstance(answer, errors.RetryableError):
         count = poll_errors + 1
         if count > policy.transport_retries:
@@ -310,14 +346,18 @@ def on_poll_budget(job: Job, wait_s: float, poll_errors: int, now: float) -> Dec
     return PollAt(min(now + wait_s, job["deadline"]), job, poll_errors)
 
 
-def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, bulk: bool) -> Decision:
-    """Poll again soon once the captcha is past its method's earliest likely finish and it
-    is asked for in bulk (one request answers many); else at the poll interval."""
+def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, pace: Pace) -> Decision:
+    """A captcha asked for in bulk (one request answers many) is polled again at the bulk
+    pace once it is past its method's earliest likely finish (or its method's times are
+    not known yet), and before that at that finish or the poll interval, whichever comes
+    first; one asked for on its own, at the poll interval."""
     if now >= job["deadline"]:
         return Fail(_timeout(job, "the solve deadline passed"))
-    likely = timing.warm and now >= job["submitted_at"] + timing.earliest
-    every = policy.bulk_interval if likely and uses_bulk(job, bulk) else policy.poll_interval
-    return PollAt(min(now + every, job["deadline"]), job)
+    if not uses_bulk(job, pace.bulk):
+        return PollAt(min(now + policy.poll_interval, job["deadline"]), job)
+    likely = job["submitted_at"] + timing.earliest if timing.warm else now
+    at = max(now + pace.every, min(likely, now + policy.poll_interval))
+    return PollAt(min(at, job["deadline"]), job)
 
 
 def _solved(
@@ -341,7 +381,10 @@ def _solved(
         solved_at=iso(now),
         expires_at=iso(expires),
     )
-    return Deliver(outcome.to_dict(), solve_time_s=now - job["submitted_at"])
+    # The answer came between the last "not ready" and now: its midpoint is the solve
+    # time's best estimate (seen-at times alone would teach the polls to come late).
+    seen = now if polled_before is None else (polled_before + now) / 2
+    return Deliver(outcome.to_dict(), solve_time_s=seen - job["submitted_at"])
 
 
 # -- failures ----------------------------------------------------------------------------

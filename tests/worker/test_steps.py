@@ -35,7 +35,9 @@ POLICY = steps.Policy(
     random=lambda: 0.0,  # back-offs at their lowest: half the exponential base
 )
 COLD = Timing(first_wait=10.0, earliest=10.0, typical=10.0)
-WARM = Timing(first_wait=14.0, earliest=12.0, typical=15.0, warm=True)
+COLD_DEFAULT = Timing(first_wait=10.0, earliest=10.0, typical=10.0, probe=True)
+WARM = Timing(first_wait=14.0, earliest=12.0, typical=15.0, warm=True, spread=2.0)
+BULK = steps.Pace(bulk=True, every=0.5)
 
 
 def job(method: str = "turnstile", **params: Any) -> dict[str, Any]:
@@ -119,80 +121,114 @@ def test_transport_errors_back_off_then_give_up() -> None:
 
 def test_fatal_submit_errors_fail_at_once() -> None:
     auth = errors.AuthError("ERROR_WRONG_USER_KEY", "ERROR_WRONG_USER_KEY")
-    assert steps.on_submitted(job(), auth, T0, COLD, POLICY, True) == Fail(auth)
+    assert steps.on_submitted(job(), auth, T0, COLD, POLICY, BULK) == Fail(auth)
 
 
 def test_a_bad_pooled_proxy_is_replaced_but_a_callers_proxy_is_fatal() -> None:
     bad = errors.ProxyError("ERROR_BAD_PROXY", "ERROR_BAD_PROXY")
-    pooled = steps.on_submitted(job(proxy="pool"), bad, T0, COLD, POLICY, True)
+    pooled = steps.on_submitted(job(proxy="pool"), bad, T0, COLD, POLICY, BULK)
     assert isinstance(pooled, Resubmit) and pooled.replace_proxy
     assert (pooled.job["attempt"], pooled.job["resubmits"]) == (1, 1)
-    own = steps.on_submitted(job(proxy="u:p@10.0.0.1:3128"), bad, T0, COLD, POLICY, True)
+    own = steps.on_submitted(job(proxy="u:p@10.0.0.1:3128"), bad, T0, COLD, POLICY, BULK)
     assert own == Fail(bad)
 
 
 # -- poll -----------------------------------------------------------------------------------
 
 
-def test_not_ready_is_polled_again_at_the_poll_interval_while_cold() -> None:
+def test_cold_not_ready_is_polled_again_at_the_bulk_pace_or_the_poll_interval() -> None:
     polled = submitted()
-    again = steps.on_answer(polled, NOT_READY, None, 0, T0 + 11, COLD, POLICY, bulk=True)
+    again = steps.on_answer(polled, NOT_READY, None, 0, T0 + 11, COLD, POLICY, BULK)
+    assert again == PollAt(T0 + 11 + BULK.every, polled)
+    single = steps.Pace(bulk=False, every=POLICY.poll_interval)
+    again = steps.on_answer(polled, NOT_READY, None, 0, T0 + 11, COLD, POLICY, single)
     assert again == PollAt(T0 + 11 + POLICY.poll_interval, polled)
 
 
 def test_warm_bulk_polls_are_frequent_only_past_the_earliest_finish() -> None:
     polled = submitted(at=T0)
-    early = steps.on_answer(polled, NOT_READY, None, 0, T0 + 5, WARM, POLICY, bulk=True)
-    late = steps.on_answer(polled, NOT_READY, None, 0, T0 + 13, WARM, POLICY, bulk=True)
+    pace = steps.pace(POLICY, WARM, bulk=True)
+    early = steps.on_answer(polled, NOT_READY, None, 0, T0 + 5, WARM, POLICY, pace)
+    late = steps.on_answer(polled, NOT_READY, None, 0, T0 + 13, WARM, POLICY, pace)
+    # before the earliest likely finish: at that finish, or the poll interval if sooner
     assert isinstance(early, PollAt) and early.at == T0 + 5 + POLICY.poll_interval
-    assert isinstance(late, PollAt) and late.at == T0 + 13 + POLICY.bulk_interval
+    soon = steps.on_answer(polled, NOT_READY, None, 0, T0 + 11, WARM, POLICY, pace)
+    assert isinstance(soon, PollAt) and soon.at == T0 + WARM.earliest
+    assert isinstance(late, PollAt) and late.at == T0 + 13 + pace.every
+
+
+@pytest.mark.parametrize(
+    ("spread", "expected"),
+    [
+        (2.0, 2.0 / steps.BULK_POLLS_PER_SPREAD),  # a few polls across the finishing window
+        (0.0, steps.MIN_BULK_EVERY),  # never faster than this
+        (60.0, 0.5),  # never slower than the bulk window
+    ],
+)
+def test_the_bulk_pace_follows_the_spread_of_solve_times(spread: float, expected: float) -> None:
+    warm = Timing(first_wait=14.0, earliest=12.0, typical=15.0, warm=True, spread=spread)
+    assert steps.pace(POLICY, warm, bulk=True) == steps.Pace(True, expected)
+    assert steps.pace(POLICY, COLD, bulk=True) == steps.Pace(True, POLICY.bulk_interval)
+    assert steps.pace(POLICY, warm, bulk=False) == steps.Pace(False, POLICY.poll_interval)
+
+
+def test_cold_bulk_captchas_are_probed_early_unless_the_operator_set_the_wait() -> None:
+    probed = steps.on_submitted(job(), "7001", T0, COLD_DEFAULT, POLICY, bulk=True)
+    assert isinstance(probed, PollAt) and probed.at == T0 + 10.0 * steps.COLD_PROBE
+    told = steps.on_submitted(job(), "7001", T0, COLD, POLICY, bulk=True)
+    assert isinstance(told, PollAt) and told.at == T0 + COLD.first_wait
+    single = steps.on_submitted(job(), "7001", T0, COLD_DEFAULT, POLICY, bulk=False)
+    assert isinstance(single, PollAt) and single.at == T0 + COLD.first_wait
 
 
 def test_polls_never_go_past_the_deadline_and_then_fail() -> None:
     polled = submitted()
-    last = steps.on_answer(polled, NOT_READY, None, 0, T0 + 298, COLD, POLICY, True)
+    last = steps.on_answer(polled, NOT_READY, None, 0, T0 + 299.8, COLD, POLICY, BULK)
     assert isinstance(last, PollAt) and last.at == polled["deadline"]
-    over = steps.on_answer(polled, NOT_READY, None, 0, T0 + 300, COLD, POLICY, True)
+    over = steps.on_answer(polled, NOT_READY, None, 0, T0 + 300, COLD, POLICY, BULK)
     assert isinstance(over, Fail) and isinstance(over.error, errors.SolveTimeout)
 
 
 def test_an_answer_is_delivered_with_a_conservative_expiry() -> None:
     polled = submitted(at=T0)
-    decision = steps.on_answer(polled, "0.tok", T0 + 9, 0, T0 + 10, COLD, POLICY, True)
+    decision = steps.on_answer(polled, "0.tok", T0 + 9, 0, T0 + 10, COLD, POLICY, BULK)
     assert isinstance(decision, Deliver)
     outcome = decision.outcome
     assert (outcome["status"], outcome["token"], outcome["source"]) == ("solved", "0.tok", "api")
     # the token was made after the last "not ready" at T0 + 9
     life = POLICY.token_life(steps.request_of(polled))
     assert parse_iso(outcome["expires_at"]) == pytest.approx(T0 + 9 + life, abs=0.001)
-    assert decision.solve_time_s == 10.0
+    # its solve time: midway between the last "not ready" (T0 + 9) and now (T0 + 10)
+    assert decision.solve_time_s == 9.5
+    first = steps.on_answer(polled, "0.tok", None, 0, T0 + 10, COLD, POLICY, BULK)
+    assert isinstance(first, Deliver) and first.solve_time_s == 10.0  # an upper bound
     assert list(outcome)[-1] == "token"  # a truncated repr never shows it
 
 
 def test_an_answer_too_old_to_use_is_solved_again() -> None:
     polled = submitted(at=T0)
     life = POLICY.token_life(steps.request_of(polled))
-    stale = steps.on_answer(polled, "0.tok", None, 0, T0 + life - 0.5, COLD, POLICY, True)
+    stale = steps.on_answer(polled, "0.tok", None, 0, T0 + life - 0.5, COLD, POLICY, BULK)
     assert isinstance(stale, Resubmit) and isinstance(stale.error, errors.TokenExpired)
     assert "captcha_id" not in stale.job and stale.job["attempt"] == 1
 
 
 def test_unsolvable_is_resubmitted_within_its_budget() -> None:
     unsolvable = errors.UnsolvableError("ERROR_CAPTCHA_UNSOLVABLE", "ERROR_CAPTCHA_UNSOLVABLE")
-    first = steps.on_answer(submitted(), unsolvable, None, 0, T0 + 12, COLD, POLICY, True)
+    first = steps.on_answer(submitted(), unsolvable, None, 0, T0 + 12, COLD, POLICY, BULK)
     assert isinstance(first, Resubmit)
-    again = steps.on_submitted(first.job, "7002", T0 + 13, COLD, POLICY, True)
+    again = steps.on_submitted(first.job, "7002", T0 + 13, COLD, POLICY, BULK)
     assert isinstance(again, PollAt)
-    second = steps.on_answer(again.job, unsolvable, None, 0, T0 + 25, COLD, POLICY, True)
+    second = steps.on_answer(again.job, unsolvable, None, 0, T0 + 25, COLD, POLICY, BULK)
     assert second == Fail(unsolvable)
 
 
 def test_poll_transport_errors_have_their_own_budget() -> None:
     polled = submitted()
     error = errors.TransportError("res.php: timed out")
-    first = steps.on_answer(polled, error, None, 0, T0 + 12, COLD, POLICY, True)
+    first = steps.on_answer(polled, error, None, 0, T0 + 12, COLD, POLICY, BULK)
     assert isinstance(first, PollAt) and (first.poll_errors, first.error) == (1, error)
-    third = steps.on_answer(polled, error, None, 2, T0 + 14, COLD, POLICY, True)
+    third = steps.on_answer(polled, error, None, 2, T0 + 14, COLD, POLICY, BULK)
     assert isinstance(third, Fail) and isinstance(third.error, errors.RetriesExhausted)
 
 
@@ -220,7 +256,8 @@ def test_with_callbacks_on_the_first_poll_waits_a_fallback_past_the_expected_tim
 ) -> None:
     decision = steps.on_submitted(job(), "7001", T0 + 1, timing, CALLBACKS, bulk=True)
     assert isinstance(decision, PollAt)
-    assert decision.at == T0 + 1 + timing.first_wait + CALLBACKS.pingback_fallback  # type: ignore[operator]
+    expected = timing.earliest + timing.spread if timing.warm else timing.first_wait
+    assert decision.at == T0 + 1 + expected + CALLBACKS.pingback_fallback  # type: ignore[operator]
 
 
 def test_a_callback_answer_is_delivered_like_a_polled_one() -> None:
@@ -235,7 +272,7 @@ def test_a_callback_error_takes_the_polls_route() -> None:
     polled = submitted()
     unsolvable = errors.from_api_code("ERROR_CAPTCHA_UNSOLVABLE", "7001")
     decision = steps.on_callback(polled, unsolvable, None, T0 + 12, CALLBACKS)
-    assert decision == steps.on_answer(polled, unsolvable, None, 0, T0 + 12, COLD, CALLBACKS, True)
+    assert decision == steps.on_answer(polled, unsolvable, None, 0, T0 + 12, COLD, CALLBACKS, BULK)
     assert isinstance(decision, Resubmit)
     fatal = errors.from_api_code("ERROR_BAD_TOKEN_OR_PAGEURL", "7001")
     assert isinstance(steps.on_callback(polled, fatal, None, T0 + 12, CALLBACKS), Fail)

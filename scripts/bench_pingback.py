@@ -1,0 +1,299 @@
+#!/usr/bin/env python3
+"""Answer latency benchmark: provider callbacks (pingback) against polling.
+
+Set-up (the issue's scale): the sandbox with a 15-thread plan and 1.5 s ± 0.3 s solves,
+200 captchas, two worker processes (threads pool, 16 each), every other setting at its
+default (poll interval 5 s, no initial wait, fallback poll 10 s).  For each of
+
+  (a) pingback on:        the sandbox calls back ``captcha-tasks pingback-server``;
+  (b) pingback, 20% lost: the sandbox drops a fifth of the callbacks;
+  (c) pingback off:       polling only (bulk ``ids=``),
+
+it runs the 200 captchas twice on a fresh Redis:
+
+  1. through ``captcha-tasks batch`` (input JSONL -> output JSONL): wall time against the
+     ideal N x solve / threads, res.php requests per solved captcha, failures;
+  2. through ``solve.delay()`` and Celery's result consumer (``ResultSet.join_native``,
+     what ``AsyncResult.get()`` waits on): for every captcha, the time its outcome
+     reached the caller minus the time the sandbox had its answer ready
+     (``GET /sandbox/ready``).
+
+Not a timed test: the targets are printed as MET / MISSED.
+
+    python scripts/bench_pingback.py [--count 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+import requests
+
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
+from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+
+KEY = "bench-key"
+PAGE = "https://example.com/bench-pingback"
+SECRET = "bench-pingback-secret-0123456789"
+THREADS, SOLVE_S, JITTER_S = 15, 1.5, 0.3
+
+
+@dataclass
+class Run:
+    name: str
+    wall_s: float = float("nan")
+    solved: int = 0
+    failed: int = 0
+    res_per_solved: float = float("nan")
+    delays: list[float] = field(default_factory=list)
+    get_res_per_solved: float = float("nan")
+    sources: dict[str, int] = field(default_factory=dict)
+    samples: list[float] = field(default_factory=list)
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+class Stack:
+    """Fresh Redis state, two workers and (with callbacks) a receiver, for one run."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path, name: str, receiver: bool) -> None:
+        self.env, self.log_dir, self.name, self.receiver = env, log_dir, name, receiver
+        self.procs: list[Any] = []
+
+    def __enter__(self) -> Stack:
+        redis.Redis.from_url(self.env["REDIS_URL"]).flushall()
+        for n in range(2):
+            worker = CeleryProcess(
+                "worker", env=self.env, log_dir=self.log_dir, name=f"{self.name}-w{n}"
+            )
+            self.procs.append(worker.start())
+        if self.receiver:
+            port = self.env["CAPTCHAAI_PINGBACK_URL"].rsplit(":", 1)[1].split("/")[0]
+            log = (self.log_dir / f"{self.name}-receiver.log").open("w")
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "captcha_tasks.cli", "pingback-server"]
+                    + ["--port", port],
+                    env={**os.environ, **self.env},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+            wait_until(lambda: _listening(int(port)), 15, what="the receiver")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            if isinstance(proc, subprocess.Popen):
+                proc.terminate()
+                proc.wait(10)
+            else:
+                proc.stop()
+
+
+def _listening(port: int) -> bool:
+    try:
+        requests.get(f"http://127.0.0.1:{port}/", timeout=1)
+        return True
+    except requests.ConnectionError:
+        return False
+
+
+def through_batch(
+    env: dict[str, str], sandbox: SandboxServer, count: int, log_dir: Path, name: str
+) -> tuple[float, list[dict[str, Any]], dict[str, Any]]:
+    source = log_dir / f"{name}-in.jsonl"
+    source.write_text(
+        "".join(
+            json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE}) + "\n"
+            for i in range(count)
+        )
+    )
+    out = log_dir / f"{name}-out.jsonl"
+    sandbox.reset()
+    start = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-m", "captcha_tasks.cli", "batch", str(source), "-o", str(out)],
+        env={**os.environ, **env},
+        stderr=subprocess.DEVNULL,
+        check=False,
+    )
+    wall = time.monotonic() - start
+    lines = [json.loads(t) for t in out.read_text().splitlines() if t.strip()]
+    return wall, lines, sandbox.stats()
+
+
+def through_get(
+    sandbox: SandboxServer, count: int
+) -> tuple[list[float], list[dict[str, Any]], dict[str, Any]]:
+    # imported once the environment points at the benchmark's stack (read at import)
+    from celery.result import ResultSet
+
+    from captcha_tasks import solve
+
+    sandbox.reset()
+    results = [solve.delay(method="turnstile", sitekey=f"g{i}", pageurl=PAGE) for i in range(count)]
+    received: dict[str, tuple[float, Any]] = {}
+
+    def arrived(task_id: str, value: Any) -> None:
+        received[task_id] = (time.time(), value)
+
+    ResultSet(results).join_native(timeout=300, propagate=False, callback=arrived)
+    outcomes = [v for _, v in received.values() if isinstance(v, dict)]
+    ids = [str(o["captcha_id"]) for o in outcomes]
+    ready = sandbox.ready_times(ids)
+    delays = [
+        at - ready[str(v["captcha_id"])]
+        for at, v in received.values()
+        if isinstance(v, dict) and str(v.get("captcha_id")) in ready
+    ]
+    return delays, outcomes, sandbox.stats()
+
+
+def run(
+    name: str,
+    env: dict[str, str],
+    sandbox: SandboxServer,
+    count: int,
+    log_dir: Path,
+    receiver: bool,
+) -> Run:
+    result = Run(name)
+    slug = name.split()[0].strip("()")
+    with Stack(env, log_dir, f"{slug}-batch", receiver):
+        wall, lines, stats = through_batch(env, sandbox, count, log_dir, slug)
+    result.wall_s = wall
+    result.solved = sum(1 for line in lines if line.get("status") == "solved")
+    result.failed = count - result.solved
+    result.res_per_solved = stats["res_php_requests"] / max(1, result.solved)
+    with Stack(env, log_dir, f"{slug}-get", receiver):
+        delays, outcomes, stats = through_get(sandbox, count)
+        r = redis.Redis.from_url(env["REDIS_URL"], decode_responses=True)
+        prefix = env["CAPTCHAAI_KEY_PREFIX"]
+        result.samples = [
+            float(x) for x in r.lrange(f"{prefix}:stats:solve-times:turnstile", 0, -1)
+        ]
+        result.sources = {
+            k: int(v)
+            for k, v in r.hgetall(f"{env['CAPTCHAAI_KEY_PREFIX']}:stats:solved:turnstile").items()
+        }
+    result.delays = delays
+    result.get_res_per_solved = stats["res_php_requests"] / max(1, len(outcomes))
+    return result
+
+
+def print_table(runs: list[Run], ideal: float) -> None:
+    print(f"\nbatch of N captchas; ideal wall N x {SOLVE_S} s / {THREADS} threads = {ideal:.1f} s")
+    head = (
+        f"{'run':<24} {'wall s':>7} {'x ideal':>7} {'solved':>6} {'failed':>6} {'res/solve':>9}"
+        f" {'delay p50':>9} {'p90':>6} {'p99':>6} {'mean':>6} {'res/get':>7}  sources"
+    )
+    print(head)
+    for r in runs:
+        ms = [d * 1000 for d in r.delays]
+        mean = statistics.fmean(ms) if ms else float("nan")
+        print(
+            f"{r.name:<24} {r.wall_s:>7.2f} {r.wall_s / ideal:>7.3f} {r.solved:>6} {r.failed:>6}"
+            f" {r.res_per_solved:>9.2f} {pct(ms, 50):>7.0f}ms {pct(ms, 90):>4.0f}ms"
+            f" {pct(ms, 99):>4.0f}ms {mean:>4.0f}ms {r.get_res_per_solved:>7.2f}  {r.sources}"
+        )
+    print("\nsolve times the workers learnt (submit -> answer seen), s: p5 / p50 / p95")
+    for r in runs:
+        q = [pct(r.samples, p) for p in (5, 50, 95)]
+        print(f"{r.name:<24} {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f}  ({len(r.samples)} samples)")
+
+
+def checks(runs: dict[str, Run], count: int, ideal: float) -> list[tuple[str, bool]]:
+    on, lossy, off = runs["on"], runs["lossy"], runs["off"]
+    ms = [d * 1000 for d in on.delays]
+    off_ms = [d for d in off.delays]
+    return [
+        (
+            f"pingback wall <= 1.07 x ideal + 0.5 = {1.07 * ideal + 0.5:.1f} s",
+            on.wall_s <= 1.07 * ideal + 0.5,
+        ),
+        ("pingback <= 0.2 res.php per solved captcha", on.res_per_solved <= 0.2),
+        ("pingback ready -> get() p50 <= 30 ms", pct(ms, 50) <= 30),
+        ("pingback ready -> get() p99 <= 150 ms", pct(ms, 99) <= 150),
+        (
+            "20% of callbacks lost: every captcha solved",
+            lossy.solved == count and len(lossy.delays) == count,
+        ),
+        ("no pingback: mean delay <= 0.3 s", bool(off_ms) and statistics.fmean(off_ms) <= 0.3),
+        ("no pingback: p90 delay <= 0.6 s", pct(off_ms, 90) <= 0.6),
+        (
+            "no pingback: <= 4 res.php per solved captcha",
+            off.res_per_solved <= 4 and off.get_res_per_solved <= 4,
+        ),
+        ("every run solved every captcha", all(r.failed == 0 for r in runs.values())),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=200)
+    parser.add_argument(
+        "--only", choices=["on", "lossy", "off"], action="append", help="Run only these."
+    )
+    args = parser.parse_args()
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-pingback-"))
+    config = SandboxConfig(threads=THREADS, solve_time=SOLVE_S, jitter=JITTER_S, api_keys=(KEY,))
+    with RedisServer(log_dir=log_dir) as redis_server:
+        redis_server.start()
+        sandbox = SandboxServer(config).start()
+        base = {
+            "REDIS_URL": redis_server.url,
+            "CAPTCHAAI_BASE_URL": sandbox.url,
+            "CAPTCHAAI_API_KEY": KEY,
+            "CAPTCHAAI_THREADS": str(THREADS),
+            "CAPTCHAAI_KEY_PREFIX": "bench",
+        }
+        callbacks = {
+            **base,
+            "CAPTCHAAI_PINGBACK_URL": f"http://127.0.0.1:{free_port()}/captcha/pingback",
+            "CAPTCHAAI_PINGBACK_SECRET": SECRET,
+        }
+        os.environ.update(base)  # this process's solve.delay() talks to the same stack
+        runs: dict[str, Run] = {}
+        steps: list[tuple[str, str, dict[str, str], float, bool]] = [
+            ("on", "(a) pingback on", callbacks, 0.0, True),
+            ("lossy", "(b) pingback, 20% lost", callbacks, 0.2, True),
+            ("off", "(c) pingback off", base, 0.0, False),
+        ]
+        try:
+            for key, name, env, drop, receiver in steps:
+                if args.only and key not in args.only:
+                    continue
+                sandbox.update_config(pingback_drop_rate=drop)
+                runs[key] = run(name, env, sandbox, args.count, log_dir, receiver)
+                print(f"done: {name}", file=sys.stderr, flush=True)
+        finally:
+            sandbox.stop()
+    ideal = args.count * SOLVE_S / THREADS
+    print_table(list(runs.values()), ideal)
+    results = checks(runs, args.count, ideal) if len(runs) == len(steps) else []
+    print()
+    for text, ok in results:
+        print(f"{'MET   ' if ok else 'MISSED'} {text}")
+    print(f"\nlogs: {log_dir}")
+    return 0 if all(ok for _, ok in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
