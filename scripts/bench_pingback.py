@@ -109,7 +109,7 @@ class Stack:
 
 def _listening(port: int) -> bool:
     try:
-        requests.get(f"http://127.0.0.1:{port}/", timeout=1)
+        requests.get(f"http://127.0.0.1:{port}/health", timeout=1)
         return True
     except requests.ConnectionError:
         return False

@@ -6,6 +6,8 @@ ticket is a callback, so the app works mounted under any prefix::
 
     GET  /<prefix>/<ticket>?id=<captcha id>&code=<answer>     (CaptchaAI)
     POST /<prefix>/<ticket>   id=<captcha id>&code=<answer>   (2captcha, form fields)
+
+``GET /health`` answers ``ok`` (for health checks; never counted as a callback).
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ def make_wsgi_app(receiver: Receiver) -> WSGIApp:
     """A WSGI app that hands every request to ``receiver``."""
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        verdict = judge(receiver, environ)
+        if environ.get("PATH_INFO") == "/health":  # for health checks: not a callback
+            verdict = Verdict(200, "ok")
+        else:
+            verdict = judge(receiver, environ)
         body = verdict.reason.encode()
         status = f"{verdict.status} {HTTPStatus(verdict.status).phrase}"
         headers = [("Content-Type", "text/plain"), ("Content-Length", str(len(body)))]

@@ -30,7 +30,7 @@ FOREIGN_VARIABLES = {"FLOWER_BASIC_AUTH", "REDIS_PASSWORD", "REDISCLI_AUTH"}
 KNOWN_VARIABLES = ENVIRONMENT_VARIABLES | FOREIGN_VARIABLES
 #: Settings that are not the workers' business.
 NOT_FOR_WORKERS = {"CAPTCHAAI_FLOWER_NO_AUTH"}
-SECRETS = ("REDIS_PASSWORD", "CAPTCHAAI_API_KEY", "FLOWER_BASIC_AUTH")
+SECRETS = ("REDIS_PASSWORD", "CAPTCHAAI_API_KEY", "FLOWER_BASIC_AUTH", "CAPTCHAAI_PINGBACK_SECRET")
 #: Services that run another project's image and read its own variables.
 THIRD_PARTY = {"redis", "kafka"}
 APP_SERVICES = sorted(name for name in SERVICES if name not in THIRD_PARTY)
@@ -217,4 +217,9 @@ def test_every_service_has_a_health_check_and_waits_for_redis() -> None:
 
 def test_optional_services_sit_behind_profiles() -> None:
     profiled = {name: s["profiles"] for name, s in SERVICES.items() if "profiles" in s}
-    assert profiled == {"sandbox": ["dev"], "kafka": ["kafka"], "kafka-bridge": ["kafka"]}
+    assert profiled == {
+        "sandbox": ["dev"],
+        "kafka": ["kafka"],
+        "kafka-bridge": ["kafka"],
+        "pingback": ["pingback"],
+    }

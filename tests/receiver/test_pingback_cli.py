@@ -72,7 +72,7 @@ def test_the_server_judges_callbacks() -> None:
 
         def up() -> bool:
             try:
-                return requests.get(f"{base}/x", timeout=1).status_code == 404
+                return requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok
             except requests.ConnectionError:
                 return False
 
