@@ -281,8 +281,9 @@ def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool) -> float:
     """Seconds after its submit a captcha is first polled.
 
     With callbacks on, the callback is expected: poll only a fallback's time after the
-    method's expected solve time (its 95th percentile once known, else its cold wait).  In bulk, asking early costs little: at the method's
-    earliest likely finish once its times are known, and early while they are not."""
+    method's expected solve time (its 95th percentile once known, else its cold wait).
+    In bulk, asking early costs little: at the method's earliest likely finish once its
+    times are known, and early while they are not."""
     if policy.pingback_fallback is not None:
         expected = timing.earliest + timing.spread if timing.warm else timing.first_wait
         return expected + policy.pingback_fallback
