@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import enum
 import json
+import time
 import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 import urllib3
@@ -174,8 +176,33 @@ class CaptchaAIClient:
             raise errors.TransportError(f"{endpoint}: timed out") from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise errors.TransportError(f"{endpoint}: {type(exc).__name__}") from None
+        if resp.status == 429:
+            wait = retry_after(resp.headers.get("Retry-After"))
+            raise errors.RateLimited(
+                f"{endpoint}: HTTP 429, retry after {wait:g} s", retry_after=wait
+            )
         body = resp.data.decode("utf-8", errors="replace")
         return parse_reply(resp.status, body, endpoint)
+
+
+#: Seconds to wait after a 429 that says nothing (or nonsense) in ``Retry-After``.
+DEFAULT_RETRY_AFTER = 5.0
+#: Longest wait a ``Retry-After`` is believed for.
+MAX_RETRY_AFTER = 600.0
+
+
+def retry_after(value: str | None) -> float:
+    """Seconds a ``Retry-After`` header asks for (delta seconds or an HTTP date)."""
+    if not value:
+        return DEFAULT_RETRY_AFTER
+    value = value.strip()
+    if value.isdigit():
+        return min(MAX_RETRY_AFTER, float(value))
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return DEFAULT_RETRY_AFTER
+    return min(MAX_RETRY_AFTER, max(0.0, when.timestamp() - time.time()))
 
 
 def parse_reply(status: int, body: str, endpoint: str = "API") -> Reply:

@@ -7,6 +7,7 @@
     │   ├── NoSlotError                no free provider thread (ERROR_NO_SLOT_AVAILABLE,
     │   │                              ERROR_ZERO_BALANCE)
     │   ├── TransportError             timeout, connection error, HTTP 5xx, HTML or empty body
+    │   ├── RateLimited                HTTP 429: wait ``retry_after`` s (account wide)
     │   ├── ServerError                ERROR_SERVER_ERROR, MAX_USER_TURN
     │   ├── StoreUnavailable           Redis is down: nothing is submitted until it is back
     │   └── NoProxyAvailable           every pooled proxy is taken or cooling off
@@ -74,6 +75,22 @@ class NoSlotError(RetryableError):
 
 class TransportError(RetryableError):
     default_code = "ERROR_TRANSPORT"
+
+
+class RateLimited(RetryableError):
+    """HTTP 429: the API asks every client of the key to wait ``retry_after`` seconds."""
+
+    default_code = "ERROR_RATE_LIMITED"
+
+    def __init__(
+        self,
+        message: str = "",
+        code: str | None = None,
+        captcha_id: str | None = None,
+        retry_after: float = 0.0,
+    ) -> None:
+        super().__init__(message, code, captcha_id)
+        self.retry_after = retry_after
 
 
 class ServerError(RetryableError):

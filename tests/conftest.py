@@ -44,6 +44,9 @@ SANDBOX_DEFAULTS = {
     "pingback_method": "GET",
     "pingback_delay": 0.0,
     "pingback_drop_rate": 0.0,
+    "hang_rate": 0.0,
+    "status_429_rate": 0.0,
+    "queue_silently": False,
     # the real token lives (tests that shorten them must not leak into later tests)
     "token_ttl": {"userrecaptcha": 120.0, "turnstile": 300.0, "geetest": 120.0, "base64": 600.0},
 }

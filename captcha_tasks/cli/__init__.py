@@ -66,6 +66,13 @@ def cli() -> None:
 )
 @click.option("--pingback-delay", default=0.0, show_default=True, type=float, help="Seconds.")
 @click.option("--pingback-drop-rate", default=0.0, show_default=True, type=float)
+@click.option("--hang-rate", default=0.0, show_default=True, type=float, help="Requests that hang.")
+@click.option("--hang-s", default=60.0, show_default=True, type=float, help="How long they hang.")
+@click.option("--status-429-rate", default=0.0, show_default=True, type=float)
+@click.option("--retry-after", default=2, show_default=True, type=int, help="429's Retry-After.")
+@click.option(
+    "--queue-silently", is_flag=True, help="Beyond the plan, queue captchas instead of an error."
+)
 def sandbox(
     host: str,
     port: int,
@@ -82,6 +89,11 @@ def sandbox(
     pingback_method: str,
     pingback_delay: float,
     pingback_drop_rate: float,
+    hang_rate: float,
+    hang_s: float,
+    status_429_rate: float,
+    retry_after: int,
+    queue_silently: bool,
 ) -> None:
     """Run a local CaptchaAI-compatible API (for development, tests and benchmarks)."""
 
@@ -97,6 +109,11 @@ def sandbox(
         "pingback_method": pingback_method,
         "pingback_delay": pingback_delay,
         "pingback_drop_rate": pingback_drop_rate,
+        "hang_rate": hang_rate,
+        "hang_s": hang_s,
+        "status_429_rate": status_429_rate,
+        "retry_after": retry_after,
+        "queue_silently": queue_silently,
     }
     if token_ttl is not None:
         options["token_ttl"] = {m: token_ttl for m in DEFAULT_TOKEN_TTL}

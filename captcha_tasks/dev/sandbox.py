@@ -85,6 +85,9 @@ _MIN_BODY_LIMIT = 1024 * 1024
 _IDLE_CONNECTION_TIMEOUT = 60
 #: Requests served at once (each keep-alive connection holds one while it is open).
 SERVER_THREADS = 32
+#: Seconds after a 429 during which other requests were already on their way to us: only
+#: later ones count as ignoring its Retry-After.
+_IN_FLIGHT_GRACE = 0.25
 
 _TEXT = "text/plain"
 _JSON = "application/json"
@@ -112,6 +115,10 @@ _COUNTERS = (
     "reports_bad",
     "reports_good",
     "injected_errors",
+    "hangs",
+    "status_429",
+    "requests_within_retry_after",
+    "queued_silently",
     "pingbacks_scheduled",
     "pingbacks_dropped",
     "pingbacks_unregistered",
@@ -148,6 +155,15 @@ class SandboxConfig:
     pingback_delay: float = 0.0
     #: Share of callbacks never made (lost on the way).
     pingback_drop_rate: float = 0.0
+    #: Share of in.php / res.php requests that hang ``hang_s`` seconds before answering.
+    hang_rate: float = 0.0
+    hang_s: float = 60.0
+    #: Share of in.php / res.php requests answered HTTP 429 with ``Retry-After: retry_after``.
+    status_429_rate: float = 0.0
+    retry_after: int = 2
+    #: Beyond the plan's threads, accept captchas and let them wait for a free thread (as
+    #: CaptchaAI's SDK says its API does), instead of answering ``thread_error``.
+    queue_silently: bool = False
 
     def __post_init__(self) -> None:
         # Values also arrive as JSON from POST /sandbox/config, so check types, not just ranges.
@@ -169,6 +185,12 @@ class SandboxConfig:
         if self.pingback_method not in ("GET", "POST"):
             raise ValueError(f"pingback_method must be GET or POST, got {self.pingback_method!r}")
         self.pingback_delay = _check_number("pingback_delay", self.pingback_delay, 0.0)
+        self.hang_rate = _check_number("hang_rate", self.hang_rate, 0.0, 1.0)
+        self.hang_s = _check_number("hang_s", self.hang_s, 0.0)
+        self.status_429_rate = _check_number("status_429_rate", self.status_429_rate, 0.0, 1.0)
+        self.retry_after = _check_int("retry_after", self.retry_after, minimum=0)
+        if not isinstance(self.queue_silently, bool):
+            raise ValueError(f"queue_silently must be true or false, got {self.queue_silently!r}")
         self.pingback_drop_rate = _check_number(
             "pingback_drop_rate", self.pingback_drop_rate, 0.0, 1.0
         )
@@ -234,6 +256,7 @@ class _Reply:
     status: int
     content_type: str
     body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 def _text_reply(text: str, status: int = 200) -> _Reply:
@@ -462,6 +485,10 @@ class _State:
         # reset() bumps the epoch so "read at least once" is counted afresh.
         self._epoch = 0
         self._pingback_addrs: set[str] = set()
+        self.stopping = threading.Event()
+        # When the last 429's Retry-After window opened and until when it asks clients to
+        # stay away.
+        self._retry_window = (-math.inf, -math.inf)
         self.caller = Caller(clock)
 
     # -- config and stats --------------------------------------------------------------
@@ -525,11 +552,15 @@ class _State:
                 return injected
             self._prune(now)
             in_flight = self._release(now)
+            start = now
             if in_flight >= config.threads:
-                self._counts["thread_rejections"] += 1
-                return _fail(config.thread_error, json_mode)
+                if not config.queue_silently:
+                    self._counts["thread_rejections"] += 1
+                    return _fail(config.thread_error, json_mode)
+                self._counts["queued_silently"] += 1
+                start = heapq.nsmallest(in_flight - config.threads + 1, self._busy)[-1]
             self._peak = max(self._peak, in_flight + 1)
-            captcha_id = self._create(spec, now)
+            captcha_id = self._create(spec, start)
             self._call_back(self._captchas[captcha_id], params.get("pingback", "").strip())
             return _api(True, captcha_id, json_mode, f"OK|{captcha_id}")
 
@@ -558,6 +589,24 @@ class _State:
             offset = time.time() - self._clock()
             found = (self._captchas.get(i) for i in ids)
             return {c.captcha_id: c.ready_at + offset for c in found if c is not None}
+
+    def transport_fault(self) -> _Reply | float | None:
+        """An injected hang (seconds to hang) or HTTP 429 for the next protocol request."""
+        with self._lock:
+            config = self._config
+            now = self._clock()
+            opened, until = self._retry_window
+            if opened + _IN_FLIGHT_GRACE <= now < until:  # sent after the 429 was seen
+                self._counts["requests_within_retry_after"] += 1
+            if config.hang_rate > 0 and self._rng.random() < config.hang_rate:
+                self._counts["hangs"] += 1
+                return config.hang_s
+            if config.status_429_rate > 0 and self._rng.random() < config.status_429_rate:
+                self._counts["status_429"] += 1
+                self._retry_window = (now, now + config.retry_after)
+                retry = (("Retry-After", str(config.retry_after)),)
+                return _Reply(429, _TEXT, b"Too Many Requests", retry)
+            return None
 
     def _key_error(self, params: Mapping[str, str]) -> str | None:
         key = params.get("key", "")
@@ -725,7 +774,8 @@ class _State:
         if action in ("add_pingback", "del_pingback", "get_pingback"):
             return self._pingback_action(action, params.get("addr", "").strip(), json_mode)
         if action == "threadsinfo":
-            info = {"threads": self._config.threads, "working_threads": self._release(now)}
+            working = min(self._release(now), self._config.threads)  # the queued wait
+            info = {"threads": self._config.threads, "working_threads": working}
             text = f"threads={info['threads']}|working_threads={info['working_threads']}"
             return _api(True, info, json_mode, text)
         return _fail("ERROR_BAD_PARAMETERS", json_mode)
@@ -845,6 +895,7 @@ def wsgi_app(state: _State) -> Callable[[dict[str, Any], StartResponse], list[by
         reply = _handle(state, environ)
         status = f"{reply.status} {HTTPStatus(reply.status).phrase}"
         headers = [("Content-Type", reply.content_type), ("Content-Length", str(len(reply.body)))]
+        headers += list(reply.headers)
         start_response(status, headers)
         return [reply.body]
 
@@ -875,6 +926,12 @@ def _read_body(environ: Mapping[str, Any], limit: int) -> bytes | None:
 def _route(state: _State, environ: Mapping[str, Any], body: bytes) -> _Reply:
     verb, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
     protocol = _PROTOCOL_ROUTES.get(path)
+    if protocol is not None and path != "/siteverify":
+        fault = state.transport_fault()
+        if isinstance(fault, _Reply):
+            return fault
+        if fault is not None:
+            state.stopping.wait(fault)  # hangs, then answers (the client gave up by then)
     if protocol is not None:
         params = _query_params(environ.get("QUERY_STRING", ""))
         content_type = (environ.get("CONTENT_TYPE") or "").split(";")[0].strip().lower()
@@ -951,6 +1008,7 @@ class SandboxServer:
         if self._stopped:
             return
         self._stopped = True
+        self._state.stopping.set()
         self._server.stop()
         self._state.caller.stop()
         if self._thread is not None:

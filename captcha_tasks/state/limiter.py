@@ -80,7 +80,14 @@ end
 
 #: Lua: count one in.php request in the sliding window, or say how long to wait.
 IN_RATE_FN = """
+local function paused(hourly)
+  local until_ms = tonumber(redis.call('HGET', hourly, 'pause') or '0')
+  if until_ms > now then return until_ms - now end
+  return 0
+end
 local function in_rate(window, hourly, window_ms, per_window, request_id)
+  local pause = paused(hourly)
+  if pause > 0 then return pause end
   redis.call('ZREMRANGEBYSCORE', window, '-inf', now - window_ms)
   if redis.call('ZCARD', window) >= per_window then
     local oldest = redis.call('ZRANGE', window, 0, 0, 'WITHSCORES')
@@ -324,9 +331,13 @@ RES_RATE_LUA = lua(
 -- KEYS[1] = hourly counts (hash, as in IN_RATE)
 -- ARGV[1] = requests allowed per captcha submitted, ARGV[2] = base allowance
 -- ARGV[3] = requests this call makes
--- returns 0 when the requests may go now (they are counted), else ms to wait
+-- returns 0 when the requests may go now (they are counted), else ms to wait (an HTTP
+--   429's Retry-After holds every request of the account)
 """,
+    IN_RATE_FN,
     """
+local pause = paused(KEYS[1])
+if pause > 0 then return pause end
 local hour = math.floor(now / 3600000)
 local sent = tonumber(redis.call('HGET', KEYS[1], 'res:' .. hour) or '0')
 local made = tonumber(redis.call('HGET', KEYS[1], 'in:' .. hour) or '0')
@@ -337,6 +348,26 @@ if sent + n <= tonumber(ARGV[1]) * made + tonumber(ARGV[2]) then
   return 0
 end
 return (hour + 1) * 3600000 - now
+""",
+)
+
+
+PAUSE_LUA = lua(
+    """
+-- The API answered HTTP 429: hold every in.php and res.php request of the account.
+-- KEYS[1] = hourly request counts (hash; field 'pause' = until when, ms)
+-- ARGV[1] = ms to hold (a later hold already set is kept)
+-- returns ms the account is held from now
+""",
+    """
+local until_ms = now + tonumber(ARGV[1])
+local current = tonumber(redis.call('HGET', KEYS[1], 'pause') or '0')
+if until_ms > current then
+  redis.call('HSET', KEYS[1], 'pause', until_ms)
+  redis.call('PEXPIRE', KEYS[1], math.max(3 * 3600000, until_ms - now))
+  return until_ms - now
+end
+return current - now
 """,
 )
 
@@ -425,6 +456,7 @@ class ThreadLimiter:
         self._owe = script(r, OWE_LUA)
         self._in_rate = script(r, IN_RATE_LUA)
         self._res_rate = script(r, RES_RATE_LUA)
+        self._pause = script(r, PAUSE_LUA)
 
     def slot_keys(self) -> list[str]:
         """slots, parked, waiting, dispatch: the keys of every handout."""
@@ -586,6 +618,12 @@ class ThreadLimiter:
         keys = [self.keys.rate("in"), self.keys.rate("hourly")]
         args: list[Arg] = [ms(cfg.in_window_s), cfg.in_per_window, uuid.uuid4().hex]
         return int(_guarded(lambda: self._in_rate(keys=keys, args=args))) / 1000
+
+    def pause(self, seconds: float) -> float:
+        """Hold every ``in.php`` and ``res.php`` request of the account for ``seconds``
+        (an HTTP 429's ``Retry-After``); returns the seconds it is held from now."""
+        keys = [self.keys.rate("hourly")]
+        return int(_guarded(lambda: self._pause(keys=keys, args=[ms(seconds)]))) / 1000
 
     def poll_wait(self, requests: int = 1) -> float:
         """0 when ``requests`` ``res.php`` calls may go now (counted); else seconds to wait."""

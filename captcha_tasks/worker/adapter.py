@@ -18,7 +18,7 @@ from typing import Any
 
 from celery import Celery
 
-from .. import errors, pingback
+from .. import errors, faults, pingback
 from ..client import NOT_READY, Answer, _Pending
 from ..methods import SolveRequest, build_request, default_wait
 from ..outcome import Solved, iso
@@ -158,6 +158,7 @@ class Runner:
             reply = store.api_client().submit(_with_pool_proxy(full, job), self._pingback(job))
         except errors.CaptchaTasksError as exc:
             reply = exc
+            _hold_account(exc)
         timing = _timing(job)
         return steps.on_submitted(job, reply, time.time(), timing, self.policy, self._bulk())
 
@@ -253,6 +254,7 @@ class Runner:
         try:
             found = store.api_client().get_many(ids)
         except errors.CaptchaTasksError as exc:
+            _hold_account(exc)
             return dict.fromkeys(ids, exc)
         if board.bulk_supported() is not (found is not None):
             board.set_bulk_supported(found is not None)
@@ -279,6 +281,7 @@ class Runner:
         if not board.retire(entry.captcha_id, decision.job, deadline_in, decision.error.code):
             return False
         log.info("captcha %s: %s; submitting a new one", entry.captcha_id, decision.error.code)
+        faults.point("retire")
         self._replace_proxy(entry.job, decision)
         send_submit(self.app, decision.job)
         return True
@@ -347,7 +350,18 @@ def _ask_one(captcha_id: str) -> Reply:
     try:
         return store.api_client().get(captcha_id)
     except errors.CaptchaTasksError as exc:
+        _hold_account(exc)
         return exc
+
+
+def _hold_account(exc: errors.CaptchaTasksError) -> None:
+    """An HTTP 429 holds every request of the account for its ``Retry-After``."""
+    if isinstance(exc, errors.RateLimited):
+        log.warning("the API answered 429: every request waits %.1f s", exc.retry_after)
+        try:
+            store.limiter().pause(exc.retry_after)
+        except errors.StoreUnavailable:  # the steps wait for it anyway
+            log.debug("could not record the 429 pause")
 
 
 def _as_reply(value: str | _Pending | Exception) -> Reply:

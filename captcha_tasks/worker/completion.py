@@ -22,7 +22,7 @@ from typing import Any
 
 from celery import Celery, states
 
-from .. import errors
+from .. import errors, faults
 from ..outcome import Failed, parse_iso
 from ..settings import get_settings
 from ..state import store
@@ -119,7 +119,10 @@ class Completer:
     def publish(self, handout: Handout) -> None:
         """Send a submit message for each handed-out job (those past their deadline
         included: their submit fails them)."""
-        for parked in handout.all():
+        handed = handout.all()
+        if handed:
+            faults.point("handout")
+        for parked in handed:
             send_submit(self.app, parked.job)
 
     def _after(self, item: Done, result: Finished) -> None:

@@ -266,6 +266,11 @@ def on_submitted(
         polled = {**job, "captcha_id": reply, "submitted_at": now, "transport_errors": 0}
         wait = first_poll(polled, timing, policy, bulk)
         return PollAt(min(now + wait, job["deadline"]), polled)
+    if isinstance(reply, errors.RateLimited):  # a budget, not a fault: no retry is spent
+        at = now + reply.retry_after
+        if at >= job["deadline"]:
+            return Fail(_timeout(job, "deadline passed while the API asked to wait", reply))
+        return SubmitAt(at, job, reply)
     if isinstance(reply, errors.RetryableError):
         count = job.get("transport_errors", 0) + 1
         if count > policy.transport_retries:
@@ -313,6 +318,8 @@ def on_answer(
     """
     if answer is NOT_READY:
         return _not_ready(job, now, timing, policy, pace)
+    if isinstance(answer, errors.RateLimited):  # a budget, not a fault: no retry is spent
+        return on_poll_budget(job, answer.retry_after, poll_errors, now)
     if isinstance(answer, errors.RetryableError):
         count = poll_errors + 1
         if count > policy.transport_retries:

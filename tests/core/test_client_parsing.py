@@ -100,3 +100,16 @@ def test_exceptions_rebuild_from_args() -> None:
     exc = errors.from_api_code("ERROR_SOMETHING_NEW", "7", "the message")
     again = type(exc)(*exc.args)
     assert (again.code, again.captcha_id, again.message) == (exc.code, "7", "the message")
+
+
+def test_retry_after_reads_seconds_and_http_dates() -> None:
+    from datetime import UTC, datetime, timedelta
+    from email.utils import format_datetime
+
+    from captcha_tasks.client import DEFAULT_RETRY_AFTER, MAX_RETRY_AFTER, retry_after
+
+    assert retry_after("7") == 7.0
+    assert retry_after(None) == retry_after("soon") == DEFAULT_RETRY_AFTER
+    assert retry_after("99999") == MAX_RETRY_AFTER
+    later = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
+    assert 25 <= retry_after(later) <= 30

@@ -1,0 +1,52 @@
+"""Nothing Redis hands to a process lives only in that process's memory: a worker killed
+between "Redis says it is yours" and "the message exists" loses no captcha.
+
+The worker kills itself at a fault point (``CAPTCHAAI_FAULTS``, see
+``captcha_tasks.faults``): after the completion script handed a freed thread to a parked
+submit, before that submit's message is published."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from captcha_tasks import solve, store
+from captcha_tasks.dev.devstack import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
+
+PAGE = "https://example.com/crash"
+THREADS = 3
+#: Short HTTP timeouts allow a short visibility timeout: the dead worker's unacknowledged
+#: messages come back within seconds.
+FAST = {
+    "CAPTCHAAI_THREADS": str(THREADS),
+    "CAPTCHAAI_CONNECT_TIMEOUT": "2",
+    "CAPTCHAAI_READ_TIMEOUT": "5",
+    "CAPTCHAAI_VISIBILITY_TIMEOUT": "10",
+}
+
+
+def test_a_worker_killed_between_handout_and_publish_loses_nothing(
+    sandbox: Any, start_worker: Any
+) -> None:
+    sandbox.configure(solve_time=0.5, jitter=0.1)
+    doomed = start_worker({**FAST, "CAPTCHAAI_FAULTS": "handout"}, name="crash-doomed")
+    results = [
+        solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(4 * THREADS)
+    ]
+    wait_until(lambda: not doomed.alive(), 30, what="the worker to reach the fault point")
+    assert doomed.proc.returncode == -9  # it died at the point, not of something else
+    owed = store.redis_client().zcard(store.keys().dispatch())
+    assert owed >= 1  # Redis handed a thread to a parked submit whose message never left
+
+    start_worker(FAST, name="crash-survivor")
+    outcomes = [r.get(timeout=60) for r in results]
+    assert all(o["status"] == "solved" for o in outcomes)
+    tokens = [o["token"] for o in outcomes]
+    assert len(set(tokens)) == len(tokens)
+    stats = sandbox.stats()
+    assert stats["submits"] == len(results)  # none paid twice
+    assert stats["peak_in_flight"] <= THREADS
+    wait_until(lambda: store.limiter().in_use() == 0, 10, what="every thread freed")
