@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
 import pytest
 
 from captcha_tasks import errors
-from captcha_tasks.client import NOT_READY_TEXT, parse_reply
+from captcha_tasks.client import (
+    DEFAULT_RETRY_AFTER,
+    MAX_RETRY_AFTER,
+    NOT_READY_TEXT,
+    parse_reply,
+    retry_after,
+)
 
 CLOUDFLARE_502 = (
     "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
@@ -103,10 +112,6 @@ def test_exceptions_rebuild_from_args() -> None:
 
 
 def test_retry_after_reads_seconds_and_http_dates() -> None:
-    from datetime import UTC, datetime, timedelta
-    from email.utils import format_datetime
-
-    from captcha_tasks.client import DEFAULT_RETRY_AFTER, MAX_RETRY_AFTER, retry_after
 
     assert retry_after("7") == 7.0
     assert retry_after(None) == retry_after("soon") == DEFAULT_RETRY_AFTER
