@@ -17,6 +17,8 @@ from ..dev.sandbox import DEFAULT_TOKEN_TTL, SandboxConfig, serve
 from ..errors import CaptchaTasksError
 from ..kafka.cli import register as register_kafka_commands
 from ..metrics import metrics_command
+from ..poolspec import parse_pools
+from ..settings import get_settings
 from ..state import store
 from ..stream import stream
 from ..worker.tasks import solve
@@ -210,6 +212,7 @@ def batch(
         sys.exit(2)
     output = output or resume
     skip = solved_indexes(resume) if resume else set()
+    store.ping()  # Redis down: one line and exit 1, and no empty output file
     try:
         writer = ResultWriter(output, sys.stdout)
     except OSError as exc:
@@ -282,7 +285,7 @@ def pool_status(as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo("no pools declared (CAPTCHAAI_POOLS or captcha_tasks.create_pool)")
+        click.echo(NO_POOLS)
         return
     click.echo(
         f"{'pool':<20} {'target':>6} {'live':>5} {'refills':>7} {'hit rate':>8} {'waste':>6}"
@@ -292,6 +295,40 @@ def pool_status(as_json: bool) -> None:
             f"{row['name']:<20} {row['target']:>6} {row['live']:>5} {row['inflight']:>7} "
             f"{_pct(row['hit_rate']):>8} {_pct(row['waste']):>6}"
         )
+
+
+NO_POOLS = (
+    "no pools declared in Redis. Declare them with CAPTCHAAI_POOLS (every worker, beat and "
+    "captcha-tasks command registers the pools its own environment declares, this shell "
+    "included), with `captcha-tasks pool declare --file pools.json`, or with "
+    "captcha_tasks.create_pool()."
+)
+
+
+@pool.command("declare")
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A JSON list of pools, as in CAPTCHAAI_POOLS (default: CAPTCHAAI_POOLS itself).",
+)
+def pool_declare(path: Path | None) -> None:
+    """Register pools in Redis for beat and every worker, from CAPTCHAAI_POOLS or a file."""
+
+    if path is None:
+        specs = get_settings().pools
+        where = "CAPTCHAAI_POOLS"
+    else:
+        specs = parse_pools(path.read_text(encoding="utf-8"), source=str(path))
+        where = str(path)
+    if not specs:
+        raise click.UsageError(f"{where} declares no pools (pass --file, or set CAPTCHAAI_POOLS)")
+    pools = store.pools()
+    for spec in specs:
+        pools.register(spec)
+        click.echo(f"pool {spec.name}: {spec.method}, size {spec.size}, ttl {spec.ttl:g}s")
+    click.echo(f"{len(specs)} pool(s) from {where} registered; beat keeps them filled")
 
 
 def _pct(value: float | None) -> str:

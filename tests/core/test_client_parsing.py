@@ -100,3 +100,10 @@ def test_exceptions_rebuild_from_args() -> None:
     exc = errors.from_api_code("ERROR_SOMETHING_NEW", "7", "the message")
     again = type(exc)(*exc.args)
     assert (again.code, again.captcha_id, again.message) == (exc.code, "7", "the message")
+
+
+@pytest.mark.parametrize("code", ["ERROR_WRONG_USER_KEY", "ERROR_KEY_DOES_NOT_EXIST"])
+def test_wrong_key_says_what_to_check(code: str) -> None:
+    exc = errors.from_api_code(code)
+    assert str(exc).startswith(f"{code}: ")
+    assert "check CAPTCHAAI_API_KEY" in str(exc)
