@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,14 @@ from typing import Any
 import click
 from tqdm import tqdm
 
-from ..dev.quickstart import demo_batch, running_stack
+from ..dev.quickstart import (
+    ENV_FILE,
+    demo_batch,
+    fresh_dir,
+    quickstart_dir,
+    running_stack,
+    stop_signals_interrupt,
+)
 from ..dev.sandbox import DEFAULT_TOKEN_TTL, SandboxConfig, serve
 from ..errors import CaptchaTasksError
 from ..kafka.cli import register as register_kafka_commands
@@ -100,10 +106,16 @@ def sandbox(
 @click.option("--keep-running", is_flag=True, help="Keep the stack up after the demo.")
 @click.option("--workers", default=1, show_default=True, help="Worker processes to start.")
 def quickstart(count: int, keep_running: bool, workers: int) -> None:
-    """Start Redis (if needed), the sandbox (if no API key), a worker and beat; solve a demo."""
+    """Start Redis (if needed), the sandbox (if no API key), a worker and beat; solve a demo.
 
-    log_dir = Path(tempfile.mkdtemp(prefix="captcha-tasks-quickstart-"))
-    with running_stack(log_dir, click.echo, workers=workers) as stack:
+    Logs go to ~/.cache/captcha-tasks/quickstart ($XDG_CACHE_HOME), replaced by each run.
+    With --keep-running the stack's settings are written there to quickstart.env, for
+    `source` in another shell.  Ctrl-C, SIGTERM or SIGHUP stops every process it started.
+    """
+
+    log_dir = fresh_dir(quickstart_dir())
+    click.echo(f"logs in {log_dir} (kept until the next quickstart)")
+    with stop_signals_interrupt(), running_stack(log_dir, click.echo, workers=workers) as stack:
         verify = stack.sandbox.url if stack.sandbox else None
         started = time.monotonic()
         failures = demo_batch(count, click.echo, verify)
@@ -112,7 +124,13 @@ def quickstart(count: int, keep_running: bool, workers: int) -> None:
             + (f", {failures} failed" if failures else "")
         )
         if keep_running:
-            click.echo(f"stack running: REDIS_URL={stack.env['REDIS_URL']} (Ctrl-C stops it)")
+            env_file = stack.write_env_file(log_dir / ENV_FILE)
+            exports = "".join(f"\n  {line}" for line in stack.exports())
+            click.echo(
+                f"stack running. In another shell, point captcha-tasks and your app at it:\n"
+                f"  source {env_file}\nor paste:{exports}\n"
+                "Ctrl-C, SIGTERM or closing this terminal stops it."
+            )
             _wait_forever()
     if failures:
         sys.exit(1)
