@@ -51,7 +51,18 @@ def cli() -> None:
     """CaptchaAI solving as Celery tasks shared by many workers."""
 
 
-@cli.command()
+#: The key the sandbox accepts unless given --api-key.
+SANDBOX_KEY = SandboxConfig().api_keys[0]
+SANDBOX_HELP = f"""Run a local CaptchaAI-compatible API (for development, tests and benchmarks).
+
+\b
+Point workers and captcha-tasks commands at it:
+  export CAPTCHAAI_BASE_URL=http://127.0.0.1:8765   # its --host and --port
+  export CAPTCHAAI_API_KEY={SANDBOX_KEY}             # an --api-key it accepts
+"""
+
+
+@cli.command(help=SANDBOX_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8765, show_default=True, type=int)
 @click.option("--threads", default=15, show_default=True, type=int, help="Provider threads.")
@@ -62,7 +73,12 @@ def cli() -> None:
 @click.option("--no-bulk", is_flag=True, help="Ignore res.php?ids= like a server without it.")
 @click.option("--thread-error", default="ERROR_NO_SLOT_AVAILABLE", show_default=True)
 @click.option("--token-ttl", type=float, default=None, help="Token life for every method.")
-@click.option("--api-key", "api_keys", multiple=True, help="Accepted key(s).")
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    help=f"Accepted key (repeatable; default: {SANDBOX_KEY}).",
+)
 @click.option("--seed", type=int, default=None, help="Seed of its randomness (repeatable runs).")
 def sandbox(
     host: str,

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from captcha_tasks.dev.devstack import free_port
+from captcha_tasks.dev.sandbox import SandboxConfig
 from captcha_tasks.settings import mask_url
 
 PAGE = "https://example.com/cli"
@@ -182,3 +183,11 @@ def test_pool_status_says_where_pools_are_declared(clean_state: None) -> None:
     assert done.returncode == 0
     assert "CAPTCHAAI_POOLS" in done.stdout
     assert "captcha-tasks pool declare" in done.stdout
+
+
+def test_sandbox_help_names_its_default_key() -> None:
+    from_config = SandboxConfig().api_keys[0]
+    done = cli("sandbox", "--help")
+    assert done.returncode == 0
+    assert f"CAPTCHAAI_API_KEY={from_config}" in done.stdout
+    assert "CAPTCHAAI_BASE_URL=" in done.stdout
