@@ -191,3 +191,19 @@ def test_sandbox_help_names_its_default_key() -> None:
     assert done.returncode == 0
     assert f"CAPTCHAAI_API_KEY={from_config}" in done.stdout
     assert "CAPTCHAAI_BASE_URL=" in done.stdout
+
+
+def test_an_app_calling_solve_registers_its_pools(
+    clean_state: None, redis_conn: Any, isolated_module: str
+) -> None:
+    code = (
+        "from captcha_tasks import solve\n"
+        f"solve.delay(method='turnstile', sitekey='other', pageurl='{PAGE}')\n"
+    )
+    env = {**os.environ, "CAPTCHAAI_POOLS": json.dumps([POOL])}
+    try:
+        done = run([sys.executable, "-c", code], env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert [row["name"] for row in _status()] == [POOL["name"]]
+    finally:
+        redis_conn.delete(f"{isolated_module}.solve")  # the message no worker will take
