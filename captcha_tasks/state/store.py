@@ -118,10 +118,10 @@ def pools() -> PoolStore:
     """The token pools.  The pools this process's ``CAPTCHAAI_POOLS`` declares are
     registered on first use: the variable counts in every process that reads it (a
     worker, beat, a ``captcha-tasks`` command, an app calling ``solve``)."""
-    store = PoolStore(redis_client(), keys())
+    pool_store = PoolStore(redis_client(), keys())
     for spec in get_settings().pools:
-        store.register(spec)
-    return store
+        pool_store.register(spec)
+    return pool_store
 
 
 @lru_cache(maxsize=1)
