@@ -187,10 +187,20 @@ for _cls in (
 
 PROXY_CODES = frozenset(code for code, cls in _BY_CODE.items() if cls is ProxyError)
 
+_KEY_HINT = "the API rejects the key: check CAPTCHAAI_API_KEY (and CAPTCHAAI_BASE_URL)"
+#: What to check, for the codes whose fix is in the configuration rather than the call.
+HINTS = {
+    "ERROR_WRONG_USER_KEY": _KEY_HINT,
+    "ERROR_KEY_DOES_NOT_EXIST": _KEY_HINT,
+    "ERROR_IP_NOT_ALLOWED": "this host's IP address is not allowed for the key: check the "
+    "account's IP list",
+    "IP_BANNED": "the API banned this host's IP address for a while (too many bad requests)",
+}
+
 
 def from_api_code(
     code: str, captcha_id: str | None = None, message: str | None = None
 ) -> CaptchaTasksError:
     """The exception for an error code; unknown ``ERROR_*`` codes are fatal."""
     cls = _BY_CODE.get(code, UnknownAPIError)
-    return cls(message or code, code, captcha_id)
+    return cls(message or HINTS.get(code, code), code, captcha_id)

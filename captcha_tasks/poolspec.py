@@ -126,26 +126,27 @@ class PoolSpec:
         }
 
 
-def parse_pools(text: str) -> tuple[PoolSpec, ...]:
-    """Pools declared in ``CAPTCHAAI_POOLS``: a JSON list of flat pool objects.
+def parse_pools(text: str, source: str = ENV_VAR) -> tuple[PoolSpec, ...]:
+    """Pools declared in ``CAPTCHAAI_POOLS`` (or a file, named by ``source``): a JSON list
+    of flat pool objects.
 
-    Blank means no pools.  Any problem raises ``ConfigurationError`` naming the variable,
-    the pool (item index, and name when known) and the field.
+    Blank means no pools.  Any problem raises ``ConfigurationError`` naming the variable
+    (or file), the pool (item index, and name when known) and the field.
     """
     if not text or not text.strip():
         return ()
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ConfigurationError(f"{ENV_VAR} is not valid JSON: {exc}") from None
+        raise ConfigurationError(f"{source} is not valid JSON: {exc}") from None
     if not isinstance(data, list):
         raise ConfigurationError(
-            f"{ENV_VAR} must be a JSON list of pool objects, not {_json_type(data)}"
+            f"{source} must be a JSON list of pool objects, not {_json_type(data)}"
         )
     specs: list[PoolSpec] = []
     seen: dict[str, int] = {}
     for index, item in enumerate(data):
-        where = f"{ENV_VAR} item #{index}"
+        where = f"{source} item #{index}"
         spec = PoolSpec.from_dict(item, source=where)
         if spec.name in seen:
             raise ConfigurationError(

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigurationError
 from .poolspec import parse_pools
@@ -270,6 +270,16 @@ class Settings:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data.update(changes)
         return Settings(**data)
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (if any) shown as ``***``: safe for messages and logs."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def _check(var: str, ok: bool, why: str) -> None:

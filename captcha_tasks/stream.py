@@ -45,6 +45,7 @@ class _Batch:
     timeout: float
     pending: dict[int, _Pending] = field(default_factory=dict)
     last_id: str = "0-0"
+    queued: int = 0
 
 
 def stream(
@@ -95,6 +96,7 @@ def _queue(batch: _Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any]
     except errors.ValidationError as exc:
         return {**Failed.from_exception(exc, task.get("method")).to_dict(), "index": index}
     batch.pending[index] = _Pending(result.id, task.get("method"), time.monotonic())
+    batch.queued += 1
     return None
 
 
@@ -119,9 +121,13 @@ def _timed_out(batch: _Batch) -> Iterator[dict[str, Any]]:
 
 
 def _abandon(batch: _Batch) -> None:
+    if not batch.queued:
+        return  # nothing was sent (Redis down at the first task, say): nothing to cancel
     try:
         store.batches().abandon(batch.batch_id, cancel=bool(batch.pending))
         if batch.pending:
             log.info("batch %s abandoned: %d tasks cancelled", batch.batch_id, len(batch.pending))
+    except errors.StoreUnavailable as exc:  # the caller sees the outage itself, once
+        log.warning("could not cancel batch %s: %s", batch.batch_id, exc)
     except Exception:  # never hide the caller's own exception (Ctrl-C) behind ours
         log.warning("could not cancel batch %s", batch.batch_id, exc_info=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,21 @@ from typing import Any
 import click
 from tqdm import tqdm
 
-from ..dev.quickstart import demo_batch, running_stack
+from ..dev.quickstart import (
+    ENV_FILE,
+    demo_batch,
+    fresh_dir,
+    quickstart_dir,
+    running_stack,
+    stop_signals_interrupt,
+)
 from ..dev.sandbox import DEFAULT_TOKEN_TTL, SandboxConfig, serve
 from ..errors import CaptchaTasksError
 from ..kafka.cli import register as register_kafka_commands
 from ..metrics import metrics_command
+from ..poolspec import parse_pools
 from ..receiver.cli import register_commands as register_pingback_commands
+from ..settings import get_settings
 from ..state import store
 from ..stream import stream
 from ..worker.tasks import solve
@@ -44,7 +52,18 @@ def cli() -> None:
     """CaptchaAI solving as Celery tasks shared by many workers."""
 
 
-@cli.command()
+#: The key the sandbox accepts unless given --api-key.
+SANDBOX_KEY = SandboxConfig().api_keys[0]
+SANDBOX_HELP = f"""Run a local CaptchaAI-compatible API (for development, tests and benchmarks).
+
+\b
+Point workers and captcha-tasks commands at it:
+  export CAPTCHAAI_BASE_URL=http://127.0.0.1:8765   # its --host and --port
+  export CAPTCHAAI_API_KEY={SANDBOX_KEY}             # an --api-key it accepts
+"""
+
+
+@cli.command(help=SANDBOX_HELP)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8765, show_default=True, type=int)
 @click.option("--threads", default=15, show_default=True, type=int, help="Provider threads.")
@@ -55,7 +74,12 @@ def cli() -> None:
 @click.option("--no-bulk", is_flag=True, help="Ignore res.php?ids= like a server without it.")
 @click.option("--thread-error", default="ERROR_NO_SLOT_AVAILABLE", show_default=True)
 @click.option("--token-ttl", type=float, default=None, help="Token life for every method.")
-@click.option("--api-key", "api_keys", multiple=True, help="Accepted key(s).")
+@click.option(
+    "--api-key",
+    "api_keys",
+    multiple=True,
+    help=f"Accepted key (repeatable; default: {SANDBOX_KEY}).",
+)
 @click.option("--seed", type=int, default=None, help="Seed of its randomness (repeatable runs).")
 @click.option(
     "--pingback-method",
@@ -131,10 +155,16 @@ def sandbox(
 @click.option("--keep-running", is_flag=True, help="Keep the stack up after the demo.")
 @click.option("--workers", default=1, show_default=True, help="Worker processes to start.")
 def quickstart(count: int, keep_running: bool, workers: int) -> None:
-    """Start Redis (if needed), the sandbox (if no API key), a worker and beat; solve a demo."""
+    """Start Redis (if needed), the sandbox (if no API key), a worker and beat; solve a demo.
 
-    log_dir = Path(tempfile.mkdtemp(prefix="captcha-tasks-quickstart-"))
-    with running_stack(log_dir, click.echo, workers=workers) as stack:
+    Logs go to ~/.cache/captcha-tasks/quickstart ($XDG_CACHE_HOME), replaced by each run.
+    With --keep-running the stack's settings are written there to quickstart.env, for
+    `source` in another shell.  Ctrl-C, SIGTERM or SIGHUP stops every process it started.
+    """
+
+    log_dir = fresh_dir(quickstart_dir())
+    click.echo(f"logs in {log_dir} (kept until the next quickstart)")
+    with stop_signals_interrupt(), running_stack(log_dir, click.echo, workers=workers) as stack:
         verify = stack.sandbox.url if stack.sandbox else None
         started = time.monotonic()
         failures = demo_batch(count, click.echo, verify)
@@ -143,7 +173,13 @@ def quickstart(count: int, keep_running: bool, workers: int) -> None:
             + (f", {failures} failed" if failures else "")
         )
         if keep_running:
-            click.echo(f"stack running: REDIS_URL={stack.env['REDIS_URL']} (Ctrl-C stops it)")
+            env_file = stack.write_env_file(log_dir / ENV_FILE)
+            exports = "".join(f"\n  {line}" for line in stack.exports())
+            click.echo(
+                f"stack running. In another shell, point captcha-tasks and your app at it:\n"
+                f"  source {env_file}\nor paste:{exports}\n"
+                "Ctrl-C, SIGTERM or closing this terminal stops it."
+            )
             _wait_forever()
     if failures:
         sys.exit(1)
@@ -243,6 +279,7 @@ def batch(
         sys.exit(2)
     output = output or resume
     skip = solved_indexes(resume) if resume else set()
+    store.ping()  # Redis down: one line and exit 1, and no empty output file
     try:
         writer = ResultWriter(output, sys.stdout)
     except OSError as exc:
@@ -315,7 +352,7 @@ def pool_status(as_json: bool) -> None:
         click.echo(json.dumps(rows, indent=2))
         return
     if not rows:
-        click.echo("no pools declared (CAPTCHAAI_POOLS or captcha_tasks.create_pool)")
+        click.echo(NO_POOLS)
         return
     click.echo(
         f"{'pool':<20} {'target':>6} {'live':>5} {'refills':>7} {'hit rate':>8} {'waste':>6}"
@@ -325,6 +362,40 @@ def pool_status(as_json: bool) -> None:
             f"{row['name']:<20} {row['target']:>6} {row['live']:>5} {row['inflight']:>7} "
             f"{_pct(row['hit_rate']):>8} {_pct(row['waste']):>6}"
         )
+
+
+NO_POOLS = (
+    "no pools declared in Redis. Declare them with CAPTCHAAI_POOLS (every worker, beat and "
+    "captcha-tasks command registers the pools its own environment declares, this shell "
+    "included), with `captcha-tasks pool declare --file pools.json`, or with "
+    "captcha_tasks.create_pool()."
+)
+
+
+@pool.command("declare")
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A JSON list of pools, as in CAPTCHAAI_POOLS (default: CAPTCHAAI_POOLS itself).",
+)
+def pool_declare(path: Path | None) -> None:
+    """Register pools in Redis for beat and every worker, from CAPTCHAAI_POOLS or a file."""
+
+    if path is None:
+        specs = get_settings().pools
+        where = "CAPTCHAAI_POOLS"
+    else:
+        specs = parse_pools(path.read_text(encoding="utf-8"), source=str(path))
+        where = str(path)
+    if not specs:
+        raise click.UsageError(f"{where} declares no pools (pass --file, or set CAPTCHAAI_POOLS)")
+    pools = store.pools()
+    for spec in specs:
+        pools.register(spec)
+        click.echo(f"pool {spec.name}: {spec.method}, size {spec.size}, ttl {spec.ttl:g}s")
+    click.echo(f"{len(specs)} pool(s) from {where} registered; beat keeps them filled")
 
 
 def _pct(value: float | None) -> str:

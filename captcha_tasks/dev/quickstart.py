@@ -3,7 +3,12 @@
 Uses ``REDIS_URL`` if it answers, otherwise starts a Redis-compatible server that pip
 installed; starts the sandbox API when ``CAPTCHAAI_API_KEY`` is not set; starts a worker
 and beat; solves a demo batch printing each token as it arrives.  Every process it
-started is stopped on exit or Ctrl-C.
+started is stopped on exit, Ctrl-C, SIGTERM or SIGHUP (a closed terminal).
+
+Its logs go to one folder, :func:`quickstart_dir` (emptied at the start of each run, kept
+after it); with ``--keep-running`` the stack's settings are written there as
+``quickstart.env`` (``export`` lines to ``source`` in another shell), deleted when the
+stack stops.
 """
 
 from __future__ import annotations
@@ -11,11 +16,16 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shlex
+import shutil
+import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -42,6 +52,42 @@ DEMO_TASKS: list[dict[str, Any]] = [
 ]
 
 Echo = Callable[[str], None]
+ENV_FILE = "quickstart.env"
+#: Signals that stop the stack like Ctrl-C: ``kill``, and a closed terminal.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+def quickstart_dir() -> Path:
+    """The quickstart's one folder: logs of the last run and, while a stack is kept
+    running, its ``quickstart.env`` (``$XDG_CACHE_HOME/captcha-tasks/quickstart``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "captcha-tasks" / "quickstart"
+
+
+def fresh_dir(path: Path) -> Path:
+    """``path``, emptied: each run's logs replace the last run's."""
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@contextlib.contextmanager
+def stop_signals_interrupt(signals: Sequence[signal.Signals] = STOP_SIGNALS) -> Iterator[None]:
+    """While inside, ``signals`` raise KeyboardInterrupt, so they stop the stack the way
+    Ctrl-C does (its processes run in sessions of their own: a closed terminal's SIGHUP
+    never reaches them).  A second signal during the clean-up is ignored."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 @dataclass
@@ -52,12 +98,53 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     sandbox: SandboxServer | None = None
     processes: list[Any] = field(default_factory=list)
+    env_file: Path | None = None
 
     def stop(self) -> None:
+        if self.env_file is not None:
+            self.env_file.unlink(missing_ok=True)
         for proc in reversed(self.processes):
             proc.stop()
         if self.sandbox is not None:
             self.sandbox.stop()
+
+    def exports(self) -> list[str]:
+        """What another shell needs to use this stack, as ``export`` lines; secrets of
+        the user's own environment (an API key, a Redis password) are not repeated."""
+        current = settings.get_settings()
+        url = self.env["REDIS_URL"]
+        if _has_password(url):  # only the user's own URL has one: it is in their shell
+            lines = ["# REDIS_URL: yours, with its password (already in your environment)"]
+        else:
+            lines = [_export("REDIS_URL", url)]
+        lines.append(_export("CAPTCHAAI_BASE_URL", current.base_url))
+        if self.sandbox is not None:
+            lines.append(_export("CAPTCHAAI_API_KEY", self.env["CAPTCHAAI_API_KEY"]))
+        else:
+            lines.append("# CAPTCHAAI_API_KEY: yours (already in your environment)")
+        lines.append(_export("CAPTCHAAI_THREADS", str(current.threads)))
+        for var in ("CAPTCHAAI_KEY_PREFIX", "CAPTCHAAI_QUEUE_PREFIX"):
+            if os.environ.get(var):
+                lines.append(_export(var, os.environ[var]))
+        return lines
+
+    def write_env_file(self, path: Path) -> Path:
+        """Write :meth:`exports` to ``path`` (owner-only: it may hold the sandbox's key)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write("# captcha-tasks quickstart: the running stack's settings\n")
+            out.write("".join(line + "\n" for line in self.exports()))
+        self.env_file = path
+        return path
+
+
+def _export(var: str, value: str) -> str:
+    return f"export {var}={shlex.quote(value)}"
+
+
+def _has_password(url: str) -> bool:
+    return bool(urlsplit(url).password)
 
 
 @contextlib.contextmanager
@@ -118,8 +205,6 @@ def _configure_this_process() -> None:
 
 
 def _safe_url(url: str) -> str:
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     host = parts.hostname or ""
     return f"{parts.scheme}://{host}:{parts.port or 6379}{parts.path}"

@@ -23,9 +23,9 @@ from typing import Any, Literal, TypeVar, cast
 
 import redis
 
-from ..errors import StoreUnavailable
 from ..keys import Keys
 from ..settings import Settings
+from ..state.lua import UNREACHABLE, unavailable
 
 log = logging.getLogger(__name__)
 
@@ -248,5 +248,5 @@ def _text(value: object) -> str:
 def _guard(call: Callable[[], T]) -> T:
     try:
         return call()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise StoreUnavailable(f"Redis is down ({type(exc).__name__})") from None
+    except UNREACHABLE as exc:
+        raise unavailable(exc) from None

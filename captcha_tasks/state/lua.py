@@ -18,6 +18,7 @@ import redis
 from redis.commands.core import Script
 
 from ..errors import StoreUnavailable
+from ..settings import get_settings, mask_url
 
 T = TypeVar("T")
 
@@ -51,9 +52,24 @@ def guard(call: Callable[[], T], what: str = "") -> T:
     """Run a Redis call; an unreachable Redis fails closed with a clear error."""
     try:
         return call()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        suffix = f": {what}" if what else ""
-        raise StoreUnavailable(f"Redis is down ({type(exc).__name__}){suffix}") from None
+    except UNREACHABLE as exc:
+        raise unavailable(exc, what) from None
+
+
+#: What redis-py raises when nothing (or no Redis) answers at the URL, or it refuses the
+#: password: not answering, timing out, or a server that does not speak the protocol.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.InvalidResponse)
+
+
+def unavailable(exc: BaseException, what: str = "") -> StoreUnavailable:
+    """The error for a Redis call that failed with ``exc``: it names REDIS_URL (every
+    handle of :mod:`.store` is built from it), password masked, and redis-py's reason."""
+    suffix = f": {what}" if what else ""
+    url = mask_url(get_settings().redis_url)
+    return StoreUnavailable(
+        f"Redis is down or REDIS_URL is wrong (REDIS_URL={url}; {type(exc).__name__}: {exc})"
+        + suffix
+    )
 
 
 def text(value: Any) -> str:

@@ -18,6 +18,7 @@ from ..settings import Settings, get_settings
 from .batches import BatchStreams
 from .board import Board, BoardConfig
 from .limiter import LimiterConfig, ThreadLimiter
+from .lua import guard
 from .pools import PoolStore
 from .proxies import ProxyPool
 from .secrets import RequestSecrets
@@ -45,6 +46,12 @@ def connect(settings: Settings) -> redis.Redis:
     )
 
 
+def ping() -> None:
+    """Raise :class:`~captcha_tasks.errors.StoreUnavailable` (naming REDIS_URL) unless
+    Redis answers: a command checks before it creates files or starts anything."""
+    guard(redis_client().ping, "nothing was sent")
+
+
 @lru_cache(maxsize=1)
 def keys() -> Keys:
     return Keys(get_settings().key_prefix)
@@ -55,7 +62,10 @@ def api_client() -> CaptchaAIClient:
     """The worker process's API client: one pooled HTTP session, key from settings."""
     settings = get_settings()
     if not settings.api_key:
-        raise ConfigurationError("CAPTCHAAI_API_KEY is not set on this worker")
+        raise ConfigurationError(
+            "CAPTCHAAI_API_KEY is not set: the API calls of workers and of "
+            "`captcha-tasks account` need the account key"
+        )
     return CaptchaAIClient(
         settings.base_url,
         settings.api_key,
@@ -105,7 +115,13 @@ def solve_times() -> SolveTimes:
 
 @lru_cache(maxsize=1)
 def pools() -> PoolStore:
-    return PoolStore(redis_client(), keys())
+    """The token pools.  The pools this process's ``CAPTCHAAI_POOLS`` declares are
+    registered on first use: the variable counts in every process that reads it (a
+    worker, beat, a ``captcha-tasks`` command, an app calling ``solve``)."""
+    pool_store = PoolStore(redis_client(), keys())
+    for spec in get_settings().pools:
+        pool_store.register(spec)
+    return pool_store
 
 
 @lru_cache(maxsize=1)

@@ -22,12 +22,21 @@ from celery.signals import (
 from .. import redact
 from .. import settings as _settings
 from ..state import store
-from . import flower_auth
+from . import flower_auth, startup
 from .housekeeping import Housekeeping, register_configured_pools
 
 CONFIG_MODULE = "captcha_tasks.worker.config"
 
 app = Celery("captcha_tasks", set_as_current=False)
+
+
+def _refuse_bad_settings(**_: Any) -> None:
+    # The app is first configured while the `celery` command parses the sub-command's
+    # options: the earliest moment to stop `celery -A captcha_tasks worker|beat|...`.
+    startup.check(startup.celery_command(app))
+
+
+app.on_configure.connect(_refuse_bad_settings, weak=False)
 app.config_from_object(CONFIG_MODULE)
 app.steps["worker"].add(Housekeeping)
 flower_auth.install(app)

@@ -26,11 +26,10 @@ from celery import Celery
 from celery.signals import import_modules
 
 from ..settings import get_settings
+from . import startup
+from .startup import EXIT_CONFIG
 
 log = logging.getLogger(__name__)
-
-#: sysexits.h EX_CONFIG: the process cannot run with this configuration.
-EXIT_CONFIG = 78
 
 NO_AUTH_MESSAGE = (
     "captcha-tasks: Flower will not start without authentication: it shows task arguments "
@@ -74,6 +73,7 @@ def install(app: Celery) -> None:
 def _check_flower_start(**_: Any) -> None:
     if not _running_flower():
         return
+    startup.check("flower")  # a bad setting: one line, before the credentials are read
     from flower.options import options  # Tornado's global options, as Flower parsed them
 
     problem = auth_problem(options.basic_auth, options.auth)

@@ -28,6 +28,7 @@ from celery.signals import worker_process_init
 from .. import errors
 from ..methods import POOL_PROXY, build_request
 from ..redact import SECRET_PARAMS, mask_params
+from ..settings import get_settings
 from ..state import store
 from ..state.pools import PoolSpec
 from . import housekeeping
@@ -71,6 +72,8 @@ class SolveTask(Task):
         kwargs = _stash_secrets(solve_id, kwargs)
         if batch is not None:
             kwargs["_batch"] = batch
+        if get_settings().pools:
+            store.pools()  # registers this process's CAPTCHAAI_POOLS (once) before it solves
         # Until a worker starts it, the message is remembered in Redis: one lost between
         # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
         store.limiter().expect(solve_id, kwargs)

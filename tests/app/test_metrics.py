@@ -136,6 +136,32 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
     assert 0 < _value(samples, "captcha_tasks_solve_seconds_gsum", **turnstile) < recent * 5
 
 
+@pytest.mark.slow
+def test_pooled_solves_are_counted_with_source_pool(
+    worker: CeleryProcess, sandbox: Any, clean_state: None, output_dir: Path
+) -> None:
+    name, sitekey = "counted-pool", "counted-key"
+    create_pool(name, "turnstile", sitekey, PAGE, size=3, ttl=120)
+    assert prewarm.delay(name).get(timeout=30)[name] >= 1
+    pools = store.pools()
+    wait_until(lambda: pools.live(name) >= 2, 30, interval=0.1, what="the pool to fill")
+    results = [
+        solve.delay(method="turnstile", sitekey=sitekey, pageurl=PAGE).get(timeout=30)
+        for _ in range(2)
+    ]
+    pooled = sum(r["source"] == "pool" for r in results)
+    assert pooled >= 1
+    # What `captcha-tasks metrics` serves, from a process of its own.
+    exporter = MetricsProcess(dict(os.environ), output_dir / "metrics-pooled.log")
+    try:
+        wait_until(exporter.answering, 20, interval=0.1, what="the metrics process")
+        samples = _scrape(exporter.url)
+    finally:
+        exporter.stop()
+    counted = _value(samples, "captcha_tasks_solved_total", method="turnstile", source="pool")
+    assert counted == pooled
+
+
 def test_buckets_are_cumulative() -> None:
     buckets = dict(_buckets([0.5, 1.0, 2.5, 500.0]))
     assert buckets["1.0"] == 2  # le is inclusive

@@ -112,9 +112,15 @@ def test_exceptions_rebuild_from_args() -> None:
 
 
 def test_retry_after_reads_seconds_and_http_dates() -> None:
-
     assert retry_after("7") == 7.0
     assert retry_after(None) == retry_after("soon") == DEFAULT_RETRY_AFTER
     assert retry_after("99999") == MAX_RETRY_AFTER
     later = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
     assert 25 <= retry_after(later) <= 30
+
+
+@pytest.mark.parametrize("code", ["ERROR_WRONG_USER_KEY", "ERROR_KEY_DOES_NOT_EXIST"])
+def test_wrong_key_says_what_to_check(code: str) -> None:
+    exc = errors.from_api_code(code)
+    assert str(exc).startswith(f"{code}: ")
+    assert "check CAPTCHAAI_API_KEY" in str(exc)

@@ -1,0 +1,209 @@
+"""What a new user runs, as subprocesses: Redis down or a wrong ``REDIS_URL`` from an app
+and from the CLI, a wrong API key, pools declared from the user's own shell."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from captcha_tasks.dev.devstack import free_port
+from captcha_tasks.dev.sandbox import SandboxConfig
+from captcha_tasks.settings import mask_url
+
+PAGE = "https://example.com/cli"
+PASSWORD = "hunter2-" + os.urandom(4).hex()
+POOL = {
+    "name": "shell-pool",
+    "method": "turnstile",
+    "sitekey": "shell-key",
+    "pageurl": PAGE,
+    "size": 3,
+    "ttl": 100,
+    "min_remaining": 5,
+}
+
+
+def run(argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, **kwargs)
+
+
+def cli(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+    return run(
+        [sys.executable, "-m", "captcha_tasks.cli", *args], env or dict(os.environ), **kwargs
+    )
+
+
+def lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip()]
+
+
+# -- Redis down, or REDIS_URL pointing at something else ------------------------------------
+
+
+@pytest.fixture(params=["nothing listens", "not a Redis server"])
+def bad_redis_url(request: pytest.FixtureRequest, sandbox_server: Any) -> str:
+    if request.param == "nothing listens":
+        port = free_port()
+    else:  # an HTTP server: redis-py reads a protocol error
+        port = int(sandbox_server.url.rsplit(":", 1)[1])
+    return f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+
+
+def _env(redis_url: str) -> dict[str, str]:
+    return {**os.environ, "REDIS_URL": redis_url}
+
+
+SOLVE_DELAY = f"""
+import json, time
+from captcha_tasks import solve
+from captcha_tasks.errors import RetryableError
+started = time.monotonic()
+try:
+    solve.delay(method="turnstile", sitekey="k", pageurl="{PAGE}")
+except RetryableError as exc:
+    took = time.monotonic() - started
+    print(json.dumps({{"type": type(exc).__name__, "code": exc.code, "text": str(exc),
+                      "took": took}}))
+"""
+
+
+def test_solve_delay_raises_retryable_error_naming_the_url(bad_redis_url: str) -> None:
+    done = run([sys.executable, "-c", SOLVE_DELAY], _env(bad_redis_url))
+    assert done.returncode == 0, done.stderr[-3000:]
+    raised = json.loads(done.stdout)
+    assert raised["code"] == "ERROR_REDIS_UNAVAILABLE"
+    assert f"REDIS_URL={mask_url(bad_redis_url)}" in raised["text"]
+    assert PASSWORD not in raised["text"]
+    assert raised["took"] < 3  # no rounds of connection retries
+
+
+def test_cli_solve_prints_one_line_and_exits_1(bad_redis_url: str) -> None:
+    done = cli("solve", "--method", "turnstile", "--sitekey", "k", "--pageurl", PAGE,
+               env=_env(bad_redis_url))  # fmt: skip
+    assert done.returncode == 1
+    assert done.stdout == ""
+    [line] = lines(done.stderr)
+    assert "ERROR_REDIS_UNAVAILABLE" in line
+    assert mask_url(bad_redis_url) in line
+    assert PASSWORD not in done.stderr
+
+
+def test_cli_batch_prints_one_line_and_leaves_no_output_file(
+    bad_redis_url: str, tmp_path: Path
+) -> None:
+    tasks = tmp_path / "tasks.csv"
+    tasks.write_text(f"method,sitekey,pageurl\nturnstile,k,{PAGE}\nturnstile,k2,{PAGE}\n")
+    output = tmp_path / "results.jsonl"
+    done = cli("batch", str(tasks), "-o", str(output), env=_env(bad_redis_url))
+    assert done.returncode == 1
+    [line] = lines(done.stderr)
+    assert "ERROR_REDIS_UNAVAILABLE" in line
+    assert mask_url(bad_redis_url) in line
+    assert not output.exists()
+
+
+def test_mask_url_hides_only_the_password() -> None:
+    assert mask_url("rediss://user:s3cret@host:6380/2") == "rediss://user:***@host:6380/2"
+    assert mask_url("redis://:s3cret@host/0") == "redis://:***@host/0"
+    assert mask_url("redis://host:6379/0") == "redis://host:6379/0"
+
+
+# -- a wrong API key ------------------------------------------------------------------------
+
+
+def test_a_wrong_key_says_which_variable_to_check(sandbox: Any) -> None:
+    done = cli("account", env={**os.environ, "CAPTCHAAI_API_KEY": "not-the-key"})
+    assert done.returncode == 1
+    [line] = lines(done.stderr)
+    assert "ERROR_WRONG_USER_KEY" in line
+    assert "check CAPTCHAAI_API_KEY" in line
+
+
+# -- pools from the user's shell ------------------------------------------------------------
+
+
+def _status(env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    done = cli("pool", "status", "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    return list(json.loads(done.stdout))
+
+
+def test_pools_in_the_shells_environment_are_registered(clean_state: None) -> None:
+    assert _status() == []
+    shell = {**os.environ, "CAPTCHAAI_POOLS": json.dumps([POOL])}
+    assert [row["name"] for row in _status(shell)] == [POOL["name"]]
+    # registered in Redis: a process without the variable (beat, a worker) sees it too
+    assert [row["name"] for row in _status()] == [POOL["name"]]
+
+
+def test_pool_declare_from_a_file(clean_state: None, tmp_path: Path) -> None:
+    path = tmp_path / "pools.json"
+    path.write_text(json.dumps([POOL, {**POOL, "name": "second", "sitekey": "other"}]))
+    done = cli("pool", "declare", "--file", str(path))
+    assert done.returncode == 0, done.stderr
+    assert "2 pool(s)" in done.stdout
+    assert [row["name"] for row in _status()] == ["second", POOL["name"]]
+
+
+def test_pool_declare_from_the_environment(clean_state: None) -> None:
+    shell = {**os.environ, "CAPTCHAAI_POOLS": json.dumps([POOL])}
+    done = cli("pool", "declare", env=shell)
+    assert done.returncode == 0, done.stderr
+    assert "CAPTCHAAI_POOLS" in done.stdout
+    assert [row["name"] for row in _status()] == [POOL["name"]]
+
+
+def test_pool_declare_rejects_a_bad_file_in_one_line(clean_state: None, tmp_path: Path) -> None:
+    path = tmp_path / "pools.json"
+    path.write_text(json.dumps([{**POOL, "size": 0}]))
+    done = cli("pool", "declare", "--file", str(path))
+    assert done.returncode == 1
+    [line] = lines(done.stderr)
+    assert str(path) in line
+    assert "size" in line
+    assert _status() == []
+
+
+def test_pool_declare_with_nothing_to_declare_is_a_usage_error(clean_state: None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CAPTCHAAI_POOLS"}
+    done = cli("pool", "declare", env=env)
+    assert done.returncode == 2
+    assert "CAPTCHAAI_POOLS" in done.stderr
+
+
+def test_pool_status_says_where_pools_are_declared(clean_state: None) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CAPTCHAAI_POOLS"}
+    done = cli("pool", "status", env=env)
+    assert done.returncode == 0
+    assert "CAPTCHAAI_POOLS" in done.stdout
+    assert "captcha-tasks pool declare" in done.stdout
+
+
+def test_sandbox_help_names_its_default_key() -> None:
+    from_config = SandboxConfig().api_keys[0]
+    done = cli("sandbox", "--help")
+    assert done.returncode == 0
+    assert f"CAPTCHAAI_API_KEY={from_config}" in done.stdout
+    assert "CAPTCHAAI_BASE_URL=" in done.stdout
+
+
+def test_an_app_calling_solve_registers_its_pools(
+    clean_state: None, redis_conn: Any, isolated_module: str
+) -> None:
+    code = (
+        "from captcha_tasks import solve\n"
+        f"solve.delay(method='turnstile', sitekey='other', pageurl='{PAGE}')\n"
+    )
+    env = {**os.environ, "CAPTCHAAI_POOLS": json.dumps([POOL])}
+    try:
+        done = run([sys.executable, "-c", code], env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert [row["name"] for row in _status()] == [POOL["name"]]
+    finally:
+        redis_conn.delete(f"{isolated_module}.solve")  # the message no worker will take

@@ -1,0 +1,94 @@
+"""``celery -A captcha_tasks worker|beat|flower`` refuse to start with a bad setting (and a
+worker without an API key): one line naming the variable, exit 78, nothing started."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from captcha_tasks.worker.startup import EXIT_CONFIG
+
+CELERY = [sys.executable, "-m", "celery", "-A", "captcha_tasks"]
+
+
+def celery(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # A process that did start would run until the timeout: the test then fails loudly.
+    return subprocess.run([*CELERY, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def without(*names: str, **changes: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in names}
+    env.update(changes, FLOWER_BASIC_AUTH="ops:secret")
+    return env
+
+
+def output_lines(done: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+
+
+def test_a_worker_without_an_api_key_refuses_to_start() -> None:
+    done = celery("worker", "-P", "threads", "--without-gossip", "--without-mingle",
+                  env=without("CAPTCHAAI_API_KEY"))  # fmt: skip
+    assert done.returncode == EXIT_CONFIG
+    [line] = output_lines(done)
+    assert "ConfigurationError" in line
+    assert "CAPTCHAAI_API_KEY is not set" in line
+
+
+ROLES: dict[str, tuple[str, ...]] = {
+    "worker": ("worker", "-P", "threads", "--without-gossip", "--without-mingle"),
+    "beat": ("beat",),
+    "flower": ("flower", "--address=127.0.0.1", "--port=0"),
+}
+BAD = [
+    ("CAPTCHAAI_THREADS", "0"),
+    ("CAPTCHAAI_POLL_INTERVAL", "soon"),
+    ("REDIS_URL", "http://localhost:6379"),
+    ("CAPTCHAAI_POOLS", "[{"),
+]
+
+
+@pytest.mark.parametrize("role", sorted(ROLES))
+@pytest.mark.parametrize(("var", "value"), BAD)
+def test_a_bad_setting_stops_every_process_in_one_line(role: str, var: str, value: str) -> None:
+    done = celery(*ROLES[role], env=without(**{var: value}))
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    [line] = output_lines(done)
+    assert line.startswith(f"celery {role}: ConfigurationError: {var}")
+
+
+def test_beat_needs_no_api_key(tmp_path: Any) -> None:
+    # Beat never calls the API: only the settings are checked; it gets past the check and
+    # starts (stopped by the timeout).
+    schedule = tmp_path / "schedule"
+    argv = [*CELERY, "beat", "-s", str(schedule), "-l", "INFO"]
+    with pytest.raises(subprocess.TimeoutExpired) as running:
+        subprocess.run(
+            argv, env=without("CAPTCHAAI_API_KEY"), capture_output=True, text=True, timeout=8
+        )
+    out = running.value.stderr or b""
+    assert b"beat: Starting" in (out if isinstance(out, bytes) else out.encode())
+
+
+def test_an_app_process_gets_the_exception_not_an_exit() -> None:
+    code = (
+        "from captcha_tasks import solve\n"
+        "from captcha_tasks.errors import ConfigurationError\n"
+        "try:\n"
+        "    solve.delay(method='turnstile', sitekey='k', pageurl='https://example.com')\n"
+        "except ConfigurationError as exc:\n"
+        "    print('raised', exc.message)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=without(CAPTCHAAI_THREADS="0"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "raised CAPTCHAAI_THREADS must be at least 1"
