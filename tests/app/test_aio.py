@@ -187,3 +187,21 @@ def test_leaving_the_stream_cancels_what_was_not_submitted(
 async def _until(predicate: Callable[[], object]) -> None:
     while not predicate():
         await asyncio.sleep(0.01)
+
+
+def test_waits_survive_a_lost_pubsub_connection(sandbox: Any, redis_conn: Any) -> None:
+    n = 20
+    sandbox.configure(threads=n, solve_time=1.0, jitter=0.2)
+
+    def subscribers() -> list[dict[str, Any]]:
+        return [c for c in aio_clients(redis_conn) if int(c.get("sub", 0)) > 0]
+
+    async def main() -> list[dict[str, Any]]:
+        calls = asyncio.gather(*(aio.solve(**task(sitekey=f"k{i}")) for i in range(n)))
+        await asyncio.wait_for(_until(lambda: sum(int(c["sub"]) for c in subscribers()) >= n), 10)
+        killed = redis_conn.client_kill_filter(_type="pubsub")
+        assert killed >= 1
+        return list(await asyncio.wait_for(calls, 30))
+
+    results = asyncio.run(main())
+    assert len(results) == n and all(r["status"] == "solved" for r in results)

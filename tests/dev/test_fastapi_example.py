@@ -127,9 +127,7 @@ def test_a_batch_streams_as_server_sent_events(server: str, sandbox: Any) -> Non
     assert at_first["in_flight"] > 0, at_first
 
 
-def test_a_client_that_leaves_cancels_the_batch(
-    server: str, sandbox: Any, redis_conn: Any
-) -> None:
+def test_a_client_that_leaves_cancels_the_batch(server: str, sandbox: Any, redis_conn: Any) -> None:
     capacity = store.limiter().config.capacity
     total = 6 * capacity
     sandbox.configure(threads=total, solve_time=0.8, jitter=0.3)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -37,7 +37,7 @@ app = FastAPI(title="captcha-tasks FastAPI example", lifespan=lifespan)
 
 
 @app.post("/captchas")
-async def solve_captcha(params: dict[str, Any] = Body()) -> JSONResponse:
+async def solve_captcha(params: Annotated[dict[str, Any], Body()]) -> JSONResponse:
     """Body: ``{"method": ..., "sitekey": ..., "pageurl": ..., **params}``; answers the
     outcome dict, or the error code of a failed solve."""
     try:
@@ -52,7 +52,7 @@ async def solve_captcha(params: dict[str, Any] = Body()) -> JSONResponse:
 
 
 @app.post("/batches")
-async def solve_batch(tasks: list[dict[str, Any]] = Body()) -> StreamingResponse:
+async def solve_batch(tasks: Annotated[list[dict[str, Any]], Body()]) -> StreamingResponse:
     """Body: a JSON list of solve parameters.  Answers ``text/event-stream``: one ``result``
     event per task (the outcome with its ``index``), in completion order, then ``done``."""
     return StreamingResponse(_events(tasks), media_type="text/event-stream")
