@@ -133,9 +133,11 @@ def test_real_outcomes_and_batch_entries_match(sandbox: Any, redis_conn: Any) ->
     redis_conn.delete(key)
 
     # what stream() yields, the entries it makes up itself included
-    sandbox.configure(solve_time=20, jitter=0)
+    sandbox.configure(solve_time=4, jitter=0)
     slow = [{"method": "turnstile", "sitekey": "k", "pageurl": PAGE}, {"method": "nope"}]
     yielded = list(stream(slow, timeout_per_task=1.0))
     assert sorted(r["error"] for r in yielded) == ["ERROR_SOLVE_TIMEOUT", "ERROR_VALIDATION"]
     for entry in yielded:
         validate("batch-entry", entry)
+    # the shared sandbox is left idle for the next test
+    wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
