@@ -37,7 +37,14 @@ import logging
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+)
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -212,7 +219,7 @@ class _Hub:
         # the connections.
         self.reader = self.loop.create_task(self._read(), name="captcha-tasks-results")
 
-    async def wait_result(self, channel: str, send: Any) -> str:
+    async def wait_result(self, channel: str, send: Callable[[], Awaitable[None]]) -> str:
         """Subscribe to ``channel``, run ``send()`` once Redis confirmed it, and return the
         record published there."""
         waiter = _Waiter(self.loop.create_future(), self.loop.create_future())
