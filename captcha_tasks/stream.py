@@ -33,19 +33,57 @@ READ_BLOCK_MS = 500
 
 
 @dataclass
-class _Pending:
+class Pending:
     task_id: str
     method: str | None
     sent_at: float
 
 
 @dataclass
-class _Batch:
+class Batch:
+    """A batch's bookkeeping, without I/O (shared with :func:`captcha_tasks.aio.stream`)."""
+
     batch_id: str
     timeout: float
-    pending: dict[int, _Pending] = field(default_factory=dict)
+    pending: dict[int, Pending] = field(default_factory=dict)
     last_id: str = "0-0"
     queued: int = 0
+
+    def sent(self, index: int, task_id: str, method: str | None) -> None:
+        self.pending[index] = Pending(task_id, method, time.monotonic())
+        self.queued += 1
+
+    def arrived(self, found: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        """The outcomes among stream entries ``found`` that this batch still waits for."""
+        out = []
+        for entry_id, outcome in found:
+            self.last_id = entry_id
+            if self.pending.pop(outcome["index"], None) is not None:
+                out.append(outcome)
+        return out
+
+    def timed_out(self) -> list[dict[str, Any]]:
+        """Failed outcomes for the tasks whose results are overdue (forgotten here)."""
+        now = time.monotonic()
+        late = [i for i, p in self.pending.items() if now - p.sent_at > self.timeout]
+        out = []
+        for index in late:
+            pending = self.pending.pop(index)
+            exc = errors.SolveTimeout(f"no result within {self.timeout:.0f}s")
+            out.append({**Failed.from_exception(exc, pending.method).to_dict(), "index": index})
+        return out
+
+    def next_deadline(self) -> float | None:
+        """Seconds until the first pending task times out (None when nothing is pending)."""
+        if not self.pending:
+            return None
+        first = min(p.sent_at for p in self.pending.values())
+        return first + self.timeout - time.monotonic()
+
+
+def rejected(index: int, task: Mapping[str, Any], exc: errors.ValidationError) -> dict[str, Any]:
+    """The failed outcome of a task that ``solve`` refused at the call site."""
+    return {**Failed.from_exception(exc, task.get("method")).to_dict(), "index": index}
 
 
 def stream(
@@ -67,7 +105,7 @@ def stream(
     size = window or 2 * settings.capacity
     if size < 1:
         raise errors.ValidationError("window must be at least 1")
-    batch = _Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
+    batch = Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
     source = enumerate(tasks)
     exhausted = False
     try:
@@ -83,44 +121,31 @@ def stream(
             if exhausted and not batch.pending:
                 return
             yield from _arrived(batch)
-            yield from _timed_out(batch)
+            yield from batch.timed_out()
     finally:
         _abandon(batch)
 
 
-def _queue(batch: _Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] | None:
+def _queue(batch: Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] | None:
     try:
         result = solve.apply_async(
             kwargs={**task, "_batch": {"id": batch.batch_id, "index": index}}
         )
     except errors.ValidationError as exc:
-        return {**Failed.from_exception(exc, task.get("method")).to_dict(), "index": index}
-    batch.pending[index] = _Pending(result.id, task.get("method"), time.monotonic())
-    batch.queued += 1
+        return rejected(index, task, exc)
+    batch.sent(index, result.id, task.get("method"))
     return None
 
 
-def _arrived(batch: _Batch) -> Iterator[dict[str, Any]]:
+def _arrived(batch: Batch) -> Iterator[dict[str, Any]]:
     streams = store.batches()
     found = streams.read(batch.batch_id, batch.last_id, block_ms=READ_BLOCK_MS)
-    for entry_id, outcome in found:
-        batch.last_id = entry_id
-        if batch.pending.pop(outcome["index"], None) is not None:
-            yield outcome
+    yield from batch.arrived(found)
     if found:
         streams.trim(batch.batch_id, batch.last_id)
 
 
-def _timed_out(batch: _Batch) -> Iterator[dict[str, Any]]:
-    now = time.monotonic()
-    late = [i for i, p in batch.pending.items() if now - p.sent_at > batch.timeout]
-    for index in late:
-        pending = batch.pending.pop(index)
-        exc = errors.SolveTimeout(f"no result within {batch.timeout:.0f}s")
-        yield {**Failed.from_exception(exc, pending.method).to_dict(), "index": index}
-
-
-def _abandon(batch: _Batch) -> None:
+def _abandon(batch: Batch) -> None:
     if not batch.queued:
         return  # nothing was sent (Redis down at the first task, say): nothing to cancel
     try:

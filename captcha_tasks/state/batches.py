@@ -35,12 +35,7 @@ class BatchStreams:
         ``block_ms`` for the first; each with its entry id."""
         key = self.keys.batch_results(batch_id)
         reply: Any = _guarded(lambda: self.r.xread({key: after}, count=count, block=block_ms))
-        found: list[tuple[str, dict[str, Any]]] = []
-        for _stream, entries in reply or []:
-            for entry_id, fields in entries:
-                outcome = fields.get("outcome", fields.get(b"outcome"))
-                found.append((text(entry_id), json.loads(text(outcome))))
-        return found
+        return entries(reply)
 
     def trim(self, batch_id: str, upto: str) -> None:
         """Forget the entries up to ``upto`` (they were read)."""
@@ -60,6 +55,16 @@ class BatchStreams:
             pipe.set(k.batch_cancelled(batch_id), "1", ex=CANCEL_TTL)
         pipe.delete(k.batch_results(batch_id))
         _guarded(pipe.execute)
+
+
+def entries(reply: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The (entry id, outcome) pairs of an ``XREAD`` reply of batch streams."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for _stream, items in reply or []:
+        for entry_id, fields in items:
+            outcome = fields.get("outcome", fields.get(b"outcome"))
+            found.append((text(entry_id), json.loads(text(outcome))))
+    return found
 
 
 def _guarded(call: Callable[[], T]) -> T:

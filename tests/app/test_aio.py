@@ -1,0 +1,209 @@
+"""``captcha_tasks.aio`` end to end: real Redis, a real worker process and the sandbox,
+each test body in its own event loop (``asyncio.run``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from captcha_tasks import aio, errors, solve, store
+from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.settings import get_settings
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
+
+PAGE = "https://example.com/aio"
+GET_TIMEOUT = 30
+
+
+def task(**extra: Any) -> dict[str, Any]:
+    return {"method": "turnstile", "sitekey": "0x4AAAAAAAaio", "pageurl": PAGE, **extra}
+
+
+def aio_clients(redis_conn: Any) -> list[dict[str, Any]]:
+    return [c for c in redis_conn.client_list() if c.get("name") == aio.CLIENT_NAME]
+
+
+def test_await_solve_returns_what_get_returns(sandbox: Any) -> None:
+    sync = solve.delay(**task(action="login")).get(timeout=GET_TIMEOUT)
+    result = asyncio.run(aio.solve(**task(action="login")))
+    assert result["status"] == "solved"
+    assert list(result) == list(sync)  # the same fields, in the same order
+    assert {k: type(v) for k, v in result.items()} == {k: type(v) for k, v in sync.items()}
+    assert (result["method"], result["source"]) == (sync["method"], sync["source"])
+    assert result["token"] != sync["token"]
+    assert sandbox.verify(result["token"])["success"] is True
+
+
+def test_failure_raises_the_same_typed_error(sandbox: Any) -> None:
+    bad = task(proxy="u:p@bad-proxy.test:3128")
+    with pytest.raises(errors.ProxyError) as sync:
+        solve.delay(**bad).get(timeout=GET_TIMEOUT)
+    with pytest.raises(errors.ProxyError) as info:
+        asyncio.run(aio.solve(**bad))
+    assert type(info.value) is type(sync.value)
+    assert (info.value.code, info.value.message) == (sync.value.code, sync.value.message)
+    assert info.value.captcha_id is None or info.value.captcha_id != sync.value.captcha_id
+
+
+def test_bad_input_raises_at_the_call_site_and_queues_nothing(
+    sandbox: Any, redis_conn: Any
+) -> None:
+    before = {q: redis_conn.llen(q) for q in get_settings().queues}
+    keys_before = redis_conn.dbsize()
+    cases = [
+        task(pageurl="javascript:alert(1)"),
+        task(method="nope"),
+        task(sitekey=None),
+        task(colour="red"),
+    ]
+    for kwargs in cases:
+        with pytest.raises(errors.ValidationError) as sync:
+            solve.delay(**kwargs)
+        with pytest.raises(errors.ValidationError) as info:
+            asyncio.run(aio.solve(**kwargs))
+        assert str(info.value) == str(sync.value)
+    assert {q: redis_conn.llen(q) for q in before} == before
+    assert redis_conn.dbsize() == keys_before
+    assert sandbox.stats()["submits"] == 0
+
+
+def test_many_concurrent_solves_share_one_connection_pool(sandbox: Any, redis_conn: Any) -> None:
+    n = 300
+    sandbox.configure(threads=n, solve_time=0.2, jitter=0.1)
+    seen: dict[str, int] = {"clients": 0, "threads": 0}
+    baseline = threading.active_count()
+
+    async def watch(done: asyncio.Event) -> None:
+        while not done.is_set():
+            seen["clients"] = max(seen["clients"], len(aio_clients(redis_conn)))
+            seen["threads"] = max(seen["threads"], threading.active_count())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), 0.05)
+
+    async def main() -> list[dict[str, Any]]:
+        done = asyncio.Event()
+        watcher = asyncio.create_task(watch(done))
+        results = await asyncio.gather(*(aio.solve(**task(sitekey=f"k{i}")) for i in range(n)))
+        done.set()
+        await watcher
+        return results
+
+    results = asyncio.run(main())
+    assert len(results) == n and all(r["status"] == "solved" for r in results)
+    assert len({r["token"] for r in results}) == n
+    # the pub/sub connection and at most one more for commands; no thread per call
+    assert 1 <= seen["clients"] <= 2, seen
+    assert seen["threads"] <= baseline + 1, (seen, baseline)
+    # the loop's shutdown closed its connections
+    wait_until(lambda: not aio_clients(redis_conn), 5, what="the asyncio connections to close")
+
+
+def test_stream_yields_in_completion_order_with_failures_inline(sandbox: Any) -> None:
+    sandbox.configure(solve_time=0.6, jitter=0.5)
+    n = 20
+    tasks = [task(sitekey=f"k{i}") for i in range(n)]
+    tasks[3] = task(proxy="u:p@bad-proxy.test:3128")
+    tasks[7] = task(pageurl="nope")
+
+    async def source() -> AsyncIterator[dict[str, Any]]:
+        for t in tasks:
+            yield t
+
+    async def main() -> list[dict[str, Any]]:
+        return [r async for r in aio.stream(source(), window=8)]
+
+    results = asyncio.run(main())
+    order = [r["index"] for r in results]
+    assert sorted(order) == list(range(n))
+    assert order != list(range(n))
+    by_index = {r["index"]: r for r in results}
+    assert by_index[3]["error"] == "ERROR_PROXY_CONNECTION_FAILED"
+    assert by_index[7]["error"] == "ERROR_VALIDATION"
+    solved = [r for i, r in by_index.items() if i not in (3, 7)]
+    assert all(r["status"] == "solved" for r in solved)
+    assert len({r["token"] for r in solved}) == n - 2
+    # at most a window was queued at a time
+    assert sandbox.stats()["peak_in_flight"] <= 8
+
+
+def test_a_result_that_never_comes_times_out(sandbox: Any) -> None:
+    sandbox.configure(solve_time=4, jitter=0)
+
+    async def main() -> list[dict[str, Any]]:
+        return [r async for r in aio.stream([task(), task()], timeout_per_task=1.0)]
+
+    results = asyncio.run(asyncio.wait_for(main(), 3.5))
+    assert sorted(r["index"] for r in results) == [0, 1]
+    assert {r["error"] for r in results} == {"ERROR_SOLVE_TIMEOUT"}
+    # the shared sandbox is left idle for the next test
+    wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
+
+
+@pytest.mark.parametrize("how", ["break", "cancel"])
+def test_leaving_the_stream_cancels_what_was_not_submitted(
+    sandbox: Any, redis_conn: Any, how: str
+) -> None:
+    capacity = store.limiter().config.capacity
+    total = 4 * capacity
+    sandbox.configure(threads=total, solve_time=0.8, jitter=0.3)
+    seen: list[dict[str, Any]] = []
+
+    async def consume() -> None:
+        async for result in aio.stream([task() for _ in range(total)], window=total):
+            seen.append(result)
+            if how == "break":
+                break
+            await asyncio.Event().wait()  # wait here until cancelled
+
+    def cancelled() -> list[str]:
+        return list(redis_conn.scan_iter(store.keys().batch_cancelled("*")))
+
+    async def main() -> None:
+        consumer = asyncio.create_task(consume())
+        if how == "cancel":
+            await asyncio.wait_for(_until(lambda: seen), 15)
+            consumer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await consumer
+        # The app's loop goes on: after a break, the loop closes the abandoned generator.
+        await asyncio.wait_for(_until(cancelled), 5)
+
+    asyncio.run(main())
+    limiter = store.limiter()
+    wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
+    submitted = sandbox.stats()["submits"]
+    assert seen and seen[0]["status"] == "solved"
+    assert submitted <= 2 * capacity + 1
+    assert limiter.parked_count() == 0
+    assert len(cancelled()) == 1
+    wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
+    assert sandbox.stats()["submits"] == submitted
+
+
+async def _until(predicate: Callable[[], object]) -> None:
+    while not predicate():
+        await asyncio.sleep(0.01)
+
+
+def test_waits_survive_a_lost_pubsub_connection(sandbox: Any, redis_conn: Any) -> None:
+    n = 20
+    sandbox.configure(threads=n, solve_time=1.0, jitter=0.2)
+
+    def subscribers() -> list[dict[str, Any]]:
+        return [c for c in aio_clients(redis_conn) if int(c.get("sub", 0)) > 0]
+
+    async def main() -> list[dict[str, Any]]:
+        calls = asyncio.gather(*(aio.solve(**task(sitekey=f"k{i}")) for i in range(n)))
+        await asyncio.wait_for(_until(lambda: sum(int(c["sub"]) for c in subscribers()) >= n), 10)
+        killed = redis_conn.client_kill_filter(_type="pubsub")
+        assert killed >= 1
+        return list(await asyncio.wait_for(calls, 30))
+
+    results = asyncio.run(main())
+    assert len(results) == n and all(r["status"] == "solved" for r in results)
