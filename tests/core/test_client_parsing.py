@@ -100,3 +100,14 @@ def test_exceptions_rebuild_from_args() -> None:
     exc = errors.from_api_code("ERROR_SOMETHING_NEW", "7", "the message")
     again = type(exc)(*exc.args)
     assert (again.code, again.captcha_id, again.message) == (exc.code, "7", "the message")
+
+
+def test_captchaai_reply_fields_are_kept() -> None:
+    # reCAPTCHA Enterprise and the Cloudflare challenge: the answer in ``result``
+    reply = parse_reply(200, '{"status":1,"result":"cf-clearance","user_agent":"Mozilla/5.0 X"}')
+    assert reply.ok and reply.request is None
+    assert reply.fields == {"result": "cf-clearance", "user_agent": "Mozilla/5.0 X"}
+    # threadsinfo: the counts as top-level fields
+    info = parse_reply(200, '{"status":1,"threads":10,"working_threads":3}')
+    assert info.fields == {"threads": 10, "working_threads": 3}
+    assert parse_reply(200, '{"status":1,"request":"7"}').fields == {}
