@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 from image_files import png, png_b64
 
-from captcha_tasks import errors, solve
+from captcha_tasks import create_pool, errors, solve, store
+from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.methods import MAX_IMAGE_BYTES
 from captcha_tasks.settings import get_settings
+from captcha_tasks.worker.tasks import prewarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
 
@@ -140,3 +142,34 @@ def test_bad_requests_are_refused_before_anything_is_queued(
     assert needle in str(info.value)
     assert {q: redis_conn.llen(q) for q in before} == before
     assert redis_conn.dbsize() == keys_before
+
+
+@pytest.mark.parametrize(
+    ("method", "extra", "agent"),
+    [("friendly_captcha", {"version": "v2"}, False), ("userrecaptcha", {"enterprise": 1}, True)],
+)
+def test_pooled_tokens_keep_their_user_agent(
+    sandbox: Any, method: str, extra: dict[str, Any], agent: bool
+) -> None:
+    name = f"pool-{method}"
+    sitekey = f"pool-{method}-key"
+    create_pool(name, method, sitekey, PAGE, size=2, ttl=60, min_remaining=5, **extra)
+    pools = store.pools()
+    hits: list[dict[str, Any]] = []
+
+    def pooled() -> bool:
+        # The worker reads pool definitions at most once a second: until it has seen this
+        # one, a solve goes to the API.
+        result = solve.delay(method=method, sitekey=sitekey, pageurl=PAGE, **extra)
+        hits.append(result.get(timeout=GET_TIMEOUT))
+        return hits[-1]["source"] == "pool"
+
+    try:
+        prewarm.delay(name)
+        wait_until(lambda: pools.live(name) >= 1, 20, what="a pooled token")
+        wait_until(pooled, 20, what="a solve answered from the pool")
+        for result in hits:
+            assert sandbox.verify(result["token"])["success"] is True
+            assert ("user_agent" in result) is agent
+    finally:
+        pools.unregister(name)
