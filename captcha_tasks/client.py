@@ -4,6 +4,10 @@ It only speaks HTTP: each call turns a reply into a value or a typed exception f
 :mod:`captcha_tasks.errors`.  What to do next (retry, resubmit, give up) is the tasks'
 business.  "Not ready yet" is the value :data:`NOT_READY`.
 
+Replies are read in both dialects: CaptchaAI's (the answer in ``result`` with a
+``user_agent`` for some methods; ``threadsinfo`` counts as top-level fields) and 2captcha's
+(everything in ``request``).
+
 Every request is a POST so the API key travels in the body, never in a URL that could
 end up in an exception message or a proxy log.
 
@@ -18,8 +22,8 @@ import enum
 import json
 import time
 import urllib.request
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -42,7 +46,16 @@ class _Pending(enum.Enum):
 #: The answer is not ready yet: poll again later.
 NOT_READY = _Pending.NOT_READY
 
-Answer = str | dict[str, Any]
+Token = str | dict[str, Any] | list[Any]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A solved captcha's answer as the API sent it (``result``, else ``request``), and the
+    user agent the API says it must be used with (None when it names none)."""
+
+    value: Token
+    user_agent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -62,6 +75,8 @@ class Reply:
 
     ok: bool
     request: Any
+    #: The other top-level fields of a JSON reply (``result``, ``user_agent``, ``threads``).
+    fields: Mapping[str, Any] = field(default_factory=dict)
 
 
 class CaptchaAIClient:
@@ -102,17 +117,20 @@ class CaptchaAIClient:
         """One captcha's answer, or :data:`NOT_READY`."""
         reply = self._call("res.php", {"action": "get", "id": captcha_id})
         if reply.ok:
-            return _answer(reply.request)
+            return _answer(reply)
         if reply.request == NOT_READY_TEXT:
             return NOT_READY
         raise _error(reply.request, captcha_id)
 
-    def get_many(self, captcha_ids: Sequence[str]) -> dict[str, str | _Pending | Exception] | None:
+    def get_many(
+        self, captcha_ids: Sequence[str]
+    ) -> dict[str, Answer | _Pending | Exception] | None:
         """Answers of several pipe-safe captchas in one request (``ids=``).
 
         Returns ``None`` when the server does not honour ``ids`` (the caller falls back to
         one id per request).  Each value is a token, :data:`NOT_READY` or the exception
-        for that captcha's error code.
+        for that captcha's error code.  Only plain tokens fit: a bulk reply has no room for
+        structured answers or a user agent.
         """
         if not captcha_ids or len(captcha_ids) > BULK_MAX_IDS:
             raise ValueError(f"get_many takes 1 to {BULK_MAX_IDS} ids")
@@ -151,12 +169,17 @@ class CaptchaAIClient:
             raise _error(reply.request)
 
     def threads_info(self) -> dict[str, int] | None:
-        """CaptchaAI's thread usage ``{"threads": N, "working_threads": M}``, if answered."""
+        """CaptchaAI's thread usage ``{"threads": N, "working_threads": M}``, if answered.
+
+        CaptchaAI sends the counts as top-level fields; a ``request``-wrapped reply (object
+        or ``threads=N|working_threads=M`` text) is read too."""
         try:
             reply = self._call("res.php", {"action": "threadsinfo"})
         except errors.FatalError:
             return None
-        return _threads(reply.request) if reply.ok else None
+        if not reply.ok:
+            return None
+        return _threads(reply.fields) or _threads(reply.request)
 
     # -- plumbing --------------------------------------------------------------------
     def _call(self, endpoint: str, fields: dict[str, Any]) -> Reply:
@@ -229,7 +252,8 @@ def _parse_json(text: str, endpoint: str) -> Reply:
         raise errors.TransportError(f"{endpoint}: malformed JSON reply") from None
     if not isinstance(data, dict) or "status" not in data:
         raise errors.TransportError(f"{endpoint}: JSON reply without status")
-    return Reply(data.get("status") == 1, data.get("request"))
+    others = {k: v for k, v in data.items() if k not in ("status", "request")}
+    return Reply(data.get("status") == 1, data.get("request"), others)
 
 
 def _parse_text(text: str, status: int, endpoint: str) -> Reply:
@@ -249,20 +273,24 @@ def _error(code: Any, captcha_id: str | None = None) -> errors.CaptchaTasksError
     return errors.from_api_code(code, captcha_id)
 
 
-def _answer(value: Any) -> Answer:
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str):
-        return value
-    raise errors.TransportError(f"unexpected answer type {type(value).__name__}")
+def _answer(reply: Reply) -> Answer:
+    # CaptchaAI puts some methods' answers in ``result`` (reCAPTCHA Enterprise, the
+    # Cloudflare challenge); 2captcha and the other methods use ``request``.
+    value = reply.fields.get("result")
+    if value is None or value == "":
+        value = reply.request
+    if not isinstance(value, str | dict | list):
+        raise errors.TransportError(f"unexpected answer type {type(value).__name__}")
+    agent = reply.fields.get("user_agent")
+    return Answer(value, agent if isinstance(agent, str) and agent else None)
 
 
-def _bulk_value(part: str, captcha_id: str) -> str | _Pending | Exception:
+def _bulk_value(part: str, captcha_id: str) -> Answer | _Pending | Exception:
     if part == NOT_READY_TEXT:
         return NOT_READY
     if part.startswith("ERROR") or part in ("MAX_USER_TURN", "IP_BANNED"):
         return errors.from_api_code(part, captcha_id)
-    return part
+    return Answer(part)
 
 
 def callback_answer(code: str, captcha_id: str) -> Answer | _Pending | errors.CaptchaTasksError:
@@ -272,8 +300,8 @@ def callback_answer(code: str, captcha_id: str) -> Answer | _Pending | errors.Ca
         try:
             value = json.loads(code)
         except ValueError:
-            return code
-        return value if isinstance(value, dict) else code
+            return Answer(code)
+        return Answer(value if isinstance(value, dict) else code)
     found = _bulk_value(code, captcha_id)
     return found if not isinstance(found, Exception) else _as_error(found)
 
@@ -292,16 +320,18 @@ def _looks_unsupported(reply: Reply, parts: list[str]) -> bool:
 
 
 def _threads(value: Any) -> dict[str, int] | None:
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         items: Iterable[tuple[str, Any]] = value.items()
     elif isinstance(value, str) and "=" in value:
         items = (p.split("=", 1) for p in value.split("|") if "=" in p)  # type: ignore[misc]
     else:
         return None
-    try:
-        info = {str(k): int(v) for k, v in items}
-    except (TypeError, ValueError):
-        return None
+    info: dict[str, int] = {}
+    for name, count in items:
+        try:
+            info[str(name)] = int(count)
+        except (TypeError, ValueError):
+            continue  # another field of the reply (error_text, ...)
     return info if "threads" in info else None
 
 

@@ -1,22 +1,36 @@
 """The captcha methods we know, and validation of a solve request at the call site.
 
 The public API uses ``sitekey`` for every method; :class:`MethodSpec` maps it to the
-field the API expects (``googlekey`` for reCAPTCHA, ``gt`` for GeeTest, ...).
+field the API expects (``googlekey`` for reCAPTCHA, ``gt`` for GeeTest, ...).  Method
+names follow CaptchaAI's official SDK; :attr:`MethodSpec.api_method` is the ``method``
+value ``in.php`` receives (``grid`` is sent as ``base64``).
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from .errors import ValidationError
 
-#: The API rejects images larger than this (decoded bytes).
-MAX_IMAGE_BYTES = 100 * 1024
+#: CaptchaAI refuses images larger than this (``ERROR_TOO_BIG_CAPTCHA_FILESIZE``) ...
+MAX_IMAGE_BYTES = 1024 * 1024
+#: ... and calls smaller ones empty (``ERROR_ZERO_CAPTCHA_FILESIZE``).
+MIN_IMAGE_BYTES = 1024
+#: The image formats CaptchaAI lists, by their first bytes (jpg and jpeg are one format).
+IMAGE_FORMATS: Mapping[bytes, str] = {
+    b"\xff\xd8\xff": "jpeg",
+    b"\x89PNG\r\n\x1a\n": "png",
+    b"GIF87a": "gif",
+    b"GIF89a": "gif",
+}
+#: A BLS captcha is a 3x3 grid of separate images.
+BLS_IMAGES = 9
 
 _TOKEN_EXTRAS = frozenset({"proxy", "proxytype", "userAgent", "cookies", "proxy_owner"})
 #: ``proxy=POOL_PROXY`` asks the worker for a proxy from the shared proxy pool.
@@ -24,8 +38,13 @@ POOL_PROXY = "pool"
 #: Parameters that steer the workers and are never sent to the API.
 INTERNAL_PARAMS = frozenset({"proxy_owner"})
 _PROXY_TYPES = frozenset({"HTTP", "HTTPS", "SOCKS4", "SOCKS5"})
+#: The caller may name the user agent as CaptchaAI's SDK does; the API field is ``userAgent``.
+_ALIASES = {"user_agent": "userAgent"}
 
 Scalar = str | int | float
+#: A request parameter: a scalar, or a list of base64 images (``bls``).
+Param = Scalar | list[str]
+AnswerShape = Literal["text", "object", "list"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +61,22 @@ class MethodSpec:
     pipe_safe: bool
     optional: frozenset[str] = field(default_factory=frozenset)
     required: frozenset[str] = field(default_factory=frozenset)
+    #: The ``method`` value ``in.php`` receives (default: the name).
+    api_method: str = ""
+    #: The answer's shape: a string, or JSON text the API sends for an object or a list.
+    answer: AnswerShape = "text"
+    #: The answer comes with a user agent that must be used together with it.
+    user_agent: bool = False
+    #: Allowed values of some parameters.
+    choices: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    #: Values sent when the caller gives none (as CaptchaAI's SDK sends them).
+    defaults: Mapping[str, Scalar] = field(default_factory=dict)
+    #: Parameters the API knows under another name.
+    api_names: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def wire_method(self) -> str:
+        return self.api_method or self.name
 
 
 METHODS: dict[str, MethodSpec] = {
@@ -75,6 +110,7 @@ METHODS: dict[str, MethodSpec] = {
             pipe_safe=False,
             optional=_TOKEN_EXTRAS | {"api_server"},
             required=frozenset({"challenge"}),
+            answer="object",
         ),
         MethodSpec(
             "base64",
@@ -97,11 +133,82 @@ METHODS: dict[str, MethodSpec] = {
             ),
             required=frozenset({"body"}),
         ),
+        MethodSpec(
+            "grid",
+            None,
+            False,
+            initial_wait=1.0,
+            token_life=600.0,
+            pipe_safe=False,
+            optional=frozenset({"img_type"}),
+            required=frozenset({"body", "instructions", "grid_size"}),
+            api_method="base64",
+            answer="list",
+            choices={"grid_size": frozenset({"3x3", "4x4"})},
+            defaults={"img_type": "recaptcha"},
+        ),
+        MethodSpec(
+            "bls",
+            None,
+            False,
+            initial_wait=1.0,
+            token_life=600.0,
+            pipe_safe=False,
+            required=frozenset({"images", "instructions"}),
+            answer="list",
+        ),
+        MethodSpec(
+            "cloudflare_challenge",
+            None,
+            True,
+            initial_wait=15.0,
+            # Cloudflare's default "challenge passage" keeps cf_clearance for 30 minutes.
+            token_life=1800.0,
+            pipe_safe=False,
+            optional=_TOKEN_EXTRAS,
+            required=frozenset({"proxy"}),
+            user_agent=True,
+        ),
+        MethodSpec(
+            "captchafox",
+            "sitekey",
+            True,
+            initial_wait=10.0,
+            token_life=120.0,
+            pipe_safe=False,
+            optional=_TOKEN_EXTRAS,
+            required=frozenset({"proxy"}),
+            user_agent=True,
+        ),
+        MethodSpec(
+            "friendly_captcha",
+            "sitekey",
+            True,
+            initial_wait=10.0,
+            token_life=300.0,
+            pipe_safe=True,
+            optional=_TOKEN_EXTRAS | {"version"},
+            choices={"version": frozenset({"v1", "v2"})},
+        ),
+        MethodSpec(
+            "lemin",
+            "captcha_id",
+            True,
+            initial_wait=10.0,
+            token_life=120.0,
+            pipe_safe=False,
+            optional=_TOKEN_EXTRAS | {"api_server"},
+            required=frozenset({"div_id"}),
+            answer="object",
+            api_names={"api_server": "apiServer"},
+        ),
     )
 }
 
 #: Parameters bound to one request: a token solved with them is useless to anyone else.
-PER_REQUEST_PARAMS = frozenset({"proxy", "proxytype", "userAgent", "cookies", "data-s", "body"})
+PER_REQUEST_PARAMS = frozenset(
+    {"proxy", "proxytype", "userAgent", "cookies", "data-s", "body", "images"}
+)
 
 
 def default_wait(method: str, params: Mapping[str, Any]) -> float:
@@ -118,7 +225,7 @@ class SolveRequest:
     method: str
     sitekey: str | None
     pageurl: str | None
-    params: Mapping[str, Scalar] = field(default_factory=dict)
+    params: Mapping[str, Param] = field(default_factory=dict)
 
     @property
     def spec(self) -> MethodSpec:
@@ -128,15 +235,49 @@ class SolveRequest:
     def initial_wait(self) -> float:
         return default_wait(self.method, self.params)
 
+    @property
+    def returns_user_agent(self) -> bool:
+        """Whether the answer comes with the user agent it must be used with (the
+        Cloudflare challenge, CaptchaFox, reCAPTCHA Enterprise)."""
+        if self.method == "userrecaptcha":
+            return _truthy(self.params.get("enterprise"))
+        return self.spec.user_agent
+
+    @property
+    def pipe_safe(self) -> bool:
+        """Whether the answer can be asked for in a bulk (``ids=``) poll: a plain token
+        without a user agent (a bulk reply has no room for one)."""
+        return self.spec.pipe_safe and not self.returns_user_agent
+
     def api_fields(self) -> dict[str, Scalar]:
         """The ``in.php`` fields of this request (without the key)."""
-        data: dict[str, Scalar] = {"method": self.method}
-        if self.spec.sitekey_field and self.sitekey is not None:
-            data[self.spec.sitekey_field] = self.sitekey
+        spec = self.spec
+        data: dict[str, Scalar] = {"method": spec.wire_method}
+        if spec.sitekey_field and self.sitekey is not None:
+            data[spec.sitekey_field] = self.sitekey
         if self.pageurl is not None:
             data["pageurl"] = self.pageurl
-        data.update((k, v) for k, v in self.params.items() if k not in INTERNAL_PARAMS)
+        for name, value in self.params.items():
+            if name in INTERNAL_PARAMS:
+                continue
+            if isinstance(value, list):
+                data.update(_image_fields(value))
+            else:
+                data[spec.api_names.get(name, name)] = value
         return data
+
+    def answer_value(self, value: Any) -> Any:
+        """The answer as the method shapes it: JSON text becomes the object or list it
+        holds.  Text that is not JSON of that shape is kept as the API sent it."""
+        shape = self.spec.answer
+        if shape == "text" or not isinstance(value, str):
+            return value
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            return value
+        expected = dict if shape == "object" else list
+        return parsed if isinstance(parsed, expected) else value
 
     @property
     def uses_proxy_pool(self) -> bool:
@@ -184,8 +325,24 @@ def build_request(
         raise ValidationError(f"method {method!r} takes no sitekey")
     if spec.needs_pageurl or pageurl is not None:
         pageurl = _check_pageurl(_required_text("pageurl", pageurl, method))
-    clean = _check_params(spec, params)
+    clean = _check_params(spec, _renamed(params))
     return SolveRequest(method, sitekey, pageurl, clean)
+
+
+def _truthy(value: object) -> bool:
+    return value not in (None, "", 0, "0", False, "false", "False")
+
+
+def _renamed(params: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(params)
+    for alias, name in _ALIASES.items():
+        if alias not in out:
+            continue
+        value = out.pop(alias)
+        if name in out and out[name] != value:
+            raise ValidationError(f"{alias} and {name} are one parameter; give it once")
+        out[name] = value
+    return out
 
 
 def _required_text(name: str, value: object, method: str) -> str:
@@ -203,33 +360,58 @@ def _check_pageurl(url: str) -> str:
     return url
 
 
-def _check_params(spec: MethodSpec, params: Mapping[str, Any]) -> dict[str, Scalar]:
+def _check_names(spec: MethodSpec, params: Mapping[str, Any]) -> None:
     unknown = set(params) - spec.optional - spec.required
     if unknown:
+        hint = ""
+        if spec.sitekey_field in unknown:
+            hint = f" (method {spec.name!r} takes its {spec.sitekey_field} as sitekey)"
         raise ValidationError(
-            f"unknown parameter(s) for method {spec.name!r}: {', '.join(sorted(unknown))}"
+            f"unknown parameter(s) for method {spec.name!r}: {', '.join(sorted(unknown))}{hint}"
         )
     missing = spec.required - {k for k, v in params.items() if v not in (None, "")}
     if missing:
         raise ValidationError(
             f"missing parameter(s) for method {spec.name!r}: {', '.join(sorted(missing))}"
         )
-    clean: dict[str, Scalar] = {}
+
+
+def _check_params(spec: MethodSpec, params: Mapping[str, Any]) -> dict[str, Param]:
+    _check_names(spec, params)
+    clean: dict[str, Param] = {}
     for name, value in params.items():
         if value is None:
             continue
-        clean[name] = _scalar(name, value)
-    if spec.name == "base64":
+        clean[name] = _check_images(value) if name == "images" else _scalar(name, value)
+    for name, value in spec.defaults.items():
+        clean.setdefault(name, value)
+    if "body" in clean:
         clean["body"] = _check_image(clean["body"])
+    _check_values(spec, clean)
+    _check_proxy(clean)
+    if "min_score" in clean:
+        _check_min_score(clean["min_score"])
+    return clean
+
+
+def _check_values(spec: MethodSpec, clean: Mapping[str, Param]) -> None:
+    for name, allowed in spec.choices.items():
+        if name in clean and str(clean[name]) not in allowed:
+            raise ValidationError(
+                f"{name} must be one of {', '.join(sorted(allowed))} for method "
+                f"{spec.name!r}, got {clean[name]!r}"
+            )
+    if "instructions" in clean and not str(clean["instructions"]).strip():
+        raise ValidationError(f"instructions must not be blank for method {spec.name!r}")
+
+
+def _check_proxy(clean: dict[str, Param]) -> None:
     if "proxytype" in clean and str(clean["proxytype"]).upper() not in _PROXY_TYPES:
         raise ValidationError(f"proxytype must be one of {', '.join(sorted(_PROXY_TYPES))}")
     if "proxy_owner" in clean and clean.get("proxy") != POOL_PROXY:
         raise ValidationError('proxy_owner goes with proxy="pool"')
     if "proxy" in clean and "proxytype" not in clean and clean["proxy"] != POOL_PROXY:
         clean["proxytype"] = "HTTP"
-    if "min_score" in clean:
-        _check_min_score(clean["min_score"])
-    return clean
 
 
 def _scalar(name: str, value: object) -> Scalar:
@@ -242,24 +424,60 @@ def _scalar(name: str, value: object) -> Scalar:
     raise ValidationError(f"parameter {name!r} must be a string or number")
 
 
-def _check_image(body: Scalar) -> str:
+def _check_images(value: object) -> list[str]:
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        raise ValidationError(f"images must be a list of {BLS_IMAGES} images (base64 or bytes)")
+    if len(value) != BLS_IMAGES:
+        raise ValidationError(f"images must hold {BLS_IMAGES} images, got {len(value)}")
+    images: list[str] = []
+    for number, image in enumerate(value, start=1):
+        if isinstance(image, bytes):
+            image = base64.b64encode(image).decode("ascii")
+        if not isinstance(image, str):
+            raise ValidationError(f"image {number} must be base64 text or bytes")
+        images.append(_check_image(image, f"image {number}"))
+    return images
+
+
+def _check_image(body: Param, what: str = "body") -> str:
+    """Base64 image text (a ``data:`` URI's header dropped) whose bytes CaptchaAI accepts."""
     text = str(body)
+    if text.startswith("data:") and "," in text:
+        text = text.split(",", 1)[1]
     try:
         raw = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
-        raise ValidationError("body must be base64-encoded image bytes") from None
-    if not raw:
-        raise ValidationError("body is empty")
+        raise ValidationError(f"{what} must be base64-encoded image bytes") from None
+    if len(raw) < MIN_IMAGE_BYTES:
+        raise ValidationError(
+            f"{what} is {len(raw)} bytes; the API needs at least {MIN_IMAGE_BYTES} bytes"
+        )
     if len(raw) > MAX_IMAGE_BYTES:
         raise ValidationError(
-            f"image is {len(raw)} bytes; the API accepts at most {MAX_IMAGE_BYTES} bytes"
+            f"{what} is {len(raw)} bytes; the API accepts at most {MAX_IMAGE_BYTES} bytes"
         )
+    if image_format(raw) is None:
+        raise ValidationError(f"{what} is not a jpg, jpeg, png or gif image")
     return text
 
 
-def _check_min_score(value: Scalar) -> None:
+def image_format(raw: bytes) -> str | None:
+    """``jpeg``, ``png`` or ``gif`` by the image's first bytes; None for anything else."""
+    return next((name for magic, name in IMAGE_FORMATS.items() if raw.startswith(magic)), None)
+
+
+def _image_fields(images: list[str]) -> dict[str, Scalar]:
+    # CaptchaAI's BLS method takes each cell as a data URI, numbered from 1.
+    fields: dict[str, Scalar] = {}
+    for number, text in enumerate(images, start=1):
+        kind = image_format(base64.b64decode(text[:16])) or "png"
+        fields[f"image_base64_{number}"] = f"data:image/{kind};base64,{text}"
+    return fields
+
+
+def _check_min_score(value: Param) -> None:
     try:
-        score = float(value)
+        score = float(str(value))
     except ValueError:
         raise ValidationError("min_score must be a number between 0.1 and 0.9") from None
     if not 0.1 <= score <= 0.9:

@@ -10,7 +10,9 @@ Failed::
     {"status": "failed", "error": "ERROR_CAPTCHA_UNSOLVABLE", "message": "...",
      "captcha_id": "7000001", "method": "turnstile", "elapsed_s": 40.2}
 
-``token`` is a string, or an object for GeeTest.  Times are ISO 8601 in UTC.
+``token`` is a string, an object (GeeTest, Lemin) or a list of cells (grid, BLS).  Times are
+ISO 8601 in UTC.  ``user_agent`` is there when the provider returned one (the Cloudflare
+challenge, CaptchaFox, reCAPTCHA Enterprise): the token only works sent with that agent.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any, Literal
 
 from .errors import CaptchaTasksError
 
-Token = str | dict[str, Any]
+Token = str | dict[str, Any] | list[Any]
 
 
 def iso(ts: float) -> str:
@@ -43,9 +45,13 @@ class Solved:
     solved_at: str
     expires_at: str
     status: Literal["solved"] = "solved"
+    #: The user agent the provider solved with; the token must be used with it.
+    user_agent: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        if data["user_agent"] is None:
+            del data["user_agent"]
         # status first, the token last: a truncated repr shows the facts, not the secret
         return {
             "status": data.pop("status"),
@@ -96,4 +102,5 @@ def outcome_from_dict(data: dict[str, Any]) -> Outcome:
         float(data["elapsed_s"]),
         data["solved_at"],
         data["expires_at"],
+        user_agent=data.get("user_agent"),
     )

@@ -16,19 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigurationError, ValidationError
-from .methods import METHODS, PER_REQUEST_PARAMS, Scalar, SolveRequest, build_request
+from .methods import METHODS, PER_REQUEST_PARAMS, Param, Scalar, SolveRequest, build_request
 
 __all__ = ["ENV_VAR", "POOLABLE_METHODS", "PoolSpec", "parse_pools"]
 
 ENV_VAR = "CAPTCHAAI_POOLS"
 #: Methods whose answer is a token reusable by anyone on the page.  GeeTest answers are
-#: bound to one page load's ``challenge`` and image captchas to one image.
-POOLABLE_METHODS = frozenset({"userrecaptcha", "turnstile"})
+#: bound to one page load's ``challenge``, image captchas to one image, and the Cloudflare
+#: challenge and CaptchaFox to one proxy.
+POOLABLE_METHODS = frozenset({"userrecaptcha", "turnstile", "friendly_captcha"})
 
 #: Request parameters that must be equal for a pooled token to fit a request.
 _MATCH_PARAMS = ("action", "version", "min_score", "enterprise", "invisible", "data", "pagedata")
 #: What an absent match parameter means to the API.
-_PARAM_DEFAULTS = {("userrecaptcha", "version"): "v2"}
+_PARAM_DEFAULTS = {("userrecaptcha", "version"): "v2", ("friendly_captcha", "version"): "v1"}
 _FIELDS = ("name", "method", "sitekey", "pageurl", "size", "ttl", "min_remaining")
 # Names go into key names and logs: keep them short and free of ':' and glob characters.
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
@@ -235,7 +236,7 @@ def _json_type(value: object) -> str:
     return _JSON_TYPES.get(type(value), "number" if isinstance(value, int | float) else "value")
 
 
-def _match_value(method: str, param: str, value: Scalar | None) -> str | None:
+def _match_value(method: str, param: str, value: Param | None) -> str | None:
     if value is None:
         return _PARAM_DEFAULTS.get((method, param))
     return str(value)

@@ -41,6 +41,8 @@ def mask_params(params: Mapping[str, Any]) -> dict[str, Any]:
             shown[name] = "***"
         elif name == "body" and isinstance(value, str | bytes):
             shown[name] = f"<image, {len(value)} base64 chars>"
+        elif name == "images" and isinstance(value, list | tuple):
+            shown[name] = f"<{len(value)} images>"
         else:
             shown[name] = value
     return shown

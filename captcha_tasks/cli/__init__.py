@@ -194,7 +194,7 @@ def _wait_forever() -> None:
 
 
 @cli.command("solve")
-@click.option("--method", required=True, help="userrecaptcha, turnstile, geetest or base64.")
+@click.option("--method", required=True, help="A method of the README's table, e.g. turnstile.")
 @click.option("--sitekey", default=None)
 @click.option("--pageurl", default=None)
 @click.option("--param", "params", multiple=True, metavar="K=V", help="Extra API parameter.")
@@ -216,8 +216,12 @@ def solve_command(
     )
     token = result["token"]
     click.echo(
-        json.dumps(result) if as_json else (json.dumps(token) if isinstance(token, dict) else token)
+        json.dumps(result)
+        if as_json
+        else (json.dumps(token) if isinstance(token, dict | list) else token)
     )
+    if not as_json and result.get("user_agent"):
+        click.echo(f"user_agent: {result['user_agent']}", err=True)
 
 
 def _split_param(text: str) -> tuple[str, str]:

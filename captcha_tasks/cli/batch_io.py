@@ -18,7 +18,7 @@ from typing import IO, Any
 from ..errors import ValidationError
 from ..methods import build_request
 
-OUTPUT_FIELDS = ("index", "status", "token", "error", "elapsed_s", "source")
+OUTPUT_FIELDS = ("index", "status", "token", "error", "elapsed_s", "source", "user_agent")
 
 
 @dataclass(frozen=True)
@@ -146,6 +146,8 @@ def output_row(outcome: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"index": outcome["index"], "status": outcome["status"]}
     if outcome["status"] == "solved":
         row["token"] = outcome["token"]
+        if outcome.get("user_agent"):
+            row["user_agent"] = outcome["user_agent"]
     else:
         row["error"] = outcome["error"]
         row["message"] = outcome.get("message")
@@ -155,4 +157,4 @@ def output_row(outcome: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cell(value: Any) -> Any:
-    return json.dumps(value) if isinstance(value, dict) else value
+    return json.dumps(value) if isinstance(value, dict | list) else value

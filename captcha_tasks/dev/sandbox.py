@@ -3,6 +3,9 @@
 It is a real HTTP server, not a mock: tests, demos and benchmarks point a client at its
 ``url`` and get the provider's behaviour that matters to a client:
 
+* CaptchaAI's wire format: every method its official SDK sends, answers in ``request`` or
+  (reCAPTCHA Enterprise, the Cloudflare challenge) ``result`` with a ``user_agent``, grid and
+  BLS answers as JSON arrays, ``threadsinfo`` counts as top-level fields;
 * a fixed number of provider threads; a captcha holds one from submit until its answer is
   ready, and a submit while all are busy is refused with ``thread_error``;
 * answers that take ``solve_time ± jitter`` seconds, on an injectable clock;
@@ -60,18 +63,48 @@ __all__ = [
     "wsgi_app",
 ]
 
-METHODS = ("userrecaptcha", "turnstile", "geetest", "base64")
+#: The ``method`` values ``in.php`` takes (a grid captcha is sent as ``base64``).
+METHODS = (
+    "userrecaptcha",
+    "turnstile",
+    "geetest",
+    "base64",
+    "bls",
+    "cloudflare_challenge",
+    "captchafox",
+    "friendly_captcha",
+    "lemin",
+)
 DEFAULT_TOKEN_TTL: Mapping[str, float] = {
     "userrecaptcha": 120.0,
     "turnstile": 300.0,
     "geetest": 120.0,
     "base64": 600.0,
+    "bls": 600.0,
+    "cloudflare_challenge": 1800.0,
+    "captchafox": 120.0,
+    "friendly_captcha": 300.0,
+    "lemin": 120.0,
 }
 DEFAULT_PORT = 8765
 FIRST_CAPTCHA_ID = 70_000_000
 MAX_BULK_IDS = 100
 
-_TOKEN_PREFIX = {"userrecaptcha": "03A", "turnstile": "0."}
+_TOKEN_PREFIX = {
+    "userrecaptcha": "03A",
+    "turnstile": "0.",
+    "cloudflare_challenge": "cf.",
+    "captchafox": "fox.",
+    "friendly_captcha": "fc.",
+    "lemin": "lm.",
+}
+#: The agent the "solver" used, when the request named none.
+SOLVER_USER_AGENT = (
+    "Mozilla/5.0 (Windows NT 10.0; Win64; x64) AppleWebKit/537.36 (KHTML, like Gecko) "
+    "Chrome/124.0.0.0 Safari/537.36"
+)
+_GRID_SIZES = {"3x3": 9, "4x4": 16}
+_BLS_IMAGES = 9
 _TOKEN_RANDOM_BYTES = 165  # a multiple of 3, so the url-safe base64 text has no padding
 _PIPE_ANSWER_RATE = 0.2
 _IMAGE_LEN = (4, 8)
@@ -146,7 +179,7 @@ class SandboxConfig:
     thread_error: str = "ERROR_NO_SLOT_AVAILABLE"
     token_ttl: dict[str, float] = field(default_factory=_default_token_ttl)
     balance: float = 10.0
-    max_image_bytes: int = 100 * 1024
+    max_image_bytes: int = 1024 * 1024
     seed: int | None = None
     #: How captchas submitted with ``pingback`` are called back: "GET" (CaptchaAI) or
     #: "POST" (2captcha: form fields, registered addresses only).
@@ -307,6 +340,12 @@ class _Submission:
     charset: str = string.ascii_lowercase + string.digits
     min_len: int = _IMAGE_LEN[0]
     max_len: int = _IMAGE_LEN[1]
+    #: Grid and BLS: the answer is a JSON array of cells from 1 to ``cells``.
+    cells: int = 0
+    #: CaptchaAI answers with this user agent (in the reply's ``user_agent``).
+    user_agent: str | None = None
+    #: CaptchaAI puts the answer in ``result`` instead of ``request``.
+    in_result: bool = False
 
 
 def _pageurl(params: Mapping[str, str]) -> str | None:
@@ -316,6 +355,16 @@ def _pageurl(params: Mapping[str, str]) -> str | None:
 
 def _bad_proxy(params: Mapping[str, str]) -> bool:
     return "bad-proxy" in params.get("proxy", "")
+
+
+def _agent(params: Mapping[str, str]) -> str:
+    """The caller's agent (CaptchaAI's ``userAgent``, or ``user_agent``), else the solver's."""
+    given = params.get("userAgent", "").strip() or params.get("user_agent", "").strip()
+    return given or SOLVER_USER_AGENT
+
+
+def _truthy(params: Mapping[str, str], name: str) -> bool:
+    return params.get(name, "").strip().lower() in ("1", "true")
 
 
 def _is_number(text: str) -> bool:
@@ -334,8 +383,14 @@ def _validate_recaptcha(params: Mapping[str, str], config: SandboxConfig) -> _Su
         return "ERROR_PAGEURL"
     if "min_score" in params and not _is_number(params["min_score"]):
         return "ERROR_BAD_PARAMETERS"
+    enterprise = _truthy(params, "enterprise")
     return _Submission(
-        "userrecaptcha", sitekey=googlekey, pageurl=pageurl, bad_proxy=_bad_proxy(params)
+        "userrecaptcha",
+        sitekey=googlekey,
+        pageurl=pageurl,
+        bad_proxy=_bad_proxy(params),
+        user_agent=_agent(params) if enterprise else None,
+        in_result=enterprise,
     )
 
 
@@ -390,12 +445,21 @@ def _image_lengths(params: Mapping[str, str]) -> tuple[int, int] | None:
     return low, high
 
 
-def _validate_image(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
-    size = _decoded_size(params.get("body", ""))
+def _image_error(body: str, config: SandboxConfig) -> str | None:
+    size = _decoded_size(body)
     if size == 0:
         return "ERROR_ZERO_CAPTCHA_FILESIZE"
     if size > config.max_image_bytes:
         return "ERROR_TOO_BIG_CAPTCHA_FILESIZE"
+    return None
+
+
+def _validate_image(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    problem = _image_error(params.get("body", ""), config)
+    if problem is not None:
+        return problem
+    if "grid_size" in params:
+        return _validate_grid(params)
     lengths = _image_lengths(params)
     if lengths is None:
         return "ERROR_BAD_PARAMETERS"
@@ -409,11 +473,89 @@ def _validate_image(params: Mapping[str, str], config: SandboxConfig) -> _Submis
     )
 
 
+def _validate_grid(params: Mapping[str, str]) -> _Submission | str:
+    """A grid captcha: ``method=base64`` with ``grid_size`` and ``instructions``."""
+    cells = _GRID_SIZES.get(params.get("grid_size", "").strip())
+    if cells is None or not params.get("instructions", "").strip():
+        return "ERROR_BAD_PARAMETERS"
+    return _Submission("base64", cells=cells)
+
+
+def _validate_bls(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    for number in range(1, _BLS_IMAGES + 1):
+        problem = _image_error(params.get(f"image_base64_{number}", ""), config)
+        if problem is not None:
+            return problem
+    if not params.get("instructions", "").strip():
+        return "ERROR_BAD_PARAMETERS"
+    return _Submission("bls", cells=_BLS_IMAGES)
+
+
+def _validate_cloudflare(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    pageurl = _pageurl(params)
+    if pageurl is None:
+        return "ERROR_PAGEURL"
+    if not params.get("proxy", "").strip() or not params.get("proxytype", "").strip():
+        return "ERROR_BAD_PARAMETERS"
+    return _Submission(
+        "cloudflare_challenge",
+        pageurl=pageurl,
+        bad_proxy=_bad_proxy(params),
+        user_agent=_agent(params),
+        in_result=True,
+    )
+
+
+def _validate_sitekey_method(
+    method: str, params: Mapping[str, str], *, proxy: bool = False
+) -> _Submission | str:
+    sitekey = params.get("sitekey", "").strip()
+    if not sitekey:
+        return "ERROR_BAD_PARAMETERS"
+    pageurl = _pageurl(params)
+    if pageurl is None:
+        return "ERROR_PAGEURL"
+    if proxy and not params.get("proxy", "").strip():
+        return "ERROR_BAD_PARAMETERS"
+    return _Submission(
+        method,
+        sitekey=sitekey,
+        pageurl=pageurl,
+        bad_proxy=_bad_proxy(params),
+        user_agent=_agent(params) if proxy else None,
+    )
+
+
+def _validate_captchafox(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    return _validate_sitekey_method("captchafox", params, proxy=True)
+
+
+def _validate_friendly(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    if params.get("version", "v1").strip() not in ("v1", "v2"):
+        return "ERROR_BAD_PARAMETERS"
+    return _validate_sitekey_method("friendly_captcha", params)
+
+
+def _validate_lemin(params: Mapping[str, str], config: SandboxConfig) -> _Submission | str:
+    captcha_id = params.get("captcha_id", "").strip()
+    if not captcha_id or not params.get("div_id", "").strip():
+        return "ERROR_BAD_PARAMETERS"
+    pageurl = _pageurl(params)
+    if pageurl is None:
+        return "ERROR_PAGEURL"
+    return _Submission("lemin", sitekey=captcha_id, pageurl=pageurl, bad_proxy=_bad_proxy(params))
+
+
 _VALIDATORS: dict[str, Callable[[Mapping[str, str], SandboxConfig], _Submission | str]] = {
     "userrecaptcha": _validate_recaptcha,
     "turnstile": _validate_turnstile,
     "geetest": _validate_geetest,
     "base64": _validate_image,
+    "bls": _validate_bls,
+    "cloudflare_challenge": _validate_cloudflare,
+    "captchafox": _validate_captchafox,
+    "friendly_captcha": _validate_friendly,
+    "lemin": _validate_lemin,
 }
 
 
@@ -433,6 +575,11 @@ def _image_answer(rng: random.Random, spec: _Submission) -> str:
     return "".join(chars)
 
 
+def _cells_answer(rng: random.Random, cells: int) -> str:
+    """A grid or BLS answer: the cells to click, a JSON array as CaptchaAI sends it."""
+    return json.dumps(sorted(rng.sample(range(1, cells + 1), rng.randint(1, 4))))
+
+
 def _geetest_text(answer: Mapping[str, str]) -> str:
     return (
         f"challenge:{answer['geetest_challenge']},validate:{answer['geetest_validate']},"
@@ -450,6 +597,8 @@ class _Captcha:
     error: str | None
     token: str | None
     read_epoch: int = -1
+    user_agent: str | None = None
+    in_result: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -497,8 +646,9 @@ class _State:
             return dataclasses.replace(self._config)
 
     def body_limit(self) -> int:
-        # A base64 image is 4/3 of its size, and form encoding can inflate it further.
-        return max(_MIN_BODY_LIMIT, 3 * self._config.max_image_bytes)
+        # A base64 image is 4/3 of its size, and form encoding can inflate it further; a
+        # BLS captcha sends nine.
+        return max(_MIN_BODY_LIMIT, 2 * _BLS_IMAGES * self._config.max_image_bytes)
 
     def update_config(self, changes: Mapping[str, Any]) -> SandboxConfig:
         known = {f.name for f in dataclasses.fields(SandboxConfig)}
@@ -658,6 +808,8 @@ class _State:
             answer=None,
             error=error,
             token=None,
+            user_agent=spec.user_agent,
+            in_result=spec.in_result,
         )
         if error is None:
             self._solve(captcha, spec, ready_at + ttl)
@@ -671,6 +823,9 @@ class _State:
     def _solve(self, captcha: _Captcha, spec: _Submission, expires_at: float) -> None:
         """Decide the answer now; it is only revealed once the captcha is ready."""
         rng = self._rng
+        if spec.cells:
+            captcha.answer = _cells_answer(rng, spec.cells)
+            return
         if spec.method == "base64":
             captcha.answer = _image_answer(rng, spec)
             return
@@ -683,6 +838,11 @@ class _State:
                     "geetest_seccode": rng.randbytes(16).hex(),
                 }
                 token = validate
+            elif spec.method == "lemin":
+                # CaptchaAI sends Lemin's answer as JSON text in ``request``.
+                token = _random_token(rng, _TOKEN_PREFIX["lemin"])
+                challenge_uuid = rng.randbytes(16).hex()
+                answer = json.dumps({"answer": token, "challenge_uuid": challenge_uuid})
             else:
                 token = _random_token(rng, _TOKEN_PREFIX[spec.method])
                 answer = token
@@ -736,7 +896,9 @@ class _State:
         self._mark_read(captcha)
         answer = captcha.answer
         text = _geetest_text(answer) if isinstance(answer, dict) else answer
-        return _api(True, answer, json_mode, f"OK|{text}")
+        if not json_mode:
+            return _text_reply(f"OK|{text}")
+        return _json_reply(_solved_fields(captcha, answer))
 
     def _get_many(self, ids: Sequence[str], json_mode: bool, now: float) -> _Reply:
         if len(ids) > MAX_BULK_IDS:
@@ -774,10 +936,11 @@ class _State:
         if action in ("add_pingback", "del_pingback", "get_pingback"):
             return self._pingback_action(action, params.get("addr", "").strip(), json_mode)
         if action == "threadsinfo":
-            working = min(self._release(now), self._config.threads)  # the queued wait
-            info = {"threads": self._config.threads, "working_threads": working}
-            text = f"threads={info['threads']}|working_threads={info['working_threads']}"
-            return _api(True, info, json_mode, text)
+            threads = self._config.threads
+            working = min(self._release(now), threads)  # the queued wait for a thread
+            if json_mode:  # CaptchaAI: the counts are top-level fields
+                return _json_reply({"status": 1, "threads": threads, "working_threads": working})
+            return _text_reply(f"threads={threads}|working_threads={working}")
         return _fail("ERROR_BAD_PARAMETERS", json_mode)
 
     def _pingback_action(self, action: str, addr: str, json_mode: bool) -> _Reply:
@@ -821,6 +984,15 @@ class _State:
     def _verify_failed(self, code: str) -> _Reply:
         self._counts["verifies_failed"] += 1
         return _json_reply({"success": False, "error-codes": [code]})
+
+
+def _solved_fields(captcha: _Captcha, answer: str | dict[str, str]) -> dict[str, Any]:
+    """A solved captcha's JSON reply, as CaptchaAI sends it for its method."""
+    data: dict[str, Any] = {"status": 1}
+    data["result" if captcha.in_result else "request"] = answer
+    if captcha.user_agent is not None:
+        data["user_agent"] = captcha.user_agent
+    return data
 
 
 def _decimal(value: float) -> str:

@@ -119,6 +119,7 @@ class Runner:
             elapsed_s=round(now - started, 3),
             solved_at=record["solved_at"],
             expires_at=iso(now + float(record["remaining_s"])),
+            user_agent=record.get("user_agent"),
         )
         self.completer.complete(job, Deliver(outcome.to_dict()), source="pool")
         return True
@@ -307,7 +308,7 @@ class Runner:
     def _pingback(self, job: Job) -> str | None:
         """The callback URL of this attempt, when callbacks are on."""
         base = self.settings.pingback_url
-        if base is None:
+        if base is None or not steps.uses_pingback(job):
             return None
         secret = self.settings.pingback_secret
         return pingback.callback_url(base, secret, job["solve_id"], int(job.get("attempt", 0)))
@@ -364,7 +365,7 @@ def _hold_account(exc: errors.CaptchaTasksError) -> None:
             log.debug("could not record the 429 pause")
 
 
-def _as_reply(value: str | _Pending | Exception) -> Reply:
+def _as_reply(value: Answer | _Pending | Exception) -> Reply:
     if isinstance(value, errors.CaptchaTasksError):
         return value
     if isinstance(value, Exception):

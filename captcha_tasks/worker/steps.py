@@ -225,9 +225,18 @@ def label(job: Job) -> str:
 
 
 def uses_bulk(job: Job, bulk: bool) -> bool:
-    """Whether the job's captcha is asked for in bulk polls (its answer is pipe-safe)."""
-    spec = METHODS.get(job["request"]["method"])
-    return bulk and spec is not None and spec.pipe_safe
+    """Whether the job's captcha is asked for in bulk polls: its answer is a plain token
+    (pipe-safe) that comes without a user agent."""
+    if not bulk or job["request"]["method"] not in METHODS:
+        return False
+    return request_of(job).pipe_safe
+
+
+def uses_pingback(job: Job) -> bool:
+    """Whether the provider is asked to call back when the job's captcha is done.  A
+    callback's ``code`` has no room for a user agent: captchas whose answer comes with one
+    are polled."""
+    return not request_of(job).returns_user_agent
 
 
 # -- submit ------------------------------------------------------------------------------
@@ -289,7 +298,7 @@ def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool) -> float:
     method's expected solve time (its 95th percentile once known, else its cold wait).
     In bulk, asking early costs little: at the method's earliest likely finish once its
     times are known, and early while they are not."""
-    if policy.pingback_fallback is not None:
+    if policy.pingback_fallback is not None and uses_pingback(job):
         expected = timing.earliest + timing.spread if timing.warm else timing.first_wait
         return expected + policy.pingback_fallback
     if not uses_bulk(job, bulk):
@@ -381,13 +390,14 @@ def _solved(
         )
         return _failed_captcha(job, expired, now, policy)
     outcome = Solved(
-        token=answer,
+        token=request.answer_value(answer.value),
         captcha_id=str(job["captcha_id"]),
         method=request.method,
         source="api",
         elapsed_s=round(now - job["started"], 3),
         solved_at=iso(now),
         expires_at=iso(expires),
+        user_agent=answer.user_agent,
     )
     # The answer came between the last "not ready" and now: its midpoint is the solve
     # time's best estimate (seen-at times alone would teach the polls to come late).

@@ -3,6 +3,7 @@ worker processes and the sandbox."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from image_files import png_b64
 
 from captcha_tasks import store
 from captcha_tasks.dev.devstack import wait_until
@@ -149,6 +151,59 @@ def test_cli_batch_csv_in_and_out(sandbox: Any, two_workers: list[Any], tmp_path
     header, *body = out.read_text().splitlines()
     assert header.split(",")[:3] == ["index", "status", "token"]
     assert sorted(int(line.split(",")[0]) for line in body) == [0, 1, 2]
+
+
+CAPTCHAAI_ROWS: list[dict[str, Any]] = [
+    {"method": "cloudflare_challenge", "pageurl": PAGE, "proxy": "u:p@10.0.0.1:3128"},
+    {"method": "grid", "body": png_b64(), "instructions": "bus", "grid_size": "3x3"},
+    {"method": "friendly_captcha", "sitekey": "FCMG", "pageurl": PAGE},
+    {"method": "lemin", "sitekey": "CROPPED_x", "pageurl": PAGE, "div_id": "lemin-box"},
+]
+
+
+def _check_captchaai_results(rows: list[dict[str, Any]], sandbox: Any) -> None:
+    by_index = {int(r["index"]): r for r in rows}
+    assert sorted(by_index) == list(range(len(CAPTCHAAI_ROWS)))
+    assert all(r["status"] == "solved" for r in rows), rows
+    assert by_index[0]["user_agent"].startswith("Mozilla/5.0")
+    assert sandbox.verify(by_index[0]["token"])["success"] is True
+    assert isinstance(by_index[1]["token"], list) and by_index[1]["token"]
+    assert not by_index[2].get("user_agent")
+    assert set(by_index[3]["token"]) == {"answer", "challenge_uuid"}
+
+
+def test_cli_batch_captchaai_methods_jsonl(
+    sandbox: Any, two_workers: list[Any], tmp_path: Path
+) -> None:
+    bls = {"method": "bls", "images": [png_b64() for _ in range(9)], "instructions": "cars"}
+    source = write_jsonl(tmp_path / "in.jsonl", [*CAPTCHAAI_ROWS, bls])
+    out = tmp_path / "out.jsonl"
+    proc = run_cli("batch", str(source), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = read_jsonl(out)
+    _check_captchaai_results([r for r in rows if r["index"] < len(CAPTCHAAI_ROWS)], sandbox)
+    (bls_row,) = [r for r in rows if r["index"] == len(CAPTCHAAI_ROWS)]
+    assert isinstance(bls_row["token"], list) and bls_row["token"]
+
+
+def test_cli_batch_captchaai_methods_csv(
+    sandbox: Any, two_workers: list[Any], tmp_path: Path
+) -> None:
+    source = tmp_path / "in.csv"
+    names = sorted({name for row in CAPTCHAAI_ROWS for name in row})
+    with open(source, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, names)
+        writer.writeheader()
+        writer.writerows(CAPTCHAAI_ROWS)
+    out = tmp_path / "out.csv"
+    proc = run_cli("batch", str(source), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    with open(out, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for row in rows:  # structured tokens are JSON in their cell
+        if row["token"].startswith(("[", "{")):
+            row["token"] = json.loads(row["token"])
+    _check_captchaai_results(rows, sandbox)
 
 
 @pytest.mark.parametrize(

@@ -5,13 +5,13 @@ theirs in ``tests/kafka/test_node_client.py``, against a real broker."""
 
 from __future__ import annotations
 
-import base64
 import json
 import uuid
 from typing import Any
 
 import pytest
 from contract import SCHEMAS, load, problems, registry, validate
+from image_files import png_b64
 from jsonschema import Draft202012Validator
 
 from captcha_tasks import errors, solve, store
@@ -20,7 +20,7 @@ from captcha_tasks.methods import METHODS, build_request
 from captcha_tasks.stream import stream
 
 PAGE = "https://example.com/schemas"
-IMAGE = base64.b64encode(b"\x89PNG schema test").decode()
+IMAGE = png_b64(2048)
 
 NAMES = sorted(p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json"))
 
@@ -67,6 +67,12 @@ REQUESTS: list[dict[str, Any]] = [
     {"method": "userrecaptcha", "sitekey": "6Le", "pageurl": PAGE, "invisible": True},
     {"method": "geetest", "sitekey": "gt", "pageurl": PAGE, "challenge": "c"},
     {"method": "base64", "body": IMAGE, "numeric": 1},
+    {"method": "grid", "body": IMAGE, "instructions": "buses", "grid_size": "3x3"},
+    {"method": "bls", "images": [IMAGE] * 9, "instructions": "cats"},
+    {"method": "cloudflare_challenge", "pageurl": PAGE, "proxy": "u:p@h:1"},
+    {"method": "captchafox", "sitekey": "sk", "pageurl": PAGE, "proxy": "u:p@h:1"},
+    {"method": "friendly_captcha", "sitekey": "FC", "pageurl": PAGE, "version": "v2"},
+    {"method": "lemin", "sitekey": "CROPPED_1", "pageurl": PAGE, "div_id": "lemin"},
     {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, "proxy": "u:p@h:1",
      "proxytype": "SOCKS5"},
     {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, "proxy": "pool",
@@ -80,6 +86,10 @@ REQUESTS: list[dict[str, Any]] = [
     {"sitekey": "k", "pageurl": PAGE},
     {"method": "geetest", "sitekey": "gt", "pageurl": PAGE},
     {"method": "base64"},
+    {"method": "grid", "body": IMAGE, "instructions": "buses", "grid_size": "5x5"},
+    {"method": "bls", "images": [IMAGE] * 8, "instructions": "cats"},
+    {"method": "cloudflare_challenge", "pageurl": PAGE},
+    {"method": "lemin", "sitekey": "CROPPED_1", "pageurl": PAGE},
     {"method": "base64", "body": IMAGE, "sitekey": "k"},
     {"method": "userrecaptcha", "sitekey": "6Le", "pageurl": PAGE, "min_score": 2},
     {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, "proxytype": "FTP"},

@@ -124,3 +124,14 @@ def test_wrong_key_says_what_to_check(code: str) -> None:
     exc = errors.from_api_code(code)
     assert str(exc).startswith(f"{code}: ")
     assert "check CAPTCHAAI_API_KEY" in str(exc)
+
+
+def test_captchaai_reply_fields_are_kept() -> None:
+    # reCAPTCHA Enterprise and the Cloudflare challenge: the answer in ``result``
+    reply = parse_reply(200, '{"status":1,"result":"cf-clearance","user_agent":"Mozilla/5.0 X"}')
+    assert reply.ok and reply.request is None
+    assert reply.fields == {"result": "cf-clearance", "user_agent": "Mozilla/5.0 X"}
+    # threadsinfo: the counts as top-level fields
+    info = parse_reply(200, '{"status":1,"threads":10,"working_threads":3}')
+    assert info.fields == {"threads": 10, "working_threads": 3}
+    assert parse_reply(200, '{"status":1,"request":"7"}').fields == {}

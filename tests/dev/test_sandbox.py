@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
@@ -209,7 +210,8 @@ def test_thread_limit_uses_configured_error_and_tracks_peak(make_api: Callable[.
     assert stats["in_flight"] == threads
     assert stats["peak_in_flight"] == threads
     info = api.res_php(json=True, action="threadsinfo")
-    assert info == {"status": 1, "request": {"threads": threads, "working_threads": threads}}
+    # CaptchaAI: the counts are top-level fields
+    assert info == {"status": 1, "threads": threads, "working_threads": threads}
 
     # A thread is held until the captcha's ready time, then freed.
     api.clock.advance(api.config.solve_time)
@@ -292,6 +294,92 @@ def test_image_size_checks(make_api: Callable[..., Api]) -> None:
     for body in ("", "not base64 !!!"):
         assert api.in_php({**IMAGE, "body": body}) == "ERROR_ZERO_CAPTCHA_FILESIZE"
     assert api.in_php({"method": "base64"}) == "ERROR_ZERO_CAPTCHA_FILESIZE"
+
+
+PROXY = {"proxy": "user:pw@10.0.0.1:3128", "proxytype": "HTTP"}
+CELL = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(2000)).decode()
+NEW_METHODS: list[tuple[dict[str, Any], str, bool]] = [
+    # fields, the field holding the answer, whether a user agent comes with it
+    ({**RECAPTCHA, "enterprise": 1}, "result", True),
+    ({**RECAPTCHA, "version": "v3", "action": "login", "enterprise": "1"}, "result", True),
+    ({"method": "cloudflare_challenge", "pageurl": PAGE, **PROXY}, "result", True),
+    ({"method": "captchafox", "sitekey": "sk-fox", "pageurl": PAGE, **PROXY}, "request", True),
+    ({"method": "friendly_captcha", "sitekey": "FCM1", "pageurl": PAGE}, "request", False),
+    (
+        {"method": "friendly_captcha", "sitekey": "FCM2", "pageurl": PAGE, "version": "v2"},
+        "request",
+        False,
+    ),
+]
+
+
+@pytest.mark.parametrize(("fields", "where", "agent"), NEW_METHODS)
+def test_captchaai_token_methods(api: Api, fields: dict[str, Any], where: str, agent: bool) -> None:
+    captcha_id = api.submit(fields)
+    api.solve_all()
+    reply = api.get(captcha_id)
+    assert reply["status"] == 1
+    other = {"result", "request"} - {where}
+    assert other.isdisjoint(reply), reply
+    token = reply[where]
+    assert api.verify(token)["success"] is True
+    assert ("user_agent" in reply) is agent
+    if agent:
+        assert reply["user_agent"].startswith("Mozilla/5.0")
+        mine = api.submit(fields, userAgent="Mozilla/5.0 mine")
+        api.solve_all()
+        assert api.get(mine)["user_agent"] == "Mozilla/5.0 mine"
+    assert api.res_php(action="get", id=captcha_id) == f"OK|{token}"
+
+
+def test_captchaai_structured_answers(api: Api) -> None:
+    grid = api.submit({"method": "base64", "body": CELL, "instructions": "bus", "grid_size": "4x4"})
+    bls = api.submit(
+        {"method": "bls", "instructions": "cars"}
+        | {f"image_base64_{n}": f"data:image/png;base64,{CELL}" for n in range(1, 10)}
+    )
+    lemin = api.submit(
+        {"method": "lemin", "captcha_id": "CROPPED_x", "div_id": "lemin-box", "pageurl": PAGE}
+    )
+    api.solve_all()
+    for captcha_id, cells in ((grid, 16), (bls, 9)):
+        text = api.get(captcha_id)["request"]
+        assert isinstance(text, str)
+        chosen = json.loads(text)
+        assert chosen and set(chosen) <= set(range(1, cells + 1)), chosen
+    answer = json.loads(api.get(lemin)["request"])
+    assert set(answer) == {"answer", "challenge_uuid"}
+    assert api.verify(answer["answer"])["sitekey"] == "CROPPED_x"
+    by_method = api.stats()["submits_by_method"]
+    assert (by_method["base64"], by_method["bls"], by_method["lemin"]) == (1, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "code"),
+    [
+        ({"method": "cloudflare_challenge", "pageurl": PAGE}, "ERROR_BAD_PARAMETERS"),
+        ({"method": "cloudflare_challenge", **PROXY}, "ERROR_PAGEURL"),
+        ({"method": "captchafox", "sitekey": "k", "pageurl": PAGE}, "ERROR_BAD_PARAMETERS"),
+        ({"method": "friendly_captcha", "pageurl": PAGE}, "ERROR_BAD_PARAMETERS"),
+        (
+            {"method": "friendly_captcha", "sitekey": "k", "pageurl": PAGE, "version": "v9"},
+            "ERROR_BAD_PARAMETERS",
+        ),
+        ({"method": "lemin", "captcha_id": "c", "pageurl": PAGE}, "ERROR_BAD_PARAMETERS"),
+        (
+            {"method": "base64", "body": CELL, "grid_size": "5x5", "instructions": "x"},
+            "ERROR_BAD_PARAMETERS",
+        ),
+        ({"method": "base64", "body": CELL, "grid_size": "3x3"}, "ERROR_BAD_PARAMETERS"),
+        (
+            {"method": "bls", "instructions": "x"}
+            | {f"image_base64_{n}": CELL for n in range(1, 9)},
+            "ERROR_ZERO_CAPTCHA_FILESIZE",
+        ),
+    ],
+)
+def test_captchaai_methods_refuse_bad_requests(api: Api, fields: dict[str, Any], code: str) -> None:
+    assert api.in_php(fields) == code
 
 
 # -- siteverify ------------------------------------------------------------------------------

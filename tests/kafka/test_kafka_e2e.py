@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from image_files import png
 from kafka_broker import (  # noqa: F401  (the fixtures are used by name)
     KafkaSetup,
     Record,
@@ -308,6 +309,38 @@ def test_answered_tasks_redelivered_are_republished_not_solved_again(
     assert Counter(r.key for r in results.records) == dict.fromkeys(ids, 2)
     assert sandbox.stats()["submits"] == len(ids)
     assert claims_stats(setup)["republished"] == len(ids)
+
+
+def test_captchaai_methods_answer_with_their_shape_and_user_agent(
+    kafka: Callable[..., KafkaSetup],
+    start_bridge: Any,
+    start_worker: Any,
+    sandbox: Any,
+    clean_state: None,
+) -> None:
+    setup = kafka(partitions=1)
+    start_worker(concurrency=8, name="kafka-w6")
+    tasks: dict[str, dict[str, Any]] = {
+        "t-cf": {"method": "cloudflare_challenge", "pageurl": PAGE, "proxy": "u:p@10.0.0.1:8080"},
+        "t-grid": {"method": "grid", "body": png(), "instructions": "bus", "grid_size": "4x4"},
+        "t-bls": {"method": "bls", "images": [png() for _ in range(9)], "instructions": "cars"},
+        "t-fc": {"method": "friendly_captcha", "sitekey": "FCMG", "pageurl": PAGE},
+    }
+    with TaskProducer(setup.settings) as producer:
+        for task_id, fields in tasks.items():
+            producer.enqueue(task_id, **fields)
+    start_bridge(setup, "bridge-captchaai")
+    results = setup.reader(setup.settings.kafka_results_topic)
+    results.read_until(lambda r: len(r) >= len(tasks), 60, "the answers")
+    by_id = {r.key: r.value for r in results.records}
+    assert set(by_id) == set(tasks)
+    assert all(v["status"] == "solved" and v["task_id"] == k for k, v in by_id.items()), by_id
+    assert by_id["t-cf"]["user_agent"].startswith("Mozilla/5.0")
+    assert sandbox.verify(by_id["t-cf"]["token"])["success"] is True
+    assert isinstance(by_id["t-grid"]["token"], list) and by_id["t-grid"]["token"]
+    assert isinstance(by_id["t-bls"]["token"], list) and by_id["t-bls"]["token"]
+    assert "user_agent" not in by_id["t-fc"]
+    assert sandbox.verify(by_id["t-fc"]["token"])["success"] is True
 
 
 def rewind(setup: KafkaSetup) -> None:

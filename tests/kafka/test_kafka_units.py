@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import pytest
+from image_files import png
 
 from captcha_tasks import store
 from captcha_tasks.dev.devstack import wait_until
@@ -178,9 +179,13 @@ def test_enqueue_validates_before_anything_is_produced(monkeypatch: pytest.Monke
     with pytest.raises(BadMessage):
         producer.enqueue("", "turnstile", "k", PAGE)
     assert produced == []
-    producer.enqueue("t-4", "base64", body=base64.b64encode(b"\x89PNG").decode())
+    image = png()
+    producer.enqueue("t-4", "base64", body=image)
     assert [task_id for task_id, _ in produced] == ["t-4"]
-    assert parse_task(produced[0][1]).fields == {"method": "base64", "body": "iVBORw=="}
+    assert parse_task(produced[0][1]).fields == {
+        "method": "base64",
+        "body": base64.b64encode(image).decode(),
+    }
 
 
 # -- offsets --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from urllib.parse import urlencode
 
 import pytest
 import requests
+from image_files import png_b64
 from prometheus_client import CollectorRegistry, generate_latest
 
 from captcha_tasks import errors, pingback, solve, store
@@ -78,6 +79,28 @@ def test_callbacks_complete_captchas_without_a_single_poll(
     assert solved_by_source() == {"pingback": 20}
     assert store.board().callback_counts() == {"accepted": 20}
     wait_until(lambda: store.limiter().in_use() == 0, 5, what="threads freed")
+
+
+def test_captchaai_answers_with_callbacks(
+    sandbox: Any, serve_receiver: Any, start_worker: Any
+) -> None:
+    server = serve_receiver()
+    start_worker(env=worker_env(server.port, NO_POLL_S))
+    grid = solve.delay(method="grid", body=png_b64(), instructions="bus", grid_size="3x3")
+    lemin = solve.delay(method="lemin", sitekey="CROPPED_x", pageurl=PAGE, div_id="box")
+    assert isinstance(grid.get(timeout=GET_TIMEOUT)["token"], list)
+    assert set(lemin.get(timeout=GET_TIMEOUT)["token"]) == {"answer", "challenge_uuid"}
+    assert sandbox.stats()["pingbacks_sent"] == 2
+    # a callback has no room for a user agent: such captchas are polled, not called back
+    sandbox.reset()
+    proxy = "u:p@10.0.0.1:3128"
+    # ends within GET_TIMEOUT: polled at once, not after the NO_POLL_S fallback
+    result = solve.delay(method="cloudflare_challenge", pageurl=PAGE, proxy=proxy).get(
+        timeout=GET_TIMEOUT
+    )
+    assert result["user_agent"].startswith("Mozilla/5.0")
+    stats = sandbox.stats()
+    assert (stats["pingbacks_scheduled"], stats["res_php_get_requests"] > 0) == (0, True)
 
 
 def test_lost_callbacks_cost_latency_never_a_captcha(sandbox: Any, start_worker: Any) -> None:

@@ -89,6 +89,14 @@ def test_parse_pools_reads_flat_objects() -> None:
     assert parse_pools("") == () == parse_pools("  ")
 
 
+def test_friendly_captcha_pools_match_its_version() -> None:
+    pool = spec(name="fc", method="friendly_captcha", sitekey="FCMG")
+    assert pool.matches(build_request("friendly_captcha", "FCMG", TS["pageurl"]))
+    assert pool.matches(build_request("friendly_captcha", "FCMG", TS["pageurl"], version="v1"))
+    assert not pool.matches(build_request("friendly_captcha", "FCMG", TS["pageurl"], version="v2"))
+    assert not pool.matches(build_request("turnstile", "FCMG", TS["pageurl"]))
+
+
 @pytest.mark.parametrize(
     ("pools", "fragments"),
     [
@@ -101,6 +109,10 @@ def test_parse_pools_reads_flat_objects() -> None:
         ([{**TS, "name": "a:b"}], ["item #0", "'a:b'", "name"]),
         ([{**TS, "method": "hcaptcha"}], ["item #0", "'ts-home'", "method 'hcaptcha' is unknown"]),
         ([{**TS, "method": "geetest"}], ["'ts-home'", "method 'geetest' cannot be pooled"]),
+        *(
+            ([{**TS, "method": m}], ["'ts-home'", f"method {m!r} cannot be pooled"])
+            for m in ("grid", "bls", "cloudflare_challenge", "captchafox", "lemin")
+        ),
         ([{**TS, "sitekey": None}], ["'ts-home'", "missing field(s) sitekey"]),
         ([{**TS, "sitekey": " "}], ["'ts-home'", "sitekey"]),
         ([{k: v for k, v in TS.items() if k != "pageurl"}], ["'ts-home'", "pageurl"]),

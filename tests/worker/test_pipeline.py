@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 import re
 import time
 from typing import Any
 
 import pytest
 from celery.result import AsyncResult
+from image_files import png_b64
 
 from captcha_tasks import errors, solve, store
 from captcha_tasks.methods import build_request
@@ -87,7 +87,7 @@ def test_geetest_answer_is_an_object(sandbox: Any) -> None:
 
 
 def test_image_answer_text_kept_whole(sandbox: Any) -> None:
-    body = base64.b64encode(b"\x89PNG fake image bytes").decode()
+    body = png_b64()
     answers = [
         solve.delay(method="base64", body=body, numeric=0, min_len=4, max_len=8).get(
             timeout=GET_TIMEOUT

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from image_files import png_b64
 
 from captcha_tasks import errors
-from captcha_tasks.client import NOT_READY
+from captcha_tasks.client import NOT_READY, Answer
 from captcha_tasks.methods import build_request
 from captcha_tasks.outcome import parse_iso
 from captcha_tasks.state.limiter import Admission
@@ -99,7 +100,7 @@ def test_a_submitted_captcha_is_first_polled_after_the_cold_wait() -> None:
 def test_warm_bulk_polls_start_at_the_earliest_likely_finish() -> None:
     bulk = steps.on_submitted(job(), "7001", T0, WARM, POLICY, bulk=True)
     single = steps.on_submitted(job(), "7001", T0, WARM, POLICY, bulk=False)
-    image = steps.on_submitted(job("base64", body="aGVsbG8="), "7001", T0, WARM, POLICY, True)
+    image = steps.on_submitted(job("base64", body=png_b64()), "7001", T0, WARM, POLICY, True)
     assert isinstance(bulk, PollAt) and bulk.at == T0 + WARM.earliest
     assert isinstance(single, PollAt) and single.at == T0 + WARM.first_wait
     # image answers may hold "|": never asked for in bulk
@@ -191,7 +192,7 @@ def test_polls_never_go_past_the_deadline_and_then_fail() -> None:
 
 def test_an_answer_is_delivered_with_a_conservative_expiry() -> None:
     polled = submitted(at=T0)
-    decision = steps.on_answer(polled, "0.tok", T0 + 9, 0, T0 + 10, COLD, POLICY, BULK)
+    decision = steps.on_answer(polled, Answer("0.tok"), T0 + 9, 0, T0 + 10, COLD, POLICY, BULK)
     assert isinstance(decision, Deliver)
     outcome = decision.outcome
     assert (outcome["status"], outcome["token"], outcome["source"]) == ("solved", "0.tok", "api")
@@ -200,7 +201,7 @@ def test_an_answer_is_delivered_with_a_conservative_expiry() -> None:
     assert parse_iso(outcome["expires_at"]) == pytest.approx(T0 + 9 + life, abs=0.001)
     # its solve time: midway between the last "not ready" (T0 + 9) and now (T0 + 10)
     assert decision.solve_time_s == 9.5
-    first = steps.on_answer(polled, "0.tok", None, 0, T0 + 10, COLD, POLICY, BULK)
+    first = steps.on_answer(polled, Answer("0.tok"), None, 0, T0 + 10, COLD, POLICY, BULK)
     assert isinstance(first, Deliver) and first.solve_time_s == 10.0  # an upper bound
     assert list(outcome)[-1] == "token"  # a truncated repr never shows it
 
@@ -208,7 +209,7 @@ def test_an_answer_is_delivered_with_a_conservative_expiry() -> None:
 def test_an_answer_too_old_to_use_is_solved_again() -> None:
     polled = submitted(at=T0)
     life = POLICY.token_life(steps.request_of(polled))
-    stale = steps.on_answer(polled, "0.tok", None, 0, T0 + life - 0.5, COLD, POLICY, BULK)
+    stale = steps.on_answer(polled, Answer("0.tok"), None, 0, T0 + life - 0.5, COLD, POLICY, BULK)
     assert isinstance(stale, Resubmit) and isinstance(stale.error, errors.TokenExpired)
     assert "captcha_id" not in stale.job and stale.job["attempt"] == 1
 
@@ -260,9 +261,17 @@ def test_with_callbacks_on_the_first_poll_waits_a_fallback_past_the_expected_tim
     assert decision.at == T0 + 1 + expected + CALLBACKS.pingback_fallback  # type: ignore[operator]
 
 
+def test_answers_with_a_user_agent_are_polled_even_with_callbacks() -> None:
+    request = build_request("cloudflare_challenge", pageurl=PAGE, proxy="u:p@10.0.0.1:3128")
+    new = steps.new_job("solve-3", request, T0, CALLBACKS)
+    assert not steps.uses_pingback(new) and steps.uses_pingback(job())
+    decision = steps.on_submitted(new, "7001", T0 + 1, COLD, CALLBACKS, bulk=True)
+    assert isinstance(decision, PollAt) and decision.at == T0 + 1 + COLD.first_wait
+
+
 def test_a_callback_answer_is_delivered_like_a_polled_one() -> None:
     polled = submitted()
-    decision = steps.on_callback(polled, "0.tok", None, T0 + 12, CALLBACKS)
+    decision = steps.on_callback(polled, Answer("0.tok"), None, T0 + 12, CALLBACKS)
     assert isinstance(decision, Deliver)
     assert (decision.outcome["token"], decision.outcome["captcha_id"]) == ("0.tok", "7001")
     assert decision.solve_time_s == pytest.approx(11.0)
@@ -283,3 +292,53 @@ def test_a_callback_that_ends_nothing_changes_nothing() -> None:
     assert steps.on_callback(polled, NOT_READY, None, T0 + 12, CALLBACKS) is None
     transient = errors.from_api_code("ERROR_SERVER_ERROR", "7001")
     assert steps.on_callback(polled, transient, None, T0 + 12, CALLBACKS) is None
+
+
+def _polled(request: Any) -> dict[str, Any]:
+    decision = steps.on_submitted(
+        steps.new_job("solve-2", request, T0, POLICY), "7009", T0, COLD, POLICY, True
+    )
+    assert isinstance(decision, PollAt)
+    return decision.job
+
+
+def test_only_plain_tokens_without_a_user_agent_are_polled_in_bulk() -> None:
+    proxy = "u:p@10.0.0.1:3128"
+    singles = [
+        build_request("userrecaptcha", "k", PAGE, enterprise=1),
+        build_request("cloudflare_challenge", pageurl=PAGE, proxy=proxy),
+        build_request("captchafox", "k", PAGE, proxy=proxy),
+        build_request("grid", body=png_b64(), instructions="bus", grid_size="3x3"),
+        build_request("lemin", "k", PAGE, div_id="d"),
+        build_request("geetest", "k", PAGE, challenge="c"),
+    ]
+    for request in singles:
+        assert not steps.uses_bulk(_polled(request), bulk=True), request.method
+    for method in ("userrecaptcha", "turnstile", "friendly_captcha"):
+        assert steps.uses_bulk(job(method), bulk=True)
+        assert not steps.uses_bulk(job(method), bulk=False)
+
+
+def test_the_user_agent_reaches_the_outcome() -> None:
+    request = build_request("cloudflare_challenge", pageurl=PAGE, proxy="u:p@10.0.0.1:3128")
+    agent = "Mozilla/5.0 (X11; Linux x86_64) Solver"
+    decision = steps.on_answer(
+        _polled(request), Answer("cf.clearance", agent), None, 0, T0 + 20, COLD, POLICY, BULK
+    )
+    assert isinstance(decision, Deliver)
+    assert decision.outcome["user_agent"] == agent
+    assert decision.outcome["token"] == "cf.clearance"
+    assert list(decision.outcome)[-1] == "token"
+    plain = steps.on_answer(submitted(at=T0), Answer("0.tok"), None, 0, T0 + 5, COLD, POLICY, BULK)
+    assert isinstance(plain, Deliver) and "user_agent" not in plain.outcome
+
+
+def test_structured_answers_are_delivered_as_json_values() -> None:
+    grid = build_request("grid", body=png_b64(), instructions="bus", grid_size="4x4")
+    decision = steps.on_answer(_polled(grid), Answer("[3,16]"), None, 0, T0 + 5, COLD, POLICY, BULK)
+    assert isinstance(decision, Deliver) and decision.outcome["token"] == [3, 16]
+    lemin = build_request("lemin", "k", PAGE, div_id="d")
+    answer = Answer('{"answer":"0xaa","challenge_uuid":"u-1"}')
+    decision = steps.on_answer(_polled(lemin), answer, None, 0, T0 + 5, COLD, POLICY, BULK)
+    assert isinstance(decision, Deliver)
+    assert decision.outcome["token"] == {"answer": "0xaa", "challenge_uuid": "u-1"}
