@@ -97,6 +97,15 @@ class Keys:
     def parked_seq(self) -> str:
         return self._k("limiter", "parked-seq")
 
+    def external_threads(self) -> str:
+        """String with a TTL: provider threads another client of the key holds (the slots
+        ``external:1..N`` stand for them)."""
+        return self._k("limiter", "external")
+
+    def threads_check_lock(self) -> str:
+        """String with a PX: one check of the provider's thread count per interval."""
+        return self._k("limiter", "threads-check")
+
     def rate(self, endpoint: str) -> str:
         """Sorted set: recent requests to ``in.php`` / ``res.php`` (sliding window)."""
         return self._k("limiter", "rate", endpoint)

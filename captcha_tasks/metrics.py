@@ -13,7 +13,8 @@ visibly instead of reporting zeros.
 Exposed (``captcha_tasks_`` prefix):
 
 * ``threads_in_use``, ``threads_plan``, ``threads_capacity``,
-  ``thread_utilisation_ratio``, ``parked_submits``
+  ``thread_utilisation_ratio``, ``parked_submits``, ``threads_external`` (threads the
+  provider counts working beyond ours: another client of the key)
 * per pool: ``pool_live_tokens``, ``pool_size``, ``pool_target_tokens``,
   ``pool_refills_in_flight``, ``pool_hit_ratio``, ``pool_waste_ratio``,
   ``pool_takes_per_second``, and the counters ``pool_tokens_added_total``,
@@ -117,6 +118,11 @@ class StoreCollector(Collector):
             "thread_utilisation_ratio",
             "Threads in use / threads this deployment may use.",
             in_use / settings.capacity,
+        )
+        yield _gauge(
+            "threads_external",
+            "Provider threads another client of the API key holds (left to it).",
+            limiter.external(),
         )
         yield _gauge(
             "parked_submits",

@@ -68,6 +68,10 @@ class Settings:
     adaptive_percentile: float = 90.0
     #: CAPTCHAAI_THREADS_RESERVED: threads left for another app or cron on the same key.
     threads_reserved: int = 0
+    #: CAPTCHAAI_THREADS_CHECK_EVERY: seconds between looks at the provider's count of
+    #: working threads (``threadsinfo``); threads it counts beyond ours belong to another
+    #: client of the key and are left to it (0: never look).
+    threads_check_every: float = 30.0
     #: CAPTCHAAI_SLOT_LEASE: seconds a thread slot stays held without a renewing poll.
     slot_lease: float = 120.0
     #: CAPTCHAAI_POOL_RESERVE: slots pool refills never take (kept for on-demand solves);
@@ -156,6 +160,7 @@ class Settings:
             "must be >= 0 and less than CAPTCHAAI_THREADS",
         )
         _check("CAPTCHAAI_SLOT_LEASE", self.slot_lease > 0, "must be > 0")
+        _check("CAPTCHAAI_THREADS_CHECK_EVERY", self.threads_check_every >= 0, "must be >= 0")
         _check(
             "CAPTCHAAI_POOL_RESERVE",
             self.pool_reserve is None or 0 <= self.pool_reserve <= self.capacity,
@@ -362,6 +367,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "adaptive_percentile": ("CAPTCHAAI_ADAPTIVE_PERCENTILE", float),
     "threads_reserved": ("CAPTCHAAI_THREADS_RESERVED", int),
     "slot_lease": ("CAPTCHAAI_SLOT_LEASE", float),
+    "threads_check_every": ("CAPTCHAAI_THREADS_CHECK_EVERY", float),
     "pool_reserve": ("CAPTCHAAI_POOL_RESERVE", int),
     "prewarm_every": ("CAPTCHAAI_PREWARM_EVERY", float),
     "pools": ("CAPTCHAAI_POOLS", _pools),

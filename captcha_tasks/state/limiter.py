@@ -372,6 +372,43 @@ return current - now
 )
 
 
+EXTERNAL_LUA = lua(
+    """
+-- The provider's view of threads: those it counts working beyond the slots we hold belong
+-- to another client of the key.  They take slots of their own ('external:1..N', expiring
+-- with the view), so every admission and handout leaves them alone.
+-- KEYS[1] = slots, KEYS[2] = external count (string with a TTL)
+-- ARGV[1] = the provider's working threads, ARGV[2] = ms the view holds
+-- ARGV[3] = most threads to give up (the rest stays usable, to find out when they free)
+-- returns {external before, external now, slots we hold}
+""",
+    """
+local before = tonumber(redis.call('GET', KEYS[2]) or '0')
+for i = 1, before do redis.call('ZREM', KEYS[1], 'external:' .. i) end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local ours = redis.call('ZCARD', KEYS[1])
+local other = math.max(0, math.min(tonumber(ARGV[1]) - ours, tonumber(ARGV[3])))
+for i = 1, other do redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), 'external:' .. i) end
+if other > 0 then
+  redis.call('SET', KEYS[2], other, 'PX', tonumber(ARGV[2]))
+else
+  redis.call('DEL', KEYS[2])
+end
+return {before, other, ours}
+""",
+)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """What a look at the provider's thread count found: threads another client holds,
+    before and now, and the slots we hold."""
+
+    before: int
+    now: int
+    ours: int
+
+
 @dataclass(frozen=True)
 class Parked:
     """A submit handed out by the limiter: its lease id and job."""
@@ -457,6 +494,7 @@ class ThreadLimiter:
         self._in_rate = script(r, IN_RATE_LUA)
         self._res_rate = script(r, RES_RATE_LUA)
         self._pause = script(r, PAUSE_LUA)
+        self._external = script(r, EXTERNAL_LUA)
 
     def slot_keys(self) -> list[str]:
         """slots, parked, waiting, dispatch: the keys of every handout."""
@@ -594,16 +632,42 @@ class ThreadLimiter:
         return bool(_guarded(lambda: self._renew(keys=[self.keys.slots()], args=args)))
 
     def in_use(self) -> int:
-        """Slots held right now (expired leases not counted)."""
-        return int(_guarded(self._count_live))
+        """Slots our solves hold right now (expired leases and another client's threads
+        not counted)."""
+        held, external = _guarded(self._count_live)
+        return max(0, held - external)
 
-    def _count_live(self) -> int:
+    def external(self) -> int:
+        """Provider threads another client of the key holds, as last seen."""
+        return int(_guarded(lambda: self.r.get(self.keys.external_threads())) or 0)
+
+    def check_due(self, every_s: float) -> bool:
+        """True once per ``every_s`` for the whole deployment: time to look at the
+        provider's thread count."""
+        key = self.keys.threads_check_lock()
+        return bool(_guarded(lambda: self.r.set(key, "1", nx=True, px=ms(every_s))))
+
+    def see_provider(self, working_threads: int, hold_s: float) -> Drift:
+        """Take the provider's count of working threads: any beyond the slots we hold are
+        another client's, and our usable threads shrink by them for ``hold_s`` (or until
+        the next look)."""
+        keys = [self.keys.slots(), self.keys.external_threads()]
+        args: list[Arg] = [working_threads, ms(hold_s), max(0, self.config.capacity - 1)]
+        before, now, ours = _guarded(lambda: self._external(keys=keys, args=args))
+        return Drift(int(before), int(now), int(ours))
+
+    def _count_live(self) -> tuple[int, int]:
         seconds, micros = self.r.time()
         now_ms = int(seconds) * 1000 + int(micros) // 1000
-        return int(self.r.zcount(self.keys.slots(), now_ms + 1, "+inf"))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zcount(self.keys.slots(), now_ms + 1, "+inf")
+        pipe.get(self.keys.external_threads())
+        held, external = pipe.execute()
+        return int(held), min(int(held), int(external or 0))
 
     def free_for_refills(self) -> int:
-        return max(0, self.config.refill_capacity - self.in_use() - self.parked_count())
+        held, _ = _guarded(self._count_live)
+        return max(0, self.config.refill_capacity - held - self.parked_count())
 
     def parked_count(self) -> int:
         return int(_guarded(lambda: self.r.zcard(self.keys.parked())))

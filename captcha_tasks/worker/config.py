@@ -61,6 +61,7 @@ QUEUE_OF_TASK = {
     "captcha_tasks.poll": "poll",
     "captcha_tasks.report": "housekeeping",
     "captcha_tasks.prewarm": "housekeeping",
+    "captcha_tasks.check_threads": "housekeeping",
 }
 
 

@@ -24,6 +24,7 @@ from .. import errors
 from ..methods import SolveRequest, build_request
 from ..settings import get_settings
 from ..state import store
+from ..state.limiter import Drift
 from ..state.pools import PoolSpec
 from . import steps
 from .adapter import Runner
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 #: Seconds between housekeeping ticks (one process per tick does the work).
 TICK_S = 1.0
 SOLVE_TASK = "captcha_tasks.solve"
+CHECK_THREADS_TASK = "captcha_tasks.check_threads"
+#: Checks a view of the provider's threads outlives (a missed check or two keeps it).
+VIEW_HOLDS_CHECKS = 3
 
 
 def tick(runner: Runner) -> bool:
@@ -49,7 +53,33 @@ def tick(runner: Runner) -> bool:
         log.warning("solve %s: its message was lost; sending it again", solve.lease_id)
         runner.app.send_task(SOLVE_TASK, kwargs=solve.job, task_id=solve.lease_id)
     runner.publish_round(store.board().ensure_round())
+    every = get_settings().threads_check_every
+    if every > 0 and store.limiter().check_due(every):
+        # off the timer thread: the check is an HTTP request
+        runner.app.send_task(CHECK_THREADS_TASK, expires=every)
     return True
+
+
+def check_threads() -> Drift | None:
+    """Compare the provider's working threads with the slots we hold: threads it counts
+    beyond ours belong to another client of the key, and ours shrink to leave them alone
+    (until the next check finds them gone).  None when the API does not say."""
+    every = get_settings().threads_check_every
+    info = store.api_client().threads_info()
+    if info is None or "working_threads" not in info:
+        return None
+    drift = store.limiter().see_provider(info["working_threads"], VIEW_HOLDS_CHECKS * every)
+    if drift.now and not drift.before:
+        log.warning(
+            "another client is using this API key: the provider counts %d working threads,"
+            " we hold %d; leaving %d to it until it stops",
+            info["working_threads"],
+            drift.ours,
+            drift.now,
+        )
+    elif drift.before and not drift.now:
+        log.warning("the other client of this API key has stopped; all threads are ours again")
+    return drift
 
 
 class Housekeeping(bootsteps.StartStopStep):

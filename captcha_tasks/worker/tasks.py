@@ -184,6 +184,13 @@ def prewarm(pool: str | None = None) -> dict[str, int]:
     return {spec.name: housekeeping.top_up(runner(), spec) for spec in specs}
 
 
+@app.task(name="captcha_tasks.check_threads", shared=False)
+def check_threads() -> dict[str, int] | None:
+    """Housekeeping: the provider's view of our threads (see ``housekeeping.check_threads``)."""
+    drift = housekeeping.check_threads()
+    return None if drift is None else {"external": drift.now, "ours": drift.ours}
+
+
 def create_pool(
     name: str,
     method: str,

@@ -318,3 +318,30 @@ def test_an_owed_retry_is_handed_out_again_if_its_message_is_lost(
     start = server_ms(redis_conn)
     wait_until(lambda: server_ms(redis_conn) > start + 150, 2, what="the grace period")
     assert [p.lease_id for p in sweep_now(lim, redis_conn).lost] == ["s1"]
+
+
+def test_threads_another_client_holds_take_slots_until_it_stops(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, capacity=4)
+    assert lim.admit(job_of("mine", 1), deadline_in_s=60).status == "go"
+    seen = lim.see_provider(working_threads=3, hold_s=30)  # it counts 2 that are not ours
+    assert (seen.before, seen.now, seen.ours) == (0, 2, 1)
+    assert (lim.in_use(), lim.external()) == (1, 2)
+    assert lim.admit(job_of("a", 2), deadline_in_s=60).status == "go"
+    assert lim.admit(job_of("b", 3), deadline_in_s=60).status == "parked"  # 1 + 1 + 2 = 4
+    again = lim.see_provider(working_threads=2, hold_s=30)  # the other client stopped
+    assert (again.before, again.now) == (2, 0)
+    assert lim.external() == 0 and lim.in_use() == 2
+    assert [p.lease_id for p in lim.release("mine").given] == ["b"]
+    # never all of them: one thread stays usable, to find out when they free
+    assert lim.see_provider(working_threads=50, hold_s=30).now == 4 - 1
+
+
+def test_the_providers_view_expires_with_its_hold(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=4)
+    lim.see_provider(working_threads=2, hold_s=0.2)
+    assert lim.external() == 2
+    wait_until(lambda: lim.external() == 0, 2, what="the view to expire")
+    statuses = [lim.admit(job_of(f"s{i}", i), deadline_in_s=60).status for i in range(4)]
+    assert statuses == ["go"] * 4
