@@ -10,6 +10,11 @@ calling the API (and without taking pooled tokens), while captchas already at th
 provider are still polled to the end so their threads are given back.  Celery's own
 ``revoke`` is not used for this: it would also drop the polls of captchas already paid
 for.
+
+A Redis outage once the batch has started (a restart, a failover) is ridden out: the
+stream waits, with back-off, and goes on where it was when Redis is back; only tasks whose
+result is overdue meanwhile fail (``ERROR_SOLVE_TIMEOUT``).  Redis down at the very first
+task raises :class:`~captcha_tasks.errors.StoreUnavailable` at once.
 """
 
 from __future__ import annotations
@@ -17,9 +22,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from kombu.exceptions import OperationalError
 
 from . import errors
 from .outcome import Failed
@@ -30,6 +38,27 @@ from .worker.tasks import solve
 log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 500
+#: Seconds between looks while Redis is unreachable: from the first, doubling to the last.
+OUTAGE_WAIT_S = (0.2, 2.0)
+
+
+class Outage:
+    """Waits out a Redis outage with back-off, saying so once per outage."""
+
+    def __init__(self) -> None:
+        self.wait_s: float | None = None
+
+    def wait(self, exc: Exception) -> None:
+        if self.wait_s is None:
+            log.warning("Redis is unavailable (%s); the batch waits for it", exc)
+            self.wait_s = OUTAGE_WAIT_S[0]
+        time.sleep(self.wait_s)  # back-off between attempts while Redis is away
+        self.wait_s = min(OUTAGE_WAIT_S[1], self.wait_s * 2)
+
+    def over(self) -> None:
+        if self.wait_s is not None:
+            log.warning("Redis is back; the batch goes on")
+            self.wait_s = None
 
 
 @dataclass
@@ -107,42 +136,68 @@ def stream(
         raise errors.ValidationError("window must be at least 1")
     batch = Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
     source = enumerate(tasks)
+    backlog: deque[tuple[int, Mapping[str, Any]]] = deque()  # not queued for an outage
+    outage = Outage()
     exhausted = False
     try:
         while True:
-            while not exhausted and len(batch.pending) < size:
-                item = next(source, None)
+            while len(batch.pending) < size:
+                item = backlog.popleft() if backlog else None
+                if item is None and not exhausted:
+                    item = next(source, None)
+                    exhausted = item is None
                 if item is None:
-                    exhausted = True
                     break
-                failure = _queue(batch, *item)
+                try:
+                    failure = _queue(batch, *item)
+                except errors.StoreUnavailable as exc:
+                    if not batch.queued:
+                        raise  # down from the start: the caller hears it at once
+                    backlog.appendleft(item)
+                    outage.wait(exc)
+                    break
                 if failure is not None:
                     yield failure
-            if exhausted and not batch.pending:
+            if exhausted and not backlog and not batch.pending:
                 return
-            yield from _arrived(batch)
+            try:
+                found = _read(batch)
+            except errors.StoreUnavailable as exc:
+                outage.wait(exc)
+            else:
+                outage.over()
+                yield from found
             yield from batch.timed_out()
     finally:
         _abandon(batch)
 
 
 def _queue(batch: Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] | None:
+    task_id = str(uuid.uuid4())
+    kwargs = {**task, "_batch": {"id": batch.batch_id, "index": index}}
     try:
-        result = solve.apply_async(
-            kwargs={**task, "_batch": {"id": batch.batch_id, "index": index}}
-        )
+        solve.apply_async(kwargs=kwargs, task_id=task_id)
     except errors.ValidationError as exc:
         return rejected(index, task, exc)
-    batch.sent(index, result.id, task.get("method"))
+    except OperationalError:
+        # The broker refused the message after Redis took note of it: housekeeping sends
+        # it again, under this id (see SolveTask.apply_async).
+        log.warning("task %d: the broker is unavailable; its message will be sent again", index)
+    batch.sent(index, task_id, task.get("method"))
     return None
 
 
-def _arrived(batch: Batch) -> Iterator[dict[str, Any]]:
+def _read(batch: Batch) -> list[dict[str, Any]]:
+    """The outcomes that arrived (waiting up to :data:`READ_BLOCK_MS` for the first)."""
     streams = store.batches()
     found = streams.read(batch.batch_id, batch.last_id, block_ms=READ_BLOCK_MS)
-    yield from batch.arrived(found)
+    outcomes = batch.arrived(found)
     if found:
-        streams.trim(batch.batch_id, batch.last_id)
+        try:
+            streams.trim(batch.batch_id, batch.last_id)
+        except errors.StoreUnavailable:  # read already: trimmed with the next ones
+            log.debug("could not trim batch %s", batch.batch_id)
+    return outcomes
 
 
 def _abandon(batch: Batch) -> None:

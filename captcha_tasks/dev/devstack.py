@@ -155,14 +155,21 @@ class _Process:
 
 
 class RedisServer(_Process):
-    """A throwaway Redis-compatible server on a free loopback port (no persistence)."""
+    """A throwaway Redis-compatible server on a free loopback port: no persistence, or an
+    append-only file synced ``appendfsync`` (``always``, ``everysec``) that survives a
+    :meth:`restart`."""
 
     def __init__(
-        self, port: int | None = None, log_dir: Path | None = None, password: str | None = None
+        self,
+        port: int | None = None,
+        log_dir: Path | None = None,
+        password: str | None = None,
+        appendfsync: str | None = None,
     ) -> None:
         super().__init__("redis", log_dir)
         self.port = port or free_port()
         self.password = password
+        self.appendfsync = appendfsync
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
 
@@ -174,13 +181,30 @@ class RedisServer(_Process):
                 "--port", str(self.port),
                 "--bind", "127.0.0.1",
                 "--save", "",
-                "--appendonly", "no",
+                *(
+                    ["--appendonly", "yes", "--appendfsync", self.appendfsync]
+                    if self.appendfsync
+                    else ["--appendonly", "no"]
+                ),
                 "--dir", str(self.log_dir),
                 *(["--requirepass", self.password] if self.password else []),
             ]
         )  # fmt: skip
         wait_until(lambda: redis_reachable(self.url), timeout, what="the Redis server")
         return self
+
+    def restart(self, graceful: bool = True, down_s: float = 0.0) -> float:
+        """Stop the server (SIGTERM: it syncs its append-only file; or SIGKILL), stay down
+        ``down_s`` seconds, start it again on the same port.  Returns the seconds it was
+        unreachable."""
+        stopped = time.monotonic()
+        if graceful:
+            self.stop()
+        else:
+            self.kill()
+        time.sleep(down_s)  # an outage of a chosen length, not a synchronisation
+        self.start()
+        return time.monotonic() - stopped
 
 
 class CeleryProcess(_Process):

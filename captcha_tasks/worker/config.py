@@ -12,10 +12,15 @@ from kombu import Queue  # type: ignore[attr-defined]
 
 from ..keys import Keys
 from ..settings import get_settings
+from .broker import TRANSPORT
 
 _settings = get_settings()
 
 broker_url = _settings.redis_url
+# kombu's Redis transport, surviving a dropped connection (see .broker); unix sockets keep
+# kombu's own.
+if broker_url.startswith(("redis://", "rediss://")):
+    broker_transport = TRANSPORT
 result_backend = _settings.redis_url
 
 # JSON only: pickle is refused everywhere.

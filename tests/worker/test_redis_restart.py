@@ -1,0 +1,132 @@
+"""Redis restarts mid-batch: a server of the module's own, with an append-only file,
+restarted on the same port while ``captcha-tasks batch`` runs a batch through two real
+workers.
+
+* Graceful (SIGTERM: the server syncs its file): every solve ends solved, nothing is
+  paid twice, no thread lease is left, and the batch command does not die.
+* ``kill -9`` with ``appendfsync everysec`` (up to a second of writes lost): every solve
+  ends, solved or failed with a typed reason, within its deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, queue_names, wait_until
+from captcha_tasks.keys import Keys
+
+pytestmark = pytest.mark.slow
+
+PAGE = "https://example.com/restart"
+COUNT = 120
+THREADS = 15
+DEADLINE_S = 60
+#: Short HTTP timeouts allow a short visibility timeout: messages a restart left
+#: unacknowledged come back within seconds.
+FAST = {
+    "CAPTCHAAI_THREADS": str(THREADS),
+    "CAPTCHAAI_CONNECT_TIMEOUT": "2",
+    "CAPTCHAAI_READ_TIMEOUT": "5",
+    "CAPTCHAAI_VISIBILITY_TIMEOUT": "10",
+    "CAPTCHAAI_SOLVE_TIMEOUT": str(DEADLINE_S),
+}
+
+
+class Stack:
+    def __init__(self, server: RedisServer, env: dict[str, str], out: Path) -> None:
+        self.server, self.env, self.out = server, env, out
+        self.workers: list[CeleryProcess] = []
+
+    def start_workers(self, log_dir: Path, tag: str) -> None:
+        for n in range(2):
+            proc = CeleryProcess("worker", env=self.env, log_dir=log_dir, name=f"{tag}-w{n}")
+            self.workers.append(proc.start())
+
+    def stop(self) -> None:
+        for proc in self.workers:
+            proc.stop()
+
+
+@pytest.fixture(params=["graceful", "kill-9"])
+def stack(request: pytest.FixtureRequest, output_dir: Path, sandbox: Any) -> Iterator[Stack]:
+    graceful = request.param == "graceful"
+    log_dir = output_dir / f"restart-{request.param}"
+    server = RedisServer(log_dir=log_dir, appendfsync="always" if graceful else "everysec")
+    server.start()
+    env = {
+        **FAST,
+        "REDIS_URL": server.url,
+        "CAPTCHAAI_KEY_PREFIX": f"restart-{request.param}",
+        "CAPTCHAAI_QUEUE_PREFIX": f"restart-{request.param}",
+    }
+    built = Stack(server, env, log_dir / "out.jsonl")
+    built.start_workers(log_dir, request.param)
+    yield built
+    built.stop()
+    server.stop()
+
+
+def run_batch(
+    stack: Stack, sandbox: Any, graceful: bool
+) -> tuple[list[dict[str, Any]], float, str]:
+    sandbox.configure(threads=50, solve_time=0.5, jitter=0.2)
+    source = stack.out.with_name("in.jsonl")
+    source.write_text(
+        "".join(
+            json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE}) + "\n"
+            for i in range(COUNT)
+        )
+    )
+    stack.out.unlink(missing_ok=True)
+    started = time.monotonic()
+    batch = subprocess.Popen(
+        [sys.executable, "-m", "captcha_tasks.cli", "batch", str(source), "-o", str(stack.out)],
+        env={**os.environ, **stack.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_until(lambda: done_lines(stack.out) >= COUNT // 4, 60, what="a quarter of the batch")
+    stack.server.restart(graceful=graceful, down_s=2.0)
+    out, err = batch.communicate(timeout=DEADLINE_S + 60)
+    took = time.monotonic() - started
+    assert batch.returncode in (0, 1), err[-2000:]  # it did not die of the outage
+    lines = [json.loads(t) for t in stack.out.read_text().splitlines() if t.strip()]
+    return lines, took, err
+
+
+def done_lines(path: Path) -> int:
+    return path.read_text().count("\n") if path.exists() else 0
+
+
+def test_redis_restarts_mid_batch(
+    stack: Stack, sandbox: Any, request: pytest.FixtureRequest
+) -> None:
+    graceful = "graceful" in request.node.callspec.id
+    lines, took, err = run_batch(stack, sandbox, graceful)
+    ended = sorted(line["index"] for line in lines)
+    assert ended == list(range(COUNT)), err[-3000:]  # each ended, once
+    assert took <= DEADLINE_S + 30
+    solved = [line for line in lines if line["status"] == "solved"]
+    if graceful:
+        assert len(solved) == COUNT, [line for line in lines if line["status"] != "solved"]
+        assert sandbox.stats()["submits"] == COUNT  # nothing paid twice
+    else:
+        failed = [line for line in lines if line["status"] != "solved"]
+        assert all(line["error"].startswith("ERROR_") for line in failed), failed
+    tokens = [line["token"] for line in solved]
+    assert len(set(tokens)) == len(tokens)  # no token delivered twice
+    conn = redis.Redis.from_url(stack.server.url, decode_responses=True)
+    keys = Keys(prefix=stack.env["CAPTCHAAI_KEY_PREFIX"])
+    wait_until(lambda: conn.zcard(keys.slots()) == 0, 30, what="every thread lease released")
+    assert not any(conn.llen(q) for q in queue_names(stack.env))
