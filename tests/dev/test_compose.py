@@ -179,7 +179,7 @@ def test_flower_gets_its_login_and_no_opt_out() -> None:
 
 def _listens_on(service: dict[str, Any], port: int) -> bool:
     """Whether the service's command, entry point or settings name ``port``."""
-    words = []
+    words: list[str] = []
     for key in ("command", "entrypoint"):
         value = service.get(key, [])
         words += shlex.split(value) if isinstance(value, str) else list(value)
