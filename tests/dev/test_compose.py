@@ -4,8 +4,10 @@ ports do not clash, one beat, a durable and password-protected Redis."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +27,28 @@ COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_TEXT)
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 ENV_EXAMPLE_LINES = (ROOT / ".env.example").read_text().splitlines()
 
-#: Variables read by something other than our settings: Flower's login, and Redis' own.
-FOREIGN_VARIABLES = {"FLOWER_BASIC_AUTH", "REDIS_PASSWORD", "REDISCLI_AUTH"}
+#: Variables read by something other than our settings: Flower's login, Redis' own and
+#: Grafana's admin password (handed to Grafana as GF_SECURITY_ADMIN_PASSWORD).
+FOREIGN_VARIABLES = {
+    "FLOWER_BASIC_AUTH",
+    "REDIS_PASSWORD",
+    "REDISCLI_AUTH",
+    "GRAFANA_ADMIN_PASSWORD",
+}
 KNOWN_VARIABLES = ENVIRONMENT_VARIABLES | FOREIGN_VARIABLES
 #: Settings that are not the workers' business.
 NOT_FOR_WORKERS = {"CAPTCHAAI_FLOWER_NO_AUTH"}
-SECRETS = ("REDIS_PASSWORD", "CAPTCHAAI_API_KEY", "FLOWER_BASIC_AUTH", "CAPTCHAAI_PINGBACK_SECRET")
-#: Services that run another project's image and read its own variables.
-THIRD_PARTY = {"redis", "kafka"}
+SECRETS = (
+    "REDIS_PASSWORD",
+    "CAPTCHAAI_API_KEY",
+    "FLOWER_BASIC_AUTH",
+    "CAPTCHAAI_PINGBACK_SECRET",
+    "GRAFANA_ADMIN_PASSWORD",
+)
+#: Services that run another project's image.
+THIRD_PARTY = {"redis", "kafka", "prometheus", "grafana"}
+#: Third-party services configured through their image's own variables, by prefix.
+OWN_VARIABLES = {"kafka": "KAFKA_", "grafana": "GF_"}
 APP_SERVICES = sorted(name for name in SERVICES if name not in THIRD_PARTY)
 
 
@@ -117,9 +133,9 @@ def test_every_variable_is_one_something_reads() -> None:
     unknown_in_compose = _interpolated(COMPOSE_TEXT) - KNOWN_VARIABLES
     assert not unknown_in_compose, f"compose uses unknown variables: {unknown_in_compose}"
     for name, service in SERVICES.items():
-        if name == "kafka":
-            continue  # the apache/kafka image's own KAFKA_* broker settings
         unknown = set(service.get("environment") or {}) - KNOWN_VARIABLES
+        if name in OWN_VARIABLES:  # the image's own settings (KAFKA_* broker, GF_* Grafana)
+            unknown = {v for v in unknown if not v.startswith(OWN_VARIABLES[name])}
         assert not unknown, f"{name} sets unknown variables: {unknown}"
     unknown_in_example = set(_env_example()) - KNOWN_VARIABLES
     assert not unknown_in_example, f".env.example has unknown variables: {unknown_in_example}"
@@ -161,6 +177,16 @@ def test_flower_gets_its_login_and_no_opt_out() -> None:
 # -- topology ------------------------------------------------------------------------------
 
 
+def _listens_on(service: dict[str, Any], port: int) -> bool:
+    """Whether the service's command, entry point or settings name ``port``."""
+    words: list[str] = []
+    for key in ("command", "entrypoint"):
+        value = service.get(key, [])
+        words += shlex.split(value) if isinstance(value, str) else list(value)
+    words += [str(v) for v in (service.get("environment") or {}).values()]
+    return any(str(port) in word for word in words)
+
+
 def _published(service: dict[str, Any]) -> list[tuple[str, int, int]]:
     ports = []
     for spec in service.get("ports", []):
@@ -176,7 +202,7 @@ def test_published_ports_do_not_clash_and_stay_on_loopback() -> None:
             assert ip == "127.0.0.1", f"{name} publishes on {ip}"
             assert host not in seen, f"{name} and {seen.get(host)} both publish {host}"
             seen[host] = name
-            assert any(str(container) in arg for arg in _command(name)), (
+            assert _listens_on(service, container), (
                 f"{name} publishes {container} but does not listen there"
             )
     assert "ports" not in SERVICES["redis"], "Redis must not be published"
@@ -222,4 +248,50 @@ def test_optional_services_sit_behind_profiles() -> None:
         "kafka": ["kafka"],
         "kafka-bridge": ["kafka"],
         "pingback": ["pingback"],
+        "prometheus": ["monitoring"],
+        "grafana": ["monitoring"],
     }
+
+
+def test_third_party_images_are_pinned() -> None:
+    for name in sorted(THIRD_PARTY):
+        image = SERVICES[name]["image"]
+        _, sep, tag = image.rpartition(":")
+        assert sep and tag and tag != "latest", f"{name}: pin a tag, not {image!r}"
+
+
+def test_every_mounted_file_is_in_the_repository() -> None:
+    for name, service in SERVICES.items():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):  # a bind mount (a bare name is a named volume)
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which is missing"
+            else:
+                assert source in COMPOSE["volumes"], f"{name}: undeclared volume {source}"
+
+
+def _grafana_guard(password: str) -> subprocess.CompletedProcess[str]:
+    """Grafana's entry point, with the image's /run.sh replaced by ``true``."""
+    entrypoint = SERVICES["grafana"]["entrypoint"]
+    assert entrypoint[:2] == ["/bin/sh", "-c"]
+    script = entrypoint[2].replace("$$", "$")  # compose's escape for a literal dollar
+    assert "exec /run.sh" in script
+    script = script.replace("exec /run.sh", "exec true")
+    env = {"PATH": os.environ["PATH"], "GF_SECURITY_ADMIN_PASSWORD": password}
+    return subprocess.run(
+        ["/bin/sh", "-c", script, *entrypoint[3:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+
+
+def test_grafana_refuses_to_start_without_an_admin_password() -> None:
+    env = SERVICES["grafana"]["environment"]
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == "${GRAFANA_ADMIN_PASSWORD:-}"
+    refused = _grafana_guard("")
+    assert refused.returncode != 0
+    assert "GRAFANA_ADMIN_PASSWORD" in refused.stderr
+    assert _grafana_guard("s3cret-from-env").returncode == 0
