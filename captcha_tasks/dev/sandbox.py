@@ -151,6 +151,7 @@ _COUNTERS = (
     "hangs",
     "status_429",
     "requests_within_retry_after",
+    "unsolvable_created",
     "queued_silently",
     "pingbacks_scheduled",
     "pingbacks_dropped",
@@ -597,6 +598,9 @@ class _Captcha:
     error: str | None
     token: str | None
     read_epoch: int = -1
+    #: Whether a client ever asked about it (a captcha paid for and never asked about was
+    #: lost by its client, e.g. killed before it could note the id).
+    asked: bool = False
     user_agent: str | None = None
     in_result: bool = False
 
@@ -668,6 +672,9 @@ class _State:
             data["in_flight"] = in_flight
             data["peak_in_flight"] = self._peak
             data["captchas_stored"] = len(self._captchas)
+            data["never_asked"] = sum(
+                1 for c in self._captchas.values() if not c.asked and c.read_epoch < 0
+            )
             data["submits_by_method"] = dict(self._by_method)
             data["config"] = self._config.public_dict()
             data.update(self.caller.counts)
@@ -731,6 +738,7 @@ class _State:
         answer = captcha.answer
         code = captcha.error or (json.dumps(answer) if isinstance(answer, dict) else str(answer))
         at = captcha.ready_at + config.pingback_delay
+        captcha.asked = True  # the provider tells the client itself
         self.caller.schedule(at, url, captcha.captcha_id, code, config.pingback_method)
 
     def ready_times(self, ids: Sequence[str]) -> dict[str, float]:
@@ -800,6 +808,7 @@ class _State:
             error = "ERROR_PROXY_CONNECTION_FAILED"
         elif rng.random() < config.unsolvable_rate:
             error = "ERROR_CAPTCHA_UNSOLVABLE"
+            self._counts["unsolvable_created"] += 1
         captcha = _Captcha(
             captcha_id=captcha_id,
             method=spec.method,
@@ -889,6 +898,7 @@ class _State:
         captcha = self._captchas.get(ids[0]) if ids else None
         if captcha is None:
             return _fail("ERROR_WRONG_CAPTCHA_ID", json_mode)
+        captcha.asked = True
         if now < captcha.ready_at:
             return _fail("CAPCHA_NOT_READY", json_mode)
         if captcha.error is not None or captcha.answer is None:
@@ -910,6 +920,7 @@ class _State:
         captcha = self._captchas.get(captcha_id)
         if captcha is None:
             return "ERROR_WRONG_CAPTCHA_ID"
+        captcha.asked = True
         if now < captcha.ready_at:
             return "CAPCHA_NOT_READY"
         if captcha.error is not None or captcha.answer is None:
