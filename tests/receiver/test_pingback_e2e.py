@@ -247,3 +247,19 @@ def sandbox_answer(sandbox: Any, captcha_id: str) -> str | None:
         timeout=5,
     ).json()
     return str(resp["request"]) if resp["status"] == 1 else None
+
+
+def test_2captcha_style_callbacks_to_a_registered_address(
+    sandbox: Any, serve_receiver: Any, start_worker: Any
+) -> None:
+    sandbox.configure(pingback_method="POST")
+    server = serve_receiver()
+    env = worker_env(server.port, NO_POLL_S)
+    store.api_client().add_pingback(env["CAPTCHAAI_PINGBACK_URL"])  # pingback register
+    start_worker(env=env)
+    results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(5)]
+    assert all(sandbox.verify(r["token"])["success"] for r in results)
+    stats = sandbox.stats()
+    assert (stats["pingbacks_sent"], stats["pingbacks_unregistered"]) == (5, 0)
+    assert stats["res_php_get_requests"] == 0
+    assert solved_by_source() == {"pingback": 5}
