@@ -35,7 +35,7 @@ from typing import Any
 
 from celery import states
 
-from ..errors import CaptchaTasksError, ConfigurationError, ValidationError
+from ..errors import CaptchaTasksError, ConfigurationError, StoreUnavailable, ValidationError
 from ..outcome import Failed
 from ..settings import Settings, get_settings
 from ..state import store
@@ -69,6 +69,8 @@ from .offsets import OffsetTracker, Pending
 
 log = logging.getLogger(__name__)
 
+#: Seconds between looks while Redis is unreachable: from the first, doubling to the last.
+REDIS_WAIT_S = (0.5, 5.0)
 #: Consumer poll timeout while solves are in flight: the delay before a result is seen.
 BUSY_POLL_S = 0.02
 #: ... and while nothing is in flight (a message still returns as soon as it arrives).
@@ -525,6 +527,28 @@ def run_bridge(
     max_in_flight: int | None = None,
     drain_timeout: float = 10.0,
 ) -> None:
-    """Run one bridge member until ``stop`` is set (the CLI sets it on SIGTERM / SIGINT)."""
-    bridge = Bridge(settings, max_in_flight=max_in_flight)
-    bridge.run(stop or threading.Event(), drain_timeout=drain_timeout)
+    """Run one bridge member until ``stop`` is set (the CLI sets it on SIGTERM / SIGINT).
+
+    Redis going away (a restart, a failover) does not end it: the member leaves the group
+    with what is safe committed, waits for Redis, and joins again; the tasks it had in hand
+    are delivered again and their claims in Redis say which solves already run."""
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        try:
+            Bridge(settings, max_in_flight=max_in_flight).run(stop, drain_timeout=drain_timeout)
+            return
+        except StoreUnavailable as exc:
+            log.warning("Redis is unavailable (%s): left the group until it is back", exc)
+            _wait_for_redis(stop)
+
+
+def _wait_for_redis(stop: threading.Event) -> None:
+    wait = REDIS_WAIT_S[0]
+    while not stop.wait(wait):  # back-off between looks while Redis is away
+        try:
+            store.ping()
+        except StoreUnavailable:
+            wait = min(REDIS_WAIT_S[1], wait * 2)
+            continue
+        log.warning("Redis is back: joining the group again")
+        return

@@ -134,9 +134,14 @@ def run_batch(
         stderr=subprocess.PIPE,
         text=True,
     )
-    wait_until(lambda: done_lines(stack.out) >= COUNT // 4, 60, what="a quarter of the batch")
-    stack.server.restart(graceful=graceful, down_s=2.0)
-    out, err = batch.communicate(timeout=DEADLINE_S + 60)
+    try:
+        wait_until(lambda: done_lines(stack.out) >= COUNT // 4, 60, what="a quarter of the batch")
+        stack.server.restart(graceful=graceful, down_s=2.0)
+        out, err = batch.communicate(timeout=TASK_TIMEOUT_S + 60)
+    finally:
+        if batch.poll() is None:  # a test that fails leaves no batch running
+            batch.kill()
+            batch.wait()
     took = time.monotonic() - started
     assert batch.returncode in (0, 1), err[-2000:]  # it did not die of the outage
     lines = [json.loads(t) for t in stack.out.read_text().splitlines() if t.strip()]
