@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .. import errors
@@ -336,7 +336,12 @@ def on_answer(
         return PollAt(min(now + policy.backoff(count), job["deadline"]), job, count, answer)
     if isinstance(answer, errors.CaptchaTasksError):
         return _failed_captcha(job, answer, now, policy)
-    return _solved(job, answer, polled_before, now, policy)
+    decision = _solved(job, answer, polled_before, now, policy)
+    if policy.pingback_fallback is not None and polled_before is None:
+        # Its callback was lost and its first poll came late on purpose: when it was
+        # solved is unknown, and learning the fallback's wait would delay every poll.
+        return replace(decision, solve_time_s=None) if isinstance(decision, Deliver) else decision
+    return decision
 
 
 def on_callback(

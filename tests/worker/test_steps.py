@@ -342,3 +342,14 @@ def test_structured_answers_are_delivered_as_json_values() -> None:
     decision = steps.on_answer(_polled(lemin), answer, None, 0, T0 + 5, COLD, POLICY, BULK)
     assert isinstance(decision, Deliver)
     assert decision.outcome["token"] == {"answer": "0xaa", "challenge_uuid": "u-1"}
+
+
+def test_a_late_fallback_poll_teaches_no_solve_time() -> None:
+    polled = steps.on_submitted(job(), "7001", T0, COLD, CALLBACKS, bulk=True)
+    assert isinstance(polled, PollAt)
+    late = steps.on_answer(polled.job, Answer("0.tok"), None, 0, polled.at, COLD, CALLBACKS, BULK)
+    assert isinstance(late, Deliver) and late.solve_time_s is None
+    again = steps.on_answer(
+        polled.job, Answer("0.tok"), polled.at, 0, polled.at + 1, COLD, CALLBACKS, BULK
+    )
+    assert isinstance(again, Deliver) and again.solve_time_s == pytest.approx(polled.at + 0.5 - T0)
