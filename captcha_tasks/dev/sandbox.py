@@ -120,7 +120,7 @@ _IDLE_CONNECTION_TIMEOUT = 60
 SERVER_THREADS = 32
 #: Seconds after a 429 during which other requests were already on their way to us: only
 #: later ones count as ignoring its Retry-After.
-_IN_FLIGHT_GRACE = 0.25
+_IN_FLIGHT_GRACE = 1.0
 
 _TEXT = "text/plain"
 _JSON = "application/json"
@@ -601,6 +601,8 @@ class _Captcha:
     #: Whether a client ever asked about it (a captcha paid for and never asked about was
     #: lost by its client, e.g. killed before it could note the id).
     asked: bool = False
+    #: The counters' epoch it was created in (see ``reset``).
+    epoch: int = 0
     user_agent: str | None = None
     in_result: bool = False
 
@@ -673,7 +675,9 @@ class _State:
             data["peak_in_flight"] = self._peak
             data["captchas_stored"] = len(self._captchas)
             data["never_asked"] = sum(
-                1 for c in self._captchas.values() if not c.asked and c.read_epoch < 0
+                1
+                for c in self._captchas.values()
+                if c.epoch == self._epoch and not c.asked and c.read_epoch < 0
             )
             data["submits_by_method"] = dict(self._by_method)
             data["config"] = self._config.public_dict()
@@ -819,6 +823,7 @@ class _State:
             token=None,
             user_agent=spec.user_agent,
             in_result=spec.in_result,
+            epoch=self._epoch,
         )
         if error is None:
             self._solve(captcha, spec, ready_at + ttl)

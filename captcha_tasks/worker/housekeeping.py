@@ -65,7 +65,14 @@ def check_threads() -> Drift | None:
     beyond ours belong to another client of the key, and ours shrink to leave them alone
     (until the next check finds them gone).  None when the API does not say."""
     every = get_settings().threads_check_every
-    info = store.api_client().threads_info()
+    limiter = store.limiter()
+    if limiter.poll_wait(1) > 0:  # the res.php budget, or an HTTP 429, holds the account
+        return None
+    try:
+        info = store.api_client().threads_info()
+    except errors.RateLimited as exc:
+        limiter.pause(exc.retry_after)
+        return None
     if info is None or "working_threads" not in info:
         return None
     drift = store.limiter().see_provider(info["working_threads"], VIEW_HOLDS_CHECKS * every)

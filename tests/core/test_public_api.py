@@ -83,4 +83,5 @@ def test_task_names() -> None:
         "captcha_tasks.poll",
         "captcha_tasks.prewarm",
         "captcha_tasks.report",
+        "captcha_tasks.check_threads",
     }

@@ -16,10 +16,12 @@ PAGE = "https://example.com/faults"
 
 
 def test_a_429_holds_every_request_of_the_account(sandbox: Any, start_worker: Any) -> None:
-    sandbox.configure(status_429_rate=1.0, retry_after=2, solve_time=0.2, jitter=0.0)
+    sandbox.configure(status_429_rate=1.0, retry_after=3, solve_time=0.2, jitter=0.0)
     start_worker(name="faults-429")
     first = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
     wait_until(lambda: sandbox.stats()["status_429"] >= 1, 15, what="the first 429")
+    hourly = store.keys().rate("hourly")
+    wait_until(lambda: store.redis_client().hget(hourly, "pause"), 10, what="the account held")
     # other solves, admitted while the account is held: none of them may ask the API
     others = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(3)]
     wait_until(lambda: sandbox.stats()["status_429"] >= 3, 20, what="three Retry-After waits")

@@ -39,7 +39,9 @@ ENV = {
     "CAPTCHAAI_SLOT_LEASE": "20",
     "CAPTCHAAI_SOLVE_TIMEOUT": "150",
     "CAPTCHAAI_TRANSPORT_RETRIES": "10",
-    "CAPTCHAAI_MAX_RESUBMITS": "2",
+    # With 5% unsolvable, a task fails when all its 1 + N attempts are: 300 x 0.05^3 = 3.7%
+    # of runs with two resubmits, 0.01% with four.
+    "CAPTCHAAI_MAX_RESUBMITS": "4",
     "CAPTCHAAI_KEY_PREFIX": "chaos",
     "CAPTCHAAI_QUEUE_PREFIX": "chaos",
 }
@@ -117,5 +119,8 @@ def test_chaos_batch_ends_solved(sandbox: Any, server: RedisServer, output_dir: 
     assert extra == stats["never_asked"], stats  # only killed in.php replies explain extras
     conn = redis.Redis.from_url(server.url, decode_responses=True)
     slots = Keys(prefix=ENV["CAPTCHAAI_KEY_PREFIX"]).slots()
-    wait_until(lambda: conn.zcard(slots) == 0, 30, what="every thread lease released")
+    # (slots named external:N stand for threads the provider counted beyond ours: a
+    # captcha whose in.php reply died with its worker, still being solved)
+    ours = lambda: [m for m in conn.zrange(slots, 0, -1) if not m.startswith("external:")]  # noqa: E731
+    wait_until(lambda: not ours(), 30, what="every thread lease released")
     print(f"chaos: {kills} workers killed, 1 Redis restart, {stats['never_asked']} orphans")
