@@ -285,7 +285,7 @@ def _answer(reply: Reply) -> Answer:
     return Answer(value, agent if isinstance(agent, str) and agent else None)
 
 
-def _bulk_value(part: str, captcha_id: str) -> Answer | _Pending | Exception:
+def _bulk_value(part: str, captcha_id: str) -> Answer | _Pending | errors.CaptchaTasksError:
     if part == NOT_READY_TEXT:
         return NOT_READY
     if part.startswith("ERROR") or part in ("MAX_USER_TURN", "IP_BANNED"):
@@ -302,14 +302,7 @@ def callback_answer(code: str, captcha_id: str) -> Answer | _Pending | errors.Ca
         except ValueError:
             return Answer(code)
         return Answer(value if isinstance(value, dict) else code)
-    found = _bulk_value(code, captcha_id)
-    return found if not isinstance(found, Exception) else _as_error(found)
-
-
-def _as_error(exc: Exception) -> errors.CaptchaTasksError:
-    if isinstance(exc, errors.CaptchaTasksError):
-        return exc
-    return errors.TransportError(type(exc).__name__)
+    return _bulk_value(code, captcha_id)
 
 
 def _looks_unsupported(reply: Reply, parts: list[str]) -> bool:

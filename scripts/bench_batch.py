@@ -53,6 +53,16 @@ class Run:
     rss_mb: float
 
 
+def write_tasks(path: Path, count: int, pageurl: str) -> Path:
+    """``count`` Turnstile tasks for ``captcha-tasks batch``, each with a site key of its own."""
+    lines = (
+        json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": pageurl}) + "\n"
+        for i in range(count)
+    )
+    path.write_text("".join(lines))
+    return path
+
+
 def rss_mb(pid: int) -> float:
     """Peak resident memory (VmHWM) of a process and its children, in MiB."""
     total = 0
@@ -123,13 +133,7 @@ def run_ours(
         for n in range(workers)
     ]
     try:
-        source = log_dir / f"{name}-in.jsonl"
-        source.write_text(
-            "".join(
-                json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE}) + "\n"
-                for i in range(count)
-            )
-        )
+        source = write_tasks(log_dir / f"{name}-in.jsonl", count, PAGE)
         out = log_dir / f"{name}-out.jsonl"
         sandbox.reset()
         start = time.monotonic()

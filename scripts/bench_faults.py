@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import requests
+from bench_batch import write_tasks
 
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
@@ -87,13 +88,8 @@ class Run:
     def go(self, count: int, fault: Callable[[Run], None]) -> Result:
         for worker in self.workers:
             worker.start()
-        source, out = self.log_dir / "in.jsonl", self.log_dir / "out.jsonl"
-        source.write_text(
-            "".join(
-                json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE}) + "\n"
-                for i in range(count)
-            )
-        )
+        source = write_tasks(self.log_dir / "in.jsonl", count, PAGE)
+        out = self.log_dir / "out.jsonl"
         self.sandbox.reset()
         arrivals: list[float] = []
         started = time.monotonic()

@@ -39,6 +39,7 @@ from typing import Any
 
 import redis
 import requests
+from bench_batch import write_tasks
 
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
@@ -118,13 +119,7 @@ def _listening(port: int) -> bool:
 def through_batch(
     env: dict[str, str], sandbox: SandboxServer, count: int, log_dir: Path, name: str
 ) -> tuple[float, list[dict[str, Any]], dict[str, Any]]:
-    source = log_dir / f"{name}-in.jsonl"
-    source.write_text(
-        "".join(
-            json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE}) + "\n"
-            for i in range(count)
-        )
-    )
+    source = write_tasks(log_dir / f"{name}-in.jsonl", count, PAGE)
     out = log_dir / f"{name}-out.jsonl"
     sandbox.reset()
     start = time.monotonic()

@@ -153,6 +153,20 @@ def clean_state(redis_conn: Any) -> Iterator[None]:
     wipe()
 
 
+@pytest.fixture
+def metrics_url() -> Iterator[str]:
+    """The Prometheus exporter, served in this process (read from the test's Redis)."""
+    from captcha_tasks.metrics import serve_in_thread
+
+    server, thread = serve_in_thread("127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
 def purge_broker(redis_url: str) -> None:
     """Drop queued and unacknowledged Celery messages left by an earlier module."""
     import redis

@@ -206,8 +206,7 @@ class SandboxConfig:
         self.jitter = _check_number("jitter", self.jitter, 0.0)
         self.unsolvable_rate = _check_number("unsolvable_rate", self.unsolvable_rate, 0.0, 1.0)
         self.error_rate = _check_number("error_rate", self.error_rate, 0.0, 1.0)
-        if not isinstance(self.bulk, bool):
-            raise ValueError(f"bulk must be true or false, got {self.bulk!r}")
+        self.bulk = _check_bool("bulk", self.bulk)
         self.api_keys = _check_api_keys(self.api_keys)
         if not isinstance(self.thread_error, str) or not self.thread_error.strip():
             raise ValueError("thread_error must be a non-empty error code")
@@ -223,8 +222,7 @@ class SandboxConfig:
         self.hang_s = _check_number("hang_s", self.hang_s, 0.0)
         self.status_429_rate = _check_number("status_429_rate", self.status_429_rate, 0.0, 1.0)
         self.retry_after = _check_int("retry_after", self.retry_after, minimum=0)
-        if not isinstance(self.queue_silently, bool):
-            raise ValueError(f"queue_silently must be true or false, got {self.queue_silently!r}")
+        self.queue_silently = _check_bool("queue_silently", self.queue_silently)
         self.pingback_drop_rate = _check_number(
             "pingback_drop_rate", self.pingback_drop_rate, 0.0, 1.0
         )
@@ -238,6 +236,12 @@ class SandboxConfig:
         data = dataclasses.asdict(self)
         del data["api_keys"]
         return data
+
+
+def _check_bool(name: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value
 
 
 def _check_int(name: str, value: object, minimum: int | None) -> int:

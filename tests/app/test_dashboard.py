@@ -17,7 +17,6 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from captcha_tasks import solve, store
 from captcha_tasks.dev.devstack import CeleryProcess, wait_until
 from captcha_tasks.errors import FatalError
-from captcha_tasks.metrics import serve_in_thread
 from captcha_tasks.receiver.callbacks import Receiver
 from captcha_tasks.receiver.wsgi import PingbackServer
 from captcha_tasks.settings import get_settings
@@ -290,17 +289,6 @@ def scrape(url: str) -> Served:
             _, labels = served.setdefault(sample.name, (family.type, set()))
             labels.update(sample.labels)
     return served
-
-
-@pytest.fixture
-def metrics_url() -> Iterator[str]:
-    server, thread = serve_in_thread("127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 def _fill_a_pool() -> None:

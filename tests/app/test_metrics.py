@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from captcha_tasks import solve, store
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.errors import FatalError
-from captcha_tasks.metrics import SOLVE_TIME_BUCKETS, _buckets, make_wsgi_app, serve_in_thread
+from captcha_tasks.metrics import SOLVE_TIME_BUCKETS, _buckets, make_wsgi_app
 from captcha_tasks.worker.tasks import create_pool, prewarm
 
 PAGE = "https://example.com/metrics"
@@ -38,17 +38,6 @@ def _scrape(url: str) -> Samples:
 
 def _value(samples: Samples, name: str, **labels: str) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
-
-
-@pytest.fixture
-def metrics_url() -> Iterator[str]:
-    server, thread = serve_in_thread("127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/metrics"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
 
 
 # -- figures from a working deployment -----------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import redis
+from batch_files import write_tasks
 
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until
 from captcha_tasks.keys import Keys
@@ -70,13 +71,7 @@ def test_chaos_batch_ends_solved(sandbox: Any, server: RedisServer, output_dir: 
 
     for n in range(3):
         start_worker(n)
-    source, out = log_dir / "in.jsonl", log_dir / "out.jsonl"
-    source.write_text(
-        "".join(
-            json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE}) + "\n"
-            for i in range(COUNT)
-        )
-    )
+    source, out = write_tasks(log_dir / "in.jsonl", COUNT, PAGE), log_dir / "out.jsonl"
     out.unlink(missing_ok=True)
     batch = subprocess.Popen(
         [sys.executable, "-m", "captcha_tasks.cli", "batch", str(source), "-o", str(out)],

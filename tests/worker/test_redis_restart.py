@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import redis
 import requests
+from batch_files import write_tasks
 
 from captcha_tasks.dev.devstack import (
     CeleryProcess,
@@ -116,13 +117,7 @@ def run_batch(
     stack: Stack, sandbox: Any, graceful: bool
 ) -> tuple[list[dict[str, Any]], float, str]:
     sandbox.configure(threads=50, solve_time=0.5, jitter=0.2)
-    source = stack.out.with_name("in.jsonl")
-    source.write_text(
-        "".join(
-            json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE}) + "\n"
-            for i in range(COUNT)
-        )
-    )
+    source = write_tasks(stack.out.with_name("in.jsonl"), COUNT, PAGE)
     stack.out.unlink(missing_ok=True)
     started = time.monotonic()
     batch = subprocess.Popen(
