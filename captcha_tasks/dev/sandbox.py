@@ -678,10 +678,16 @@ class _State:
             data["in_flight"] = in_flight
             data["peak_in_flight"] = self._peak
             data["captchas_stored"] = len(self._captchas)
-            data["never_asked"] = sum(
-                1
+            orphans = [
+                c
                 for c in self._captchas.values()
                 if c.epoch == self._epoch and not c.asked and c.read_epoch < 0
+            ]
+            data["never_asked"] = len(orphans)
+            # Orphans also counted in unsolvable_created: a caller that lost
+            # an in.php reply pays for the captcha whatever its fate.
+            data["never_asked_unsolvable"] = sum(
+                1 for c in orphans if c.error == "ERROR_CAPTCHA_UNSOLVABLE"
             )
             data["submits_by_method"] = dict(self._by_method)
             data["config"] = self._config.public_dict()

@@ -185,6 +185,18 @@ def test_unsolvable_rate_one(make_api: Callable[..., Api]) -> None:
     ]
 
 
+def test_never_asked_counts_orphans_and_which_were_unsolvable(make_api: Callable[..., Api]) -> None:
+    api = make_api(unsolvable_rate=1.0)
+    orphan, asked = api.submit(RECAPTCHA), api.submit(RECAPTCHA)
+    resp = api.session.post(f"{api.url}/sandbox/config", json={"unsolvable_rate": 0.0}, timeout=5)
+    assert resp.status_code == 200
+    api.submit(RECAPTCHA)  # a solvable orphan
+    api.get(asked)
+    stats = api.stats()
+    assert orphan != asked and stats["unsolvable_created"] == 2
+    assert (stats["never_asked"], stats["never_asked_unsolvable"]) == (2, 1)
+
+
 def test_bad_proxy_fails_at_ready_time(api: Api) -> None:
     captcha_id = api.submit(RECAPTCHA, proxy="user:pw@bad-proxy.example:3128", proxytype="HTTP")
     good_id = api.submit(RECAPTCHA, proxy="user:pw@proxy.example:3128", proxytype="HTTP")
