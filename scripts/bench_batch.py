@@ -32,7 +32,7 @@ from typing import Any
 
 import redis
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until, write_tasks
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 
 KEY = "bench-key"
@@ -51,16 +51,6 @@ class Run:
     res_ids: int
     submits: int
     rss_mb: float
-
-
-def write_tasks(path: Path, count: int, pageurl: str) -> Path:
-    """``count`` Turnstile tasks for ``captcha-tasks batch``, each with a site key of its own."""
-    lines = (
-        json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": pageurl}) + "\n"
-        for i in range(count)
-    )
-    path.write_text("".join(lines))
-    return path
 
 
 def rss_mb(pid: int) -> float:

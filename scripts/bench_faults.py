@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from bench_batch import write_tasks
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, write_tasks
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 
 KEY = "bench-key"

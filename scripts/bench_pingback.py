@@ -39,9 +39,14 @@ from typing import Any
 
 import redis
 import requests
-from bench_batch import write_tasks
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
+from captcha_tasks.dev.devstack import (
+    CeleryProcess,
+    RedisServer,
+    free_port,
+    wait_until,
+    write_tasks,
+)
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 
 KEY = "bench-key"

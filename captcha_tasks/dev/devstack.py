@@ -8,6 +8,7 @@ behind.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -51,6 +52,16 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+def write_tasks(path: Path, count: int, pageurl: str) -> Path:
+    """``count`` Turnstile tasks for ``captcha-tasks batch``, each with a site key of its own."""
+    lines = (
+        json.dumps({"method": "turnstile", "sitekey": f"k{i}", "pageurl": pageurl}) + "\n"
+        for i in range(count)
+    )
+    path.write_text("".join(lines))
+    return path
 
 
 def find_redis_server() -> str:

@@ -22,9 +22,8 @@ from typing import Any
 
 import pytest
 import redis
-from batch_files import write_tasks
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until, write_tasks
 from captcha_tasks.keys import Keys
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,6 @@ from typing import Any
 import pytest
 import redis
 import requests
-from batch_files import write_tasks
 
 from captcha_tasks.dev.devstack import (
     CeleryProcess,
@@ -30,6 +29,7 @@ from captcha_tasks.dev.devstack import (
     free_port,
     queue_names,
     wait_until,
+    write_tasks,
 )
 from captcha_tasks.keys import Keys
 

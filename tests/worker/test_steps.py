@@ -3,6 +3,7 @@ the time passed in."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -240,15 +241,7 @@ def test_a_spent_res_budget_polls_later() -> None:
 
 # -- provider callbacks -----------------------------------------------------------------------
 
-CALLBACKS = steps.Policy(
-    solve_timeout=300.0,
-    poll_interval=5.0,
-    bulk_interval=0.5,
-    transport_retries=2,
-    max_resubmits=1,
-    pingback_fallback=20.0,
-    random=lambda: 0.0,
-)
+CALLBACKS = dataclasses.replace(POLICY, pingback_fallback=20.0)
 
 
 @pytest.mark.parametrize("timing", [COLD, WARM])
