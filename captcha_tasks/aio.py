@@ -56,7 +56,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import errors
+from . import connections, errors
 from .settings import get_settings
 from .state import store
 from .state.batches import CANCEL_TTL, entries
@@ -313,13 +313,7 @@ def _hub() -> _Hub:
 
 def _connect() -> aioredis.Redis:
     # No socket timeout: the pub/sub reader and XREAD BLOCK wait on purpose.
-    return aioredis.Redis.from_url(
-        get_settings().redis_url,
-        decode_responses=True,
-        socket_connect_timeout=5,
-        socket_keepalive=True,
-        client_name=CLIENT_NAME,
-    )
+    return connections.async_redis_client(get_settings(), client_name=CLIENT_NAME)
 
 
 # -- streams ------------------------------------------------------------------------------

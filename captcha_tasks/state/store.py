@@ -11,6 +11,7 @@ from functools import lru_cache
 
 import redis
 
+from .. import connections
 from ..client import CaptchaAIClient, Timeout
 from ..errors import ConfigurationError
 from ..keys import Keys
@@ -36,14 +37,7 @@ def redis_client() -> redis.Redis:
 
 
 def connect(settings: Settings) -> redis.Redis:
-    return redis.Redis.from_url(
-        settings.redis_url,
-        decode_responses=True,
-        socket_connect_timeout=5,
-        socket_timeout=10,
-        health_check_interval=30,
-        retry_on_timeout=True,
-    )
+    return connections.redis_client(settings)
 
 
 def ping() -> None:

@@ -10,18 +10,20 @@ from typing import Any
 
 from kombu import Queue  # type: ignore[attr-defined]
 
+from ..connections import celery_options
 from ..keys import Keys
 from ..settings import get_settings
 from .broker import TRANSPORT
 
 _settings = get_settings()
+_where = celery_options(_settings)
 
-broker_url = _settings.redis_url
+broker_url = _where["broker_url"]
 # kombu's Redis transport, surviving a dropped connection (see .broker); unix sockets keep
 # kombu's own.
 if broker_url.startswith(("redis://", "rediss://")):
     broker_transport = TRANSPORT
-result_backend = _settings.redis_url
+result_backend = _where["result_backend"]
 
 # JSON only: pickle is refused everywhere.
 task_serializer = "json"
@@ -35,12 +37,8 @@ event_serializer = "json"
 # (tasks reschedule themselves at most half of it ahead).
 task_acks_late = True
 task_reject_on_worker_lost = True
-broker_transport_options = {
-    "visibility_timeout": _settings.visibility_timeout,
-    "unacked_restore_interval": max(1, int(_settings.visibility_timeout / 12)),
-    "unacked_restore_throttle": 1,
-}
-result_backend_transport_options = {"retry_policy": {"timeout": 5.0}}
+broker_transport_options = _where["broker_transport_options"]
+result_backend_transport_options = _where["result_backend_transport_options"]
 broker_connection_retry_on_startup = True
 result_expires = 3600
 # Extended results would store raw task arguments (a caller's proxy password) in Redis.
@@ -99,8 +97,8 @@ beat_schedule = {
 # Optional standby beat with celery-redbeat (`pip install captcha-tasks[redbeat]`, then
 # `celery -A captcha_tasks beat -S redbeat.RedBeatScheduler`): only the holder of its Redis
 # lock ticks; a standby takes over at most redbeat_lock_timeout after a crash.
-redbeat_redis_url = _settings.redis_url
-redbeat_redis_options: dict[str, object] = {}
+redbeat_redis_url = _where["redbeat_redis_url"]
+redbeat_redis_options: dict[str, object] = _where["redbeat_redis_options"]
 redbeat_key_prefix = Keys(_settings.key_prefix).redbeat_prefix()
 redbeat_lock_timeout = 30
 beat_max_loop_interval = 5
