@@ -34,8 +34,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import threading
 import uuid
 from collections.abc import (
     AsyncIterable,
@@ -57,8 +55,8 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import connections, errors
-from .settings import get_settings
-from .state import store
+from .keys import Keys
+from .settings import Settings
 from .state.batches import CANCEL_TTL, entries
 from .state.lua import text
 from .stream import Batch, rejected
@@ -90,7 +88,7 @@ async def solve(
     kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
     normalize_solve_args((), kwargs)  # call-site validation, before any I/O
     solve_id = str(uuid.uuid4())
-    hub = _hub()
+    hub = _hubs().hub()
 
     async def send() -> None:
         await _publish(kwargs, task_id=solve_id)
@@ -113,12 +111,12 @@ async def stream(
     not submitted yet; ``async with contextlib.aclosing(stream(...))`` makes that happen
     at once rather than when the generator is collected.
     """
-    settings = get_settings()
+    settings = app.runtime().settings
     size = window or 2 * settings.capacity
     if size < 1:
         raise errors.ValidationError("window must be at least 1")
     batch = Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
-    hub = _hub()
+    hub = _hubs().hub()
     source = _numbered(tasks)
     exhausted = False
     try:
@@ -143,39 +141,45 @@ async def stream(
 
 async def aclose() -> None:
     """Close this event loop's Redis connections (they reopen on the next call)."""
-    hub = _HUBS.get(asyncio.get_running_loop())
+    hub = _hubs().hubs.get(asyncio.get_running_loop())
     if hub is not None:
         await hub.close()
 
 
-# -- publishing on the Celery app ---------------------------------------------------------
-
-_PUBLISHER: ThreadPoolExecutor | None = None
-_PUBLISHER_LOCK = threading.Lock()
+# -- this process's connections -----------------------------------------------------------
 
 
-def _publisher() -> ThreadPoolExecutor:
-    global _PUBLISHER
-    with _PUBLISHER_LOCK:
-        if _PUBLISHER is None:
-            _PUBLISHER = ThreadPoolExecutor(1, thread_name_prefix="captcha-tasks-publish")
-        return _PUBLISHER
+class Hubs:
+    """The asyncio API's connections in one process, kept with the app's runtime: one
+    :class:`_Hub` per event loop, and the one thread that publishes solve messages."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.hubs: dict[asyncio.AbstractEventLoop, _Hub] = {}
+        self.publisher = ThreadPoolExecutor(1, thread_name_prefix="captcha-tasks-publish")
+
+    def hub(self) -> _Hub:
+        """The running loop's hub (built on first use)."""
+        loop = asyncio.get_running_loop()
+        hub = self.hubs.get(loop)
+        if hub is None:
+            for closed in [other for other in self.hubs if other.is_closed()]:
+                del self.hubs[closed]
+            client = connections.async_redis_client(self.settings, client_name=CLIENT_NAME)
+            hub = self.hubs[loop] = _Hub(self, loop, client, Keys(self.settings.key_prefix))
+        return hub
 
 
-def _forget_publisher() -> None:
-    # A forked child has none of its parent's threads.
-    global _PUBLISHER, _PUBLISHER_LOCK
-    _PUBLISHER, _PUBLISHER_LOCK = None, threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_publisher)
+def _hubs() -> Hubs:
+    runtime = app.runtime()
+    return runtime.resource("aio", lambda: Hubs(runtime.settings))
 
 
 async def _publish(kwargs: dict[str, Any], **options: Any) -> str:
     """``solve.apply_async`` on the publisher thread; returns the solve's id."""
     loop = asyncio.get_running_loop()
     call = partial(solve_task.apply_async, kwargs=kwargs, **options)
-    result = await loop.run_in_executor(_publisher(), call)
+    result = await loop.run_in_executor(_hubs().publisher, call)
     return str(result.id)
 
 
@@ -207,8 +211,10 @@ class _Waiter:
 class _Hub:
     """One event loop's Redis client, pub/sub connection and the solves waiting on it."""
 
+    owner: Hubs
     loop: asyncio.AbstractEventLoop
     redis: aioredis.Redis
+    keys: Keys
     waiters: dict[str, _Waiter] = field(default_factory=dict)
     subscribing: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -280,8 +286,8 @@ class _Hub:
             await self.reader
 
     async def _shutdown(self) -> None:
-        if _HUBS.get(self.loop) is self:
-            del _HUBS[self.loop]
+        if self.owner.hubs.get(self.loop) is self:
+            del self.owner.hubs[self.loop]
         closed = errors.StoreUnavailable("this event loop's Redis client was closed")
         for waiter in self.waiters.values():
             for future in (waiter.confirmed, waiter.record):
@@ -296,24 +302,6 @@ class _Hub:
 def _settle(future: asyncio.Future[str], value: str) -> None:
     if not future.done():
         future.set_result(value)
-
-
-_HUBS: dict[asyncio.AbstractEventLoop, _Hub] = {}
-
-
-def _hub() -> _Hub:
-    loop = asyncio.get_running_loop()
-    hub = _HUBS.get(loop)
-    if hub is None:
-        for closed in [other for other in _HUBS if other.is_closed()]:
-            del _HUBS[closed]
-        hub = _HUBS[loop] = _Hub(loop, _connect())
-    return hub
-
-
-def _connect() -> aioredis.Redis:
-    # No socket timeout: the pub/sub reader and XREAD BLOCK wait on purpose.
-    return connections.async_redis_client(get_settings(), client_name=CLIENT_NAME)
 
 
 # -- streams ------------------------------------------------------------------------------
@@ -341,7 +329,7 @@ async def _queue(batch: Batch, index: int, task: Task) -> dict[str, Any] | None:
 
 
 async def _arrived(hub: _Hub, batch: Batch) -> list[dict[str, Any]]:
-    key = store.keys().batch_results(batch.batch_id)
+    key = hub.keys.batch_results(batch.batch_id)
     wait_s = batch.next_deadline() or 0.0
     block_ms = max(1, min(MAX_BLOCK_MS, int(wait_s * 1000) + 1))
     try:
@@ -355,7 +343,7 @@ async def _arrived(hub: _Hub, batch: Batch) -> list[dict[str, Any]]:
 
 
 async def _abandon(hub: _Hub, batch: Batch) -> None:
-    keys = store.keys()
+    keys = hub.keys
     try:
         async with hub.redis.pipeline(transaction=True) as pipe:
             if batch.pending:

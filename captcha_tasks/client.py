@@ -36,7 +36,10 @@ NOT_READY_TEXT = "CAPCHA_NOT_READY"
 BULK_MAX_IDS = 100
 
 
-class _Pending(enum.Enum):
+class NotReady(enum.Enum):
+    """The type of :data:`NOT_READY` (an enum of one value, so type checkers can tell it
+    from an answer)."""
+
     NOT_READY = "CAPCHA_NOT_READY"
 
     def __repr__(self) -> str:
@@ -44,7 +47,7 @@ class _Pending(enum.Enum):
 
 
 #: The answer is not ready yet: poll again later.
-NOT_READY = _Pending.NOT_READY
+NOT_READY = NotReady.NOT_READY
 
 Token = str | dict[str, Any] | list[Any]
 
@@ -64,9 +67,6 @@ class Timeout:
 
     connect: float = 5.0
     read: float = 30.0
-
-    def as_tuple(self) -> tuple[float, float]:
-        return (self.connect, self.read)
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ class CaptchaAIClient:
             raise _error(reply.request)
         return str(reply.request)
 
-    def get(self, captcha_id: str) -> Answer | _Pending:
+    def get(self, captcha_id: str) -> Answer | NotReady:
         """One captcha's answer, or :data:`NOT_READY`."""
         reply = self._call("res.php", {"action": "get", "id": captcha_id})
         if reply.ok:
@@ -124,7 +124,7 @@ class CaptchaAIClient:
 
     def get_many(
         self, captcha_ids: Sequence[str]
-    ) -> dict[str, Answer | _Pending | Exception] | None:
+    ) -> dict[str, Answer | NotReady | Exception] | None:
         """Answers of several pipe-safe captchas in one request (``ids=``).
 
         Returns ``None`` when the server does not honour ``ids`` (the caller falls back to
@@ -285,7 +285,7 @@ def _answer(reply: Reply) -> Answer:
     return Answer(value, agent if isinstance(agent, str) and agent else None)
 
 
-def _bulk_value(part: str, captcha_id: str) -> Answer | _Pending | errors.CaptchaTasksError:
+def _bulk_value(part: str, captcha_id: str) -> Answer | NotReady | errors.CaptchaTasksError:
     if part == NOT_READY_TEXT:
         return NOT_READY
     if part.startswith("ERROR") or part in ("MAX_USER_TURN", "IP_BANNED"):
@@ -293,7 +293,7 @@ def _bulk_value(part: str, captcha_id: str) -> Answer | _Pending | errors.Captch
     return Answer(part)
 
 
-def callback_answer(code: str, captcha_id: str) -> Answer | _Pending | errors.CaptchaTasksError:
+def callback_answer(code: str, captcha_id: str) -> Answer | NotReady | errors.CaptchaTasksError:
     """A provider callback's ``code``: an answer (a JSON object's text becomes the object),
     an API error, or :data:`NOT_READY`."""
     if code.startswith("{"):

@@ -19,12 +19,16 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from .settings import Settings
+from .settings import Settings, mask_url
 
 #: Seconds to wait for a connection, and for a reply, of the state layer's client.
 CONNECT_TIMEOUT_S = 5
 SOCKET_TIMEOUT_S = 10
 HEALTH_CHECK_S = 30
+
+#: What redis-py raises when nothing (or no Redis) answers at the URL, or it refuses the
+#: password: not answering, timing out, or a server that does not speak the protocol.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.InvalidResponse)
 
 
 def redis_client(settings: Settings) -> redis.Redis:
@@ -67,3 +71,21 @@ def celery_options(settings: Settings) -> dict[str, Any]:
         "redbeat_redis_url": settings.redis_url,
         "redbeat_redis_options": {},
     }
+
+
+def describe(r: redis.Redis) -> str:
+    """Where client ``r`` looks for Redis, as a URL with its password masked (for error
+    messages and logs)."""
+    pool = r.connection_pool
+    service = getattr(pool, "service_name", None)
+    if service:
+        return f"sentinel master {service!r}"
+    kw = pool.connection_kwargs
+    if "path" in kw:
+        return f"unix://{kw['path']}"
+    scheme = "rediss" if issubclass(pool.connection_class, redis.SSLConnection) else "redis"
+    auth = ""
+    if kw.get("username") or kw.get("password"):
+        auth = f"{kw.get('username') or ''}:{kw.get('password') or ''}@"
+    url = f"{scheme}://{auth}{kw.get('host', 'localhost')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
+    return mask_url(url)

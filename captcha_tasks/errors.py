@@ -3,6 +3,10 @@
     CaptchaTasksError                  root of everything raised here
     ├── ConfigurationError             bad setting; fix the environment (raised at start-up)
     ├── ValidationError                bad solve request; fix the call (raised before queueing)
+    │   ├── PoolNotFound               the named token pool is not declared
+    │   ├── BadTicket                  a callback path this deployment did not issue
+    │   │   └── BadMac                 ... or whose MAC is wrong (forged, another secret)
+    │   └── BadMessage                 a Kafka task message the bridge cannot answer
     ├── RetryableError                 back off and try the same request again
     │   ├── NoSlotError                no free provider thread (ERROR_NO_SLOT_AVAILABLE,
     │   │                              ERROR_ZERO_BALANCE)
@@ -10,7 +14,12 @@
     │   ├── RateLimited                HTTP 429: wait ``retry_after`` s (account wide)
     │   ├── ServerError                ERROR_SERVER_ERROR, MAX_USER_TURN
     │   ├── StoreUnavailable           Redis is down: nothing is submitted until it is back
-    │   └── NoProxyAvailable           every pooled proxy is taken or cooling off
+    │   ├── NoProxyAvailable           every pooled proxy is taken or cooling off
+    │   ├── SessionError               a shared session is not usable right now
+    │   │   ├── SessionBusy            another worker holds the domain's session lock
+    │   │   └── ReauthTimeout          nobody produced fresh cookies before the deadline
+    │   ├── KafkaDeliveryError         the Kafka brokers did not acknowledge a message
+    │   └── KafkaUnavailable           the Kafka brokers did not answer in time
     ├── ResubmitError                  the captcha failed; submit a new one (bounded)
     │   ├── UnsolvableError            ERROR_CAPTCHA_UNSOLVABLE
     │   └── TokenExpired               the answer's life ran out before delivery
@@ -65,6 +74,29 @@ class ValidationError(CaptchaTasksError, ValueError):
     default_code = "ERROR_VALIDATION"
 
 
+class PoolNotFound(ValidationError):
+    """The named pool is not declared (not in the registry)."""
+
+    default_code = "ERROR_POOL_NOT_FOUND"
+
+
+class BadTicket(ValidationError):
+    """A callback path that is not a ticket this deployment issued."""
+
+    default_code = "ERROR_BAD_PINGBACK"
+
+
+class BadMac(BadTicket):
+    """A ticket whose MAC is wrong: forged, or signed with another secret."""
+
+
+class BadMessage(ValidationError):
+    """A task message the Kafka bridge cannot answer: not JSON, not an object, or no
+    task_id."""
+
+    default_code = "ERROR_BAD_MESSAGE"
+
+
 class RetryableError(CaptchaTasksError):
     default_code = "ERROR_RETRYABLE"
 
@@ -103,6 +135,36 @@ class StoreUnavailable(RetryableError):
 
 class NoProxyAvailable(RetryableError):
     default_code = "ERROR_NO_PROXY_AVAILABLE"
+
+
+class SessionError(RetryableError):
+    """A shared session is not usable right now; try again shortly."""
+
+    default_code = "ERROR_SESSION"
+
+
+class SessionBusy(SessionError):
+    """Another worker holds the domain's session lock."""
+
+    default_code = "ERROR_SESSION_LOCKED"
+
+
+class ReauthTimeout(SessionError):
+    """Nobody produced fresh cookies for the domain before the deadline."""
+
+    default_code = "ERROR_REAUTH_TIMEOUT"
+
+
+class KafkaDeliveryError(RetryableError):
+    """The brokers did not acknowledge a message (after librdkafka's own retries)."""
+
+    default_code = "ERROR_KAFKA_DELIVERY"
+
+
+class KafkaUnavailable(RetryableError):
+    """The brokers did not answer a metadata or admin request in time."""
+
+    default_code = "ERROR_KAFKA_UNAVAILABLE"
 
 
 class ResubmitError(CaptchaTasksError):

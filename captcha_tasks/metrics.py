@@ -47,11 +47,10 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from .errors import StoreUnavailable
+from .errors import PoolNotFound, StoreUnavailable
 from .methods import METHODS
-from .settings import get_settings
-from .state import store
-from .state.pools import PoolNotFound
+from .settings import Settings, get_settings
+from .state import State
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +88,16 @@ def _name(suffix: str) -> str:
 class StoreCollector(Collector):
     """Reads the deployment's state from Redis each time Prometheus scrapes."""
 
+    def __init__(self, settings: Settings, state: State) -> None:
+        self.settings = settings
+        self.state = state
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> StoreCollector:
+        """The collector of ``settings`` (default: read from the environment)."""
+        settings = settings or get_settings()
+        return cls(settings, State.build(settings))
+
     def collect(self) -> Iterator[Metric]:
         """Every metric; raises (a Redis error) when Redis does not answer."""
         yield from self._threads()
@@ -102,8 +111,8 @@ class StoreCollector(Collector):
         return []
 
     def _threads(self) -> Iterator[Metric]:
-        settings = get_settings()
-        limiter = store.limiter()
+        settings = self.settings
+        limiter = self.state.limiter
         in_use = limiter.in_use()
         yield _gauge("threads_in_use", "Provider threads held by captchas in flight.", in_use)
         yield _gauge(
@@ -131,7 +140,7 @@ class StoreCollector(Collector):
         )
 
     def _pools(self) -> Iterator[Metric]:
-        statuses = _pool_statuses()
+        statuses = _pool_statuses(self.state)
         for field, suffix, doc in _POOL_GAUGES:
             family = GaugeMetricFamily(_name(suffix), doc, labels=["pool"])
             for status in statuses:
@@ -145,7 +154,7 @@ class StoreCollector(Collector):
             yield counter
 
     def _api_errors(self) -> Iterator[Metric]:
-        counts: dict[str, str] = store.redis_client().hgetall(store.keys().api_errors())  # type: ignore[assignment]
+        counts = self.state.stats.api_errors()
         family = CounterMetricFamily(
             _name("api_errors"), "Error answers and failures by code.", labels=["code"]
         )
@@ -154,7 +163,7 @@ class StoreCollector(Collector):
         yield family
 
     def _solves(self) -> Iterator[Metric]:
-        r, keys = store.redis_client(), store.keys()
+        stats, times_of = self.state.stats, self.state.solve_times
         solved = CounterMetricFamily(
             _name("solved"),
             "Captchas solved, by method and source (pingback / bulk_poll / poll / pool).",
@@ -166,17 +175,16 @@ class StoreCollector(Collector):
             labels=["method"],
         )
         for method in sorted(METHODS):
-            counts: dict[str, str] = r.hgetall(keys.solved_counter(method))  # type: ignore[assignment]
-            for source, count in sorted(counts.items()):
+            for source, count in sorted(stats.solved(method).items()):
                 solved.add_metric([method, source], float(count))
-            samples = [float(x) for x in r.lrange(keys.solve_times(method), 0, -1)]
+            samples = times_of.samples(method)
             if samples:
                 times.add_metric([method], _buckets(samples), sum(samples))
         yield solved
         yield times
 
     def _callbacks(self) -> Iterator[Metric]:
-        counts = store.board().callback_counts()
+        counts = self.state.stats.callback_counts()
         yield CounterMetricFamily(
             _name("pingback_accepted"),
             "Provider callbacks that completed their captcha.",
@@ -194,8 +202,8 @@ def _gauge(suffix: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(_name(suffix), doc, value=float(value))
 
 
-def _pool_statuses() -> list[dict[str, Any]]:
-    pools = store.pools()
+def _pool_statuses(state: State) -> list[dict[str, Any]]:
+    pools = state.pools
     statuses = []
     for spec in pools.all():
         try:
@@ -221,7 +229,7 @@ def make_wsgi_app(collector: Collector | None = None) -> WSGIApp:
     """A WSGI app answering ``GET /metrics`` (and ``/``) from ``collector`` (default: a
     :class:`StoreCollector`); ``503`` with the reason while Redis is unreachable."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector or StoreCollector())
+    registry.register(collector or StoreCollector.from_settings())
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO", "/") not in ("/", "/metrics"):
@@ -282,27 +290,33 @@ class _QuietHandler(WSGIRequestHandler):
         log.debug("%s - " + format, self.address_string(), *args)
 
 
-def make_metrics_server(host: str, port: int, app: WSGIApp | None = None) -> WSGIServer:
+def make_metrics_server(
+    host: str, port: int, app: WSGIApp | None = None, collector: Collector | None = None
+) -> WSGIServer:
     """A bound, not yet serving, threaded HTTP server for ``app`` (port 0: a free one)."""
     return make_server(
         host,
         port,
-        app or make_wsgi_app(),
+        app or make_wsgi_app(collector),
         server_class=_ThreadingServer,
         handler_class=_QuietHandler,
     )
 
 
-def serve(port: int = DEFAULT_PORT, host: str = "127.0.0.1") -> None:
+def serve(
+    port: int = DEFAULT_PORT, host: str = "127.0.0.1", collector: Collector | None = None
+) -> None:
     """Serve ``/metrics`` on ``host:port`` until the process is stopped."""
-    with make_metrics_server(host, port) as server:
+    with make_metrics_server(host, port, collector=collector) as server:
         server.serve_forever()
 
 
-def serve_in_thread(host: str = "127.0.0.1", port: int = 0) -> tuple[WSGIServer, threading.Thread]:
+def serve_in_thread(
+    host: str = "127.0.0.1", port: int = 0, collector: Collector | None = None
+) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``/metrics`` from a daemon thread (e.g. inside a worker or a web app); stop it
     with ``server.shutdown()``."""
-    server = make_metrics_server(host, port)
+    server = make_metrics_server(host, port, collector=collector)
     thread = threading.Thread(
         target=server.serve_forever, name="captcha-tasks-metrics", daemon=True
     )
@@ -318,6 +332,7 @@ def serve_in_thread(host: str = "127.0.0.1", port: int = 0) -> tuple[WSGIServer,
 def metrics_command(host: str, port: int) -> None:
     """Serve Prometheus metrics read from Redis (GET /metrics)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    get_settings()  # a bad setting stops the exporter now, not at the first scrape
+    # A bad setting stops the exporter now, not at the first scrape.
+    collector = StoreCollector.from_settings(get_settings())
     click.echo(f"captcha-tasks metrics on http://{host}:{port}/metrics")
-    serve(port, host)
+    serve(port, host, collector)

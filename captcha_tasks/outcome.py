@@ -37,13 +37,16 @@ def parse_iso(text: str) -> float:
 
 @dataclass(frozen=True)
 class Solved:
+    """A solved captcha.  ``solved_at`` and ``expires_at`` are Unix timestamps here and
+    ISO 8601 strings in :meth:`to_dict` (the outcome dict every caller sees)."""
+
     token: Token
     captcha_id: str
     method: str
     source: Literal["api", "pool"]
     elapsed_s: float
-    solved_at: str
-    expires_at: str
+    solved_at: float
+    expires_at: float
     status: Literal["solved"] = "solved"
     #: The user agent the provider solved with; the token must be used with it.
     user_agent: str | None = None
@@ -52,6 +55,7 @@ class Solved:
         data = asdict(self)
         if data["user_agent"] is None:
             del data["user_agent"]
+        data["solved_at"], data["expires_at"] = iso(self.solved_at), iso(self.expires_at)
         # status first, the token last: a truncated repr shows the facts, not the secret
         return {
             "status": data.pop("status"),
@@ -100,7 +104,7 @@ def outcome_from_dict(data: dict[str, Any]) -> Outcome:
         data["method"],
         data["source"],
         float(data["elapsed_s"]),
-        data["solved_at"],
-        data["expires_at"],
+        parse_iso(data["solved_at"]),
+        parse_iso(data["expires_at"]),
         user_agent=data.get("user_agent"),
     )

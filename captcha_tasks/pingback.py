@@ -19,21 +19,14 @@ import hmac
 import re
 from dataclasses import dataclass
 
-from .errors import ValidationError
+from .errors import BadMac, BadTicket
 
 #: Hex digits of the MAC in a ticket (128 bits).
 MAC_HEX = 32
 _SOLVE_ID = re.compile(r"[A-Za-z0-9_\-]{1,100}")
 
 
-class BadTicket(ValidationError):
-    """A callback path that is not a ticket this deployment issued."""
-
-    code = "ERROR_BAD_PINGBACK"
-
-
-class BadMac(BadTicket):
-    """A ticket whose MAC is wrong: forged, or signed with another secret."""
+__all__ = ["BadMac", "BadTicket", "Ticket", "callback_url", "read_ticket", "ticket"]
 
 
 @dataclass(frozen=True)

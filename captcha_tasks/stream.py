@@ -31,8 +31,8 @@ from kombu.exceptions import OperationalError
 
 from . import errors
 from .outcome import Failed
-from .settings import get_settings
-from .state import store
+from .state.batches import BatchStreams
+from .worker.app import app
 from .worker.tasks import solve
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,8 @@ def stream(
     ``timeout_per_task`` (default: the solve timeout plus a minute) fails a task whose
     result never arrives.
     """
-    settings = get_settings()
+    runtime = app.runtime()
+    settings, streams = runtime.settings, runtime.state.batches
     size = window or 2 * settings.capacity
     if size < 1:
         raise errors.ValidationError("window must be at least 1")
@@ -161,7 +162,7 @@ def stream(
             if exhausted and not backlog and not batch.pending:
                 return
             try:
-                found = _read(batch)
+                found = _read(streams, batch)
             except errors.StoreUnavailable as exc:
                 outage.wait(exc)
             else:
@@ -169,7 +170,7 @@ def stream(
                 yield from found
             yield from batch.timed_out()
     finally:
-        _abandon(batch)
+        _abandon(streams, batch)
 
 
 def _queue(batch: Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -187,9 +188,8 @@ def _queue(batch: Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] 
     return None
 
 
-def _read(batch: Batch) -> list[dict[str, Any]]:
+def _read(streams: BatchStreams, batch: Batch) -> list[dict[str, Any]]:
     """The outcomes that arrived (waiting up to :data:`READ_BLOCK_MS` for the first)."""
-    streams = store.batches()
     found = streams.read(batch.batch_id, batch.last_id, block_ms=READ_BLOCK_MS)
     outcomes = batch.arrived(found)
     if found:
@@ -200,11 +200,11 @@ def _read(batch: Batch) -> list[dict[str, Any]]:
     return outcomes
 
 
-def _abandon(batch: Batch) -> None:
+def _abandon(streams: BatchStreams, batch: Batch) -> None:
     if not batch.queued:
         return  # nothing was sent (Redis down at the first task, say): nothing to cancel
     try:
-        store.batches().abandon(batch.batch_id, cancel=bool(batch.pending))
+        streams.abandon(batch.batch_id, cancel=bool(batch.pending))
         if batch.pending:
             log.info("batch %s abandoned: %d tasks cancelled", batch.batch_id, len(batch.pending))
     except errors.StoreUnavailable as exc:  # the caller sees the outage itself, once

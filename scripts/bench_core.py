@@ -134,9 +134,9 @@ def time_fatal(solve: Any, errors: Any, sandbox: SandboxServer) -> tuple[float, 
 
 
 def validation_leaves_redis_untouched(solve: Any, errors: Any) -> bool:
-    from captcha_tasks import store
+    from captcha_tasks.worker.app import app
 
-    r = store.redis_client()
+    r = app.runtime().state.redis
     before = r.dbsize(), r.llen("captcha.solve")
     try:
         solve.delay(method="turnstile", sitekey="k", pageurl="not-a-url")

@@ -107,10 +107,11 @@ def timed_takes(
 
 
 def bench_latency(samples: int) -> bool:
-    from captcha_tasks import solve, store
+    from captcha_tasks import solve
+    from captcha_tasks.worker.app import app
     from captcha_tasks.worker.tasks import take_token
 
-    pools = store.pools()
+    pools = app.runtime().state.pools
 
     def full() -> None:
         # Forget the burst's take history so the pool aims at its full size again (a
@@ -136,10 +137,10 @@ def bench_latency(samples: int) -> bool:
 
 
 def bench_steady(seconds: int, warmup: int) -> bool:
-    from captcha_tasks import store
+    from captcha_tasks.worker.app import app
     from captcha_tasks.worker.tasks import take_token
 
-    pools = store.pools()
+    pools = app.runtime().state.pools
     run_demand(take_token, warmup)
     pools.reset_stats("steady")
     hits, misses = run_demand(take_token, seconds)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -140,12 +140,11 @@ def keys(redis_conn: Any) -> Iterator[Any]:
 
 
 @pytest.fixture
-def clean_state(redis_conn: Any) -> Iterator[None]:
+def clean_state(redis_conn: Any, state: Any) -> Iterator[None]:
     """Forget captcha-tasks' own keys (solve-time samples, submissions) around a test."""
-    from captcha_tasks import store
 
     def wipe() -> None:
-        for key in redis_conn.scan_iter(store.keys().all_patterns(), count=1000):
+        for key in redis_conn.scan_iter(state.keys.all_patterns(), count=1000):
             redis_conn.delete(key)
 
     wipe()
@@ -154,11 +153,11 @@ def clean_state(redis_conn: Any) -> Iterator[None]:
 
 
 @pytest.fixture
-def metrics_url() -> Iterator[str]:
+def metrics_url(settings: Any, state: Any) -> Iterator[str]:
     """The Prometheus exporter, served in this process (read from the test's Redis)."""
-    from captcha_tasks.metrics import serve_in_thread
+    from captcha_tasks.metrics import StoreCollector, serve_in_thread
 
-    server, thread = serve_in_thread("127.0.0.1", 0)
+    server, thread = serve_in_thread("127.0.0.1", 0, StoreCollector(settings, state))
     try:
         yield f"http://127.0.0.1:{server.server_port}/metrics"
     finally:
@@ -167,66 +166,94 @@ def metrics_url() -> Iterator[str]:
         thread.join(5)
 
 
-def purge_broker(redis_url: str) -> None:
+def purge_broker(redis_url: str, env: Mapping[str, str]) -> None:
     """Drop queued and unacknowledged Celery messages left by an earlier module."""
     import redis
 
     from captcha_tasks.dev.devstack import queue_names
 
     conn = redis.Redis.from_url(redis_url)
-    conn.delete(*queue_names(os.environ), "unacked", "unacked_index", "unacked_mutex")
+    conn.delete(*queue_names(env), "unacked", "unacked_index", "unacked_mutex")
     conn.close()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def isolated_module(request: pytest.FixtureRequest) -> Iterator[str]:
     """Each test module works under Redis keys and Celery queues of its own, so state
-    another module leaked cannot loosen its assertions.  Returns the prefix."""
-    from captcha_tasks import settings, store
+    another module leaked cannot loosen its assertions.  Returns the prefix.
+
+    The module's settings are a value (``settings``), installed in this process's app
+    (``app.use``); processes a test starts get them through ``env``.  A module may add
+    settings of its own in a ``MODULE_ENV`` dict.  Nothing rewrites ``os.environ``."""
+    from captcha_tasks.settings import Settings
+    from captcha_tasks.worker.app import app
 
     name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
     prefix = f"ct-{name}-{os.urandom(3).hex()}"
-    os.environ.update(CAPTCHAAI_KEY_PREFIX=prefix, CAPTCHAAI_QUEUE_PREFIX=prefix)
-    settings.reset_settings()
-    store.reset()
+    env = {**os.environ, **getattr(request.module, "MODULE_ENV", {})}
+    env.update(CAPTCHAAI_KEY_PREFIX=prefix, CAPTCHAAI_QUEUE_PREFIX=prefix)
+    _MODULE.update(env=env, prefix=prefix)
+    app.use(Settings.from_env(env))
     yield prefix
-    os.environ.update(
-        CAPTCHAAI_KEY_PREFIX=TEST_ENV["CAPTCHAAI_KEY_PREFIX"],
-        CAPTCHAAI_QUEUE_PREFIX=TEST_ENV["CAPTCHAAI_QUEUE_PREFIX"],
-    )
-    settings.reset_settings()
-    store.reset()
+    app.forget_runtime()
+
+
+#: The module being run: its environment (for the processes it starts) and key prefix.
+_MODULE: dict[str, Any] = {}
+
+
+@pytest.fixture(scope="module")
+def env(isolated_module: str) -> dict[str, str]:
+    """The environment of this module's settings, for the processes its tests start."""
+    return dict(_MODULE["env"])
+
+
+@pytest.fixture(scope="module")
+def settings(isolated_module: str) -> Any:
+    """This module's settings (as installed in this process's app)."""
+    from captcha_tasks.worker.app import app
+
+    return app.runtime().settings
+
+
+@pytest.fixture(scope="module")
+def state(isolated_module: str) -> Any:
+    """This module's Redis state (the app's, in this process)."""
+    from captcha_tasks.worker.app import app
+
+    return app.runtime().state
 
 
 @pytest.fixture(scope="module")
 def worker(
-    output_dir: Path, redis_url: str, request: pytest.FixtureRequest
+    output_dir: Path, redis_url: str, env: dict[str, str], request: pytest.FixtureRequest
 ) -> Iterator[CeleryProcess]:
     """One real worker process (threads pool) consuming every queue, for one test module."""
-    purge_broker(redis_url)
+    purge_broker(redis_url, env)
     name = f"worker-{request.module.__name__.rsplit('.', 1)[-1]}"
-    proc = CeleryProcess("worker", concurrency=16, log_dir=output_dir, name=name)
+    proc = CeleryProcess("worker", env=env, concurrency=16, log_dir=output_dir, name=name)
     proc.start()
     yield proc
     proc.stop()
-    purge_broker(redis_url)
+    purge_broker(redis_url, env)
 
 
 @pytest.fixture
-def start_worker(output_dir: Path, redis_url: str) -> Iterator[Any]:
-    """Factory for worker processes with their own environment; all stopped after.
+def start_worker(output_dir: Path, redis_url: str, env: dict[str, str]) -> Iterator[Any]:
+    """Factory for worker processes with their own environment (on top of the module's);
+    all stopped after.
 
     Modules that use it must not also use the module-wide ``worker`` fixture.
     """
     started: list[CeleryProcess] = []
-    purge_broker(redis_url)
+    purge_broker(redis_url, env)
 
-    def start(env: dict[str, str] | None = None, **kwargs: Any) -> CeleryProcess:
-        proc = CeleryProcess("worker", env=env, log_dir=output_dir, **kwargs)
+    def start(extra: dict[str, str] | None = None, **kwargs: Any) -> CeleryProcess:
+        proc = CeleryProcess("worker", env={**env, **(extra or {})}, log_dir=output_dir, **kwargs)
         started.append(proc)
         return proc.start()
 
     yield start
     for proc in started:
         proc.stop()
-    purge_broker(redis_url)
+    purge_broker(redis_url, env)

@@ -25,9 +25,8 @@ from ..kafka.cli import register as register_kafka_commands
 from ..metrics import metrics_command
 from ..poolspec import parse_pools
 from ..receiver.cli import register_commands as register_pingback_commands
-from ..settings import get_settings
-from ..state import store
 from ..stream import stream
+from ..worker.app import app
 from ..worker.tasks import solve
 from .batch_io import ResultWriter, check_input, solved_indexes, tasks
 
@@ -235,12 +234,13 @@ def _split_param(text: str) -> tuple[str, str]:
 def account() -> None:
     """Print the account's balance and, where the API answers it, its thread usage."""
 
-    client = store.api_client()
+    runtime = app.runtime()
+    client = runtime.api()
     click.echo(f"balance: {client.balance():.4f}")
     info = client.threads_info()
     if info:
         click.echo(f"threads (API): {info.get('working_threads', '?')}/{info['threads']} in use")
-    limiter = store.limiter()
+    limiter = runtime.state.limiter
     click.echo(
         f"threads (this deployment): {limiter.in_use()}/{limiter.config.capacity} in use, "
         f"{limiter.parked_count()} submits parked"
@@ -283,7 +283,7 @@ def batch(
         sys.exit(2)
     output = output or resume
     skip = solved_indexes(resume) if resume else set()
-    store.ping()  # Redis down: one line and exit 1, and no empty output file
+    app.runtime().state.db.ping()  # Redis down: one line and exit 1, and no output file
     try:
         writer = ResultWriter(output, sys.stdout)
     except OSError as exc:
@@ -350,7 +350,7 @@ def pool() -> None:
 def pool_status(as_json: bool) -> None:
     """Per pool: target, live tokens, refills in flight, hit rate and waste."""
 
-    pools = store.pools()
+    pools = app.runtime().state.pools
     rows = [pools.status(spec.name) for spec in pools.all()]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -387,15 +387,16 @@ NO_POOLS = (
 def pool_declare(path: Path | None) -> None:
     """Register pools in Redis for beat and every worker, from CAPTCHAAI_POOLS or a file."""
 
+    runtime = app.runtime()
     if path is None:
-        specs = get_settings().pools
+        specs = runtime.settings.pools
         where = "CAPTCHAAI_POOLS"
     else:
         specs = parse_pools(path.read_text(encoding="utf-8"), source=str(path))
         where = str(path)
     if not specs:
         raise click.UsageError(f"{where} declares no pools (pass --file, or set CAPTCHAAI_POOLS)")
-    pools = store.pools()
+    pools = runtime.state.pools
     for spec in specs:
         pools.register(spec)
         click.echo(f"pool {spec.name}: {spec.method}, size {spec.size}, ttl {spec.ttl:g}s")

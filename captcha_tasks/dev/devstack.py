@@ -89,7 +89,7 @@ def redis_reachable(url: str) -> bool:
         return False
 
 
-class _Process:
+class ChildProcess:
     """A child process whose output goes to a log file."""
 
     proc: subprocess.Popen[bytes] | None = None
@@ -165,7 +165,7 @@ class _Process:
         self.stop()
 
 
-class RedisServer(_Process):
+class RedisServer(ChildProcess):
     """A throwaway Redis-compatible server on a free loopback port: no persistence, or an
     append-only file synced ``appendfsync`` (``always``, ``everysec``) that survives a
     :meth:`restart`."""
@@ -218,7 +218,7 @@ class RedisServer(_Process):
         return time.monotonic() - stopped
 
 
-class CeleryProcess(_Process):
+class CeleryProcess(ChildProcess):
     """``celery -A captcha_tasks worker`` (or ``beat``) as a child process."""
 
     def __init__(

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Self
 
 from ..errors import ConfigurationError
-from .devstack import _Process, free_port, wait_until
+from .devstack import ChildProcess, free_port, wait_until
 
 #: The pom that names the broker's artifacts (in a source checkout).
 POM = Path(__file__).resolve().parents[2] / "scripts" / "kafka" / "pom.xml"
@@ -154,7 +154,7 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> str:
     )
 
 
-class KafkaBroker(_Process):
+class KafkaBroker(ChildProcess):
     """``java -cp <jars> kafka.Kafka server.properties`` on free loopback ports."""
 
     def __init__(self, log_dir: Path | None = None, *, pom: Path = POM) -> None:
@@ -204,7 +204,7 @@ class KafkaBroker(_Process):
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-class BridgeProcess(_Process):
+class BridgeProcess(ChildProcess):
     """``captcha-tasks kafka-bridge`` as a child process (its settings from ``env``)."""
 
     READY = "kafka bridge consuming"

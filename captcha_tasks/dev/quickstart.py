@@ -31,7 +31,6 @@ import requests
 
 from .. import settings
 from ..settings import DEFAULT_REDIS_URL
-from ..state import store
 from ..worker.app import app
 from ..worker.tasks import solve
 from .devstack import CeleryProcess, RedisServer, redis_reachable
@@ -197,11 +196,10 @@ def _ensure_api(stack: Stack, echo: Echo) -> None:
 
 
 def _configure_this_process() -> None:
-
+    # This process solves the demo batch with the stack's settings.
     settings.reset_settings()
-    store.reset()
-    url = settings.get_settings().redis_url
-    app.conf.update(broker_url=url, result_backend=url)
+    current = app.use(settings.get_settings()).settings
+    app.conf.update(broker_url=current.redis_url, result_backend=current.redis_url)
 
 
 def _safe_url(url: str) -> str:

@@ -35,16 +35,22 @@ from typing import Any
 
 from celery import states
 
-from ..errors import CaptchaTasksError, ConfigurationError, StoreUnavailable, ValidationError
+from ..errors import (
+    BadMessage,
+    CaptchaTasksError,
+    ConfigurationError,
+    KafkaDeliveryError,
+    StoreUnavailable,
+    ValidationError,
+)
 from ..outcome import Failed
-from ..settings import Settings, get_settings
-from ..state import store
+from ..settings import Settings
+from ..state import State
 from ..worker.app import app
 from ..worker.tasks import normalize_solve_args, solve
 from .claims import Claim, ClaimStore
 from .client import (
     Consumer,
-    KafkaDeliveryError,
     KafkaError,
     KafkaException,
     Message,
@@ -54,7 +60,6 @@ from .client import (
     producer_config,
 )
 from .messages import (
-    BadMessage,
     Headers,
     Source,
     TaskMessage,
@@ -145,22 +150,22 @@ class Bridge:
 
     def __init__(
         self,
-        settings: Settings | None = None,
+        settings: Settings,
+        state: State,
         *,
         max_in_flight: int | None = None,
         consumer: Consumer | None = None,
         producer: Producer | None = None,
         claims: ClaimStore | None = None,
     ) -> None:
-        self.settings = settings or get_settings()
-        s = self.settings
+        self.settings = s = settings
         self.topic = s.kafka_tasks_topic
         self.limit = max_in_flight or s.kafka_in_flight_limit
         # Resume a little below the bound, so partitions do not flap on every answer.
         self.resume_at = self.limit - max(1, self.limit // 4)
         self.consumer = consumer or Consumer(consumer_config(s))
         self.producer = producer or Producer(producer_config(s))
-        self.claims = claims or ClaimStore.for_settings(store.redis_client(), store.keys(), s)
+        self.claims = claims or ClaimStore.for_settings(state.db, s)
         self.results = ResultWatcher(app.backend)
         self.tracker = OffsetTracker()
         self.waits: dict[str, Wait] = {}  # Celery id -> wait
@@ -408,7 +413,7 @@ class Bridge:
             except BufferError:
                 self.producer.poll(0.1)  # the local queue is full: let deliveries drain it
 
-    def _delivered(self, messages: Iterable[Received]) -> None:
+    def delivered(self, messages: Iterable[Received]) -> None:
         for received in messages:
             self.tracker.finish(received.pending)
 
@@ -508,7 +513,7 @@ class _Acks:
             return
         self.left -= 1
         if self.left == 0:
-            self.bridge._delivered(self.messages)
+            self.bridge.delivered(self.messages)
 
 
 def _at(seconds: float) -> float:
@@ -521,7 +526,8 @@ def _where(received: Received) -> str:
 
 
 def run_bridge(
-    settings: Settings | None = None,
+    settings: Settings,
+    state: State,
     *,
     stop: threading.Event | None = None,
     max_in_flight: int | None = None,
@@ -535,18 +541,19 @@ def run_bridge(
     stop = stop or threading.Event()
     while not stop.is_set():
         try:
-            Bridge(settings, max_in_flight=max_in_flight).run(stop, drain_timeout=drain_timeout)
+            bridge = Bridge(settings, state, max_in_flight=max_in_flight)
+            bridge.run(stop, drain_timeout=drain_timeout)
             return
         except StoreUnavailable as exc:
             log.warning("Redis is unavailable (%s): left the group until it is back", exc)
-            _wait_for_redis(stop)
+            _wait_for_redis(state, stop)
 
 
-def _wait_for_redis(stop: threading.Event) -> None:
+def _wait_for_redis(state: State, stop: threading.Event) -> None:
     wait = REDIS_WAIT_S[0]
     while not stop.wait(wait):  # back-off between looks while Redis is away
         try:
-            store.ping()
+            state.db.ping()
         except StoreUnavailable:
             wait = min(REDIS_WAIT_S[1], wait * 2)
             continue

@@ -23,102 +23,114 @@ from typing import Any, Literal, TypeVar, cast
 
 import redis
 
-from ..keys import Keys
 from ..settings import Settings
-from ..state.lua import UNREACHABLE, unavailable
+from ..state.db import Db
+from ..state.lua import Script, ms, text
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-Arg = str | int | float
-State = Literal["new", "takeover", "claimed", "solving", "done"]
+ClaimState = Literal["new", "takeover", "claimed", "solving", "done"]
 
 #: Seconds an undispatched claim is trusted (its owner dispatches within milliseconds).
 DISPATCH_GRACE_S = 15.0
 #: Seconds past the solve timeout a dispatched solve is trusted to report its result.
 SOLVE_GRACE_S = 60.0
 
-_NOW_MS = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-"""
+#: K.claim: one task's claim (hash: state, celery_id, claimed_at ms, result, dead_letter).
 
-CLAIM_LUA = (
+CLAIM = Script(
     """
 -- Claim a task for a solve, or say who has it.
--- KEYS[1] = the task's claim (hash: state, celery_id, claimed_at ms, result, dead_letter)
--- ARGV[1] = Celery task id to claim it with
--- ARGV[2] = TTL of a claim that is not done, ms
--- ARGV[3] = Celery id the caller gave up waiting for ('' if none): taken over only if it
---           is still the claim's and its grace has passed
--- ARGV[4] = grace of an undispatched claim, ms; ARGV[5] = grace of a dispatched one, ms
--- returns {'new' | 'takeover', ARGV[1], 0}, {'done', result, dead letter or ''},
+-- K.claim
+-- A.celery_id = Celery task id to claim it with, A.ttl_ms = TTL of a claim that is not
+--   done, A.give_up_on = Celery id the caller gave up waiting for (absent if none): taken
+--   over only if it is still the claim's and its grace has passed, A.grace_ms = grace of
+--   an undispatched claim, A.solving_grace_ms = grace of a dispatched one
+-- returns {'new' | 'takeover', A.celery_id, 0}, {'done', result, dead letter or ''},
 --         or {'claimed' | 'solving', the claim's Celery id, ms until it may be taken over}
-"""
-    + _NOW_MS
-    + """
-local claim = redis.call('HMGET', KEYS[1], 'state', 'celery_id', 'claimed_at', 'result',
+""",
+    keys=("claim",),
+    body="""
+local claim = redis.call('HMGET', K.claim, 'state', 'celery_id', 'claimed_at', 'result',
                          'dead_letter')
 local state = claim[1]
 if state == 'done' then return {'done', claim[4], claim[5] or ''} end
 local status = 'new'
 if state then
-  local grace = tonumber(ARGV[4])
-  if state == 'solving' then grace = tonumber(ARGV[5]) end
+  local grace = A.grace_ms
+  if state == 'solving' then grace = A.solving_grace_ms end
   local left = tonumber(claim[3]) + grace - now
-  if claim[2] ~= ARGV[3] or left > 0 then
+  if claim[2] ~= A.give_up_on or left > 0 then
     return {state, claim[2], math.max(0, left)}
   end
   status = 'takeover'
 end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'state', 'claimed', 'celery_id', ARGV[1], 'claimed_at', now)
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return {status, ARGV[1], 0}
-"""
+redis.call('DEL', K.claim)
+redis.call('HSET', K.claim, 'state', 'claimed', 'celery_id', A.celery_id, 'claimed_at', now)
+redis.call('PEXPIRE', K.claim, A.ttl_ms)
+return {status, A.celery_id, 0}
+""",
 )
 
-DISPATCHED_LUA = """
+DISPATCHED = Script(
+    """
 -- The claim's solve was published: waiters now wait for its result.
--- KEYS[1] = the task's claim; ARGV[1] = Celery task id; ARGV[2] = TTL, ms
+-- K.claim
+-- A.celery_id, A.ttl_ms
 -- returns 1, or 0 when the claim is no longer this Celery id's
-if redis.call('HGET', KEYS[1], 'celery_id') ~= ARGV[1] then return 0 end
-if redis.call('HGET', KEYS[1], 'state') ~= 'claimed' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'solving')
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+""",
+    keys=("claim",),
+    body="""
+if redis.call('HGET', K.claim, 'celery_id') ~= A.celery_id then return 0 end
+if redis.call('HGET', K.claim, 'state') ~= 'claimed' then return 0 end
+redis.call('HSET', K.claim, 'state', 'solving')
+redis.call('PEXPIRE', K.claim, A.ttl_ms)
 return 1
-"""
+""",
+)
 
-COMPLETE_LUA = """
+COMPLETE = Script(
+    """
 -- Store the answer published for a task; the first answer stored is the one kept.
--- KEYS[1] = the task's claim; ARGV[1] = result JSON; ARGV[2] = dead letter JSON or ''
--- ARGV[3] = TTL, ms
+-- K.claim
+-- A.result = result JSON, A.dead_letter = dead letter JSON or '', A.ttl_ms
 -- returns {1, result, dead letter} when stored, {0, the kept result, its dead letter}
 -- when another answer was stored first
-if redis.call('HGET', KEYS[1], 'state') == 'done' then
-  local kept = redis.call('HMGET', KEYS[1], 'result', 'dead_letter')
+""",
+    keys=("claim",),
+    body="""
+if redis.call('HGET', K.claim, 'state') == 'done' then
+  local kept = redis.call('HMGET', K.claim, 'result', 'dead_letter')
   return {0, kept[1], kept[2] or ''}
 end
-redis.call('HSET', KEYS[1], 'state', 'done', 'result', ARGV[1], 'dead_letter', ARGV[2])
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {1, ARGV[1], ARGV[2]}
-"""
+redis.call('HSET', K.claim, 'state', 'done', 'result', A.result, 'dead_letter', A.dead_letter)
+redis.call('PEXPIRE', K.claim, A.ttl_ms)
+return {1, A.result, A.dead_letter}
+""",
+)
 
-RELEASE_LUA = """
+RELEASE = Script(
+    """
 -- Drop a claim whose dispatch failed, so a redelivery dispatches at once.
--- KEYS[1] = the task's claim; ARGV[1] = Celery task id
+-- K.claim
+-- A.celery_id
 -- returns 1 when dropped, 0 when the claim is no longer this Celery id's undispatched one
-if redis.call('HGET', KEYS[1], 'celery_id') ~= ARGV[1] then return 0 end
-if redis.call('HGET', KEYS[1], 'state') ~= 'claimed' then return 0 end
-return redis.call('DEL', KEYS[1])
-"""
+""",
+    keys=("claim",),
+    body="""
+if redis.call('HGET', K.claim, 'celery_id') ~= A.celery_id then return 0 end
+if redis.call('HGET', K.claim, 'state') ~= 'claimed' then return 0 end
+return redis.call('DEL', K.claim)
+""",
+)
 
 
 @dataclass(frozen=True)
 class Claim:
     """What :meth:`ClaimStore.claim` found."""
 
-    state: State
+    state: ClaimState
     #: The Celery id to dispatch with (new, takeover) or to wait for (claimed, solving).
     celery_id: str = ""
     #: Seconds before a claimed / solving claim may be taken over.
@@ -146,32 +158,31 @@ class ClaimStore:
 
     def __init__(
         self,
-        r: redis.Redis,
-        keys: Keys,
+        db: Db,
         group: str,
         *,
         result_ttl: float,
         solve_grace_s: float,
         dispatch_grace_s: float = DISPATCH_GRACE_S,
     ) -> None:
-        self.r = r
-        self.keys = keys
+        self.db = db
+        self.r = db.redis
+        self.keys = db.keys
         self.group = group
         self.result_ttl = result_ttl
         self.solve_grace_s = solve_grace_s
         self.dispatch_grace_s = dispatch_grace_s
-        self._claim = r.register_script(CLAIM_LUA)
-        self._dispatched = r.register_script(DISPATCHED_LUA)
-        self._complete = r.register_script(COMPLETE_LUA)
-        self._release = r.register_script(RELEASE_LUA)
+        self._claim = db.bind(CLAIM)
+        self._dispatched = db.bind(DISPATCHED)
+        self._complete = db.bind(COMPLETE)
+        self._release = db.bind(RELEASE)
 
     @classmethod
-    def for_settings(cls, r: redis.Redis, keys: Keys, settings: Settings) -> ClaimStore:
+    def for_settings(cls, db: Db, settings: Settings) -> ClaimStore:
         """The claims of ``KAFKA_GROUP_ID``; a solve is trusted for its timeout plus
         :data:`SOLVE_GRACE_S`."""
         return cls(
-            r,
-            keys,
+            db,
             settings.kafka_group_id,
             result_ttl=settings.kafka_result_ttl,
             solve_grace_s=settings.solve_timeout + SOLVE_GRACE_S,
@@ -180,10 +191,10 @@ class ClaimStore:
     @property
     def _open_ttl_ms(self) -> int:
         # Outlives every grace, so a claim is never forgotten while it is still trusted.
-        return _ms(2 * (self.solve_grace_s + self.dispatch_grace_s))
+        return ms(2 * (self.solve_grace_s + self.dispatch_grace_s))
 
-    def _key(self, task_id: str) -> str:
-        return self.keys.kafka_claim(self.group, task_id)
+    def _key(self, task_id: str) -> dict[str, str]:
+        return {"claim": self.keys.kafka_claim(self.group, task_id)}
 
     def claim(self, task_id: str, celery_id: str, *, give_up_on: str = "") -> Claim:
         """Claim ``task_id`` with ``celery_id``, or report its current claim.
@@ -191,37 +202,39 @@ class ClaimStore:
         ``give_up_on`` is the Celery id whose result the caller looked for in vain: that
         claim is taken over once its grace has passed.
         """
-        args: list[Arg] = [
-            celery_id,
-            self._open_ttl_ms,
-            give_up_on,
-            _ms(self.dispatch_grace_s),
-            _ms(self.solve_grace_s),
-        ]
-        reply = _guard(lambda: self._claim(keys=[self._key(task_id)], args=args))
-        state, first, second = (_text(x) for x in reply)
+        args: dict[str, object] = {
+            "celery_id": celery_id,
+            "ttl_ms": self._open_ttl_ms,
+            "grace_ms": ms(self.dispatch_grace_s),
+            "solving_grace_ms": ms(self.solve_grace_s),
+        }
+        if give_up_on:
+            args["give_up_on"] = give_up_on
+        reply = self._guard(lambda: self._claim(self._key(task_id), args))
+        state, first, second = (text(x) for x in reply)
         if state == "done":
             return Claim("done", result=first, dead_letter=second)
         if state not in ("new", "takeover", "claimed", "solving"):
             raise RuntimeError(f"unexpected claim state {state!r}")
         trust_s = int(second) / 1000
-        return Claim(cast(State, state), first, trust_s=trust_s)
+        return Claim(cast(ClaimState, state), first, trust_s=trust_s)
 
     def dispatched(self, task_id: str, celery_id: str) -> bool:
         """Record that ``celery_id``'s solve was published."""
-        args: list[Arg] = [celery_id, self._open_ttl_ms]
-        return bool(_guard(lambda: self._dispatched(keys=[self._key(task_id)], args=args)))
+        args = {"celery_id": celery_id, "ttl_ms": self._open_ttl_ms}
+        return bool(self._guard(lambda: self._dispatched(self._key(task_id), args)))
 
     def complete(self, task_id: str, result: str, dead_letter: str = "") -> Answer:
         """Keep the answer for ``task_id`` for ``KAFKA_RESULT_TTL``; returns the answer to
         publish: this one, or the one another bridge stored first."""
-        args: list[Arg] = [result, dead_letter, _ms(self.result_ttl)]
-        stored, kept, letter = _guard(lambda: self._complete(keys=[self._key(task_id)], args=args))
-        return Answer(bool(int(stored)), _text(kept), _text(letter))
+        args = {"result": result, "dead_letter": dead_letter, "ttl_ms": ms(self.result_ttl)}
+        stored, kept, letter = self._guard(lambda: self._complete(self._key(task_id), args))
+        return Answer(bool(int(stored)), text(kept), text(letter))
 
     def release(self, task_id: str, celery_id: str) -> bool:
         """Drop ``celery_id``'s undispatched claim (its dispatch failed)."""
-        return bool(_guard(lambda: self._release(keys=[self._key(task_id)], args=[celery_id])))
+        args = {"celery_id": celery_id}
+        return bool(self._guard(lambda: self._release(self._key(task_id), args)))
 
     def count(self, event: str, n: int = 1) -> None:
         """Add to one of the group's counters (metrics must never stop the bridge)."""
@@ -233,20 +246,8 @@ class ClaimStore:
     def stats(self) -> dict[str, int]:
         """The group's counters."""
         key = self.keys.kafka_stats(self.group)
-        raw = cast(dict[Any, Any], _guard(lambda: self.r.hgetall(key)))
-        return {_text(k): int(v) for k, v in raw.items()}
+        raw = cast(dict[Any, Any], self._guard(lambda: self.r.hgetall(key)))
+        return {text(k): int(v) for k, v in raw.items()}
 
-
-def _ms(seconds: float) -> int:
-    return int(seconds * 1000)
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _guard(call: Callable[[], T]) -> T:
-    try:
-        return call()
-    except UNREACHABLE as exc:
-        raise unavailable(exc) from None
+    def _guard(self, call: Callable[[], T]) -> T:
+        return self.db.guard(call)

@@ -37,8 +37,10 @@ def kafka_bridge(max_in_flight: int | None, drain_timeout: float, log_level: str
     """Solve the tasks of KAFKA_TASKS_TOPIC through the workers; publish one outcome per
     task to KAFKA_RESULTS_TOPIC (failures also to KAFKA_DEAD_LETTER_TOPIC)."""
     _configure_logging(log_level)
+    from ..worker.app import app
     from .bridge import run_bridge  # optional dependency: confluent-kafka
 
+    runtime = app.runtime()
     stop = threading.Event()
 
     def request_stop(signum: int, _frame: FrameType | None) -> None:
@@ -47,7 +49,13 @@ def kafka_bridge(max_in_flight: int | None, drain_timeout: float, log_level: str
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    run_bridge(stop=stop, max_in_flight=max_in_flight, drain_timeout=drain_timeout)
+    run_bridge(
+        runtime.settings,
+        runtime.state,
+        stop=stop,
+        max_in_flight=max_in_flight,
+        drain_timeout=drain_timeout,
+    )
 
 
 @click.group("kafka")

@@ -19,8 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import errors
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, KafkaDeliveryError, KafkaUnavailable
 from ..methods import build_request
 from ..settings import Settings, get_settings
 from .messages import check_task_id, task_value
@@ -78,18 +77,6 @@ _librdkafka_log.addFilter(RepeatFilter())
 
 #: Messages librdkafka prefetches per partition: a backlog stays on the brokers.
 PREFETCH_MESSAGES = 1000
-
-
-class KafkaDeliveryError(errors.RetryableError):
-    """The brokers did not acknowledge a message (after librdkafka's own retries)."""
-
-    default_code = "ERROR_KAFKA_DELIVERY"
-
-
-class KafkaUnavailable(errors.RetryableError):
-    """The brokers did not answer a metadata or admin request in time."""
-
-    default_code = "ERROR_KAFKA_UNAVAILABLE"
 
 
 def _layered(settings: Settings, defaults: dict[str, Any], **required: Any) -> dict[str, Any]:
@@ -206,10 +193,6 @@ class TaskProducer:
         self.flush()
 
 
-_shared: TaskProducer | None = None
-_shared_lock = threading.Lock()
-
-
 def enqueue(
     task_id: str, method: str, sitekey: str | None = None, pageurl: str | None = None, **params: Any
 ) -> str:
@@ -217,15 +200,11 @@ def enqueue(
 
     Validates like ``solve.delay`` (raises :class:`~captcha_tasks.errors.ValidationError`
     before producing).  ``task_id`` must be unique per task across producers — a UUID is
-    a good choice.  For many tasks, use :class:`TaskProducer` and flush once.
+    a good choice.  Each call opens (and closes) a producer: for many tasks, use
+    :class:`TaskProducer` and flush once.
     """
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = TaskProducer()
-        producer = _shared
-    producer.enqueue(task_id, method, sitekey, pageurl, **params)
-    producer.flush()
+    with TaskProducer() as producer:
+        producer.enqueue(task_id, method, sitekey, pageurl, **params)
     return task_id
 
 

@@ -34,17 +34,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ValidationError
+from ..errors import BadMessage
 from ..outcome import iso
 
 #: Longest accepted ``task_id`` (it is part of a Redis key and the Kafka message key).
 TASK_ID_MAX = 200
-
-
-class BadMessage(ValidationError):
-    """A task message the bridge cannot answer: not JSON, not an object, or no task_id."""
-
-    default_code = "ERROR_BAD_MESSAGE"
 
 
 @dataclass(frozen=True)

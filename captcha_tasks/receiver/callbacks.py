@@ -25,15 +25,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 
-from celery import Celery
-
 from .. import errors, pingback
 from ..client import callback_answer
-from ..settings import Settings, get_settings
-from ..state import store
 from ..worker import steps
 from ..worker.adapter import Runner
 from ..worker.app import app as worker_app
+from ..worker.job import Job
 from ..worker.steps import Resubmit
 
 log = logging.getLogger(__name__)
@@ -118,19 +115,15 @@ class Strikes:
 class Receiver:
     """Judges callbacks and completes the genuine ones (one per process; thread-safe)."""
 
-    def __init__(
-        self,
-        app: Celery,
-        settings: Settings | None = None,
-        strikes: Strikes | None = None,
-    ) -> None:
-        self.settings = settings or get_settings()
+    def __init__(self, runner: Runner, strikes: Strikes | None = None) -> None:
+        self.settings = runner.settings
         if len(self.settings.pingback_secret) < 16:
             raise errors.ConfigurationError(
                 "CAPTCHAAI_PINGBACK_SECRET must be set (at least 16 characters) to receive"
                 " callbacks"
             )
-        self.runner = Runner(app, self.settings)
+        self.runner = runner
+        self.state = runner.state
         self.strikes = strikes or Strikes()
 
     def handle_request(
@@ -172,25 +165,25 @@ class Receiver:
 
     def handle(self, ticket: pingback.Ticket, captcha_id: str, code: str) -> Verdict:
         """End the captcha ``captcha_id`` of the ticket's attempt with ``code``."""
-        entry, ended = store.board().lookup(captcha_id, ticket.solve_id)
+        entry, ended = self.state.board.lookup(captcha_id, ticket.solve_id)
         if entry is None:
             return _reject("replay" if ended else "unknown_id")
-        job = entry.job
-        if job["solve_id"] != ticket.solve_id or int(job.get("attempt", 0)) != ticket.attempt:
+        job = Job.from_json(entry.job)
+        if job.solve_id != ticket.solve_id or job.attempt != ticket.attempt:
             return _reject("mismatch")
         answer = callback_answer(code, captcha_id)
         decision = steps.on_callback(job, answer, entry.polled_at, time.time(), self.runner.policy)
         if decision is None:
             return _reject("bad_code")
         if isinstance(decision, Resubmit):
-            done = self.runner.retire(entry, decision, time.time())
+            done = self.runner.retire(entry, job, decision, time.time())
         else:
             done = self.runner.completer.complete(job, decision, source="pingback")
         return Verdict(200, ACCEPTED) if done else _reject("replay")
 
     def _count(self, verdict: Verdict) -> Verdict:
         try:
-            store.board().count_callback(verdict.reason)
+            self.state.stats.count_callback(verdict.reason)
         except errors.StoreUnavailable:  # counting must never change the answer
             log.debug("could not count a %s callback", verdict.reason)
         return verdict
@@ -201,4 +194,4 @@ def default_receiver() -> Receiver:
     """The process's receiver, for views mounted in a web app (settings from the
     environment; raises :class:`~captcha_tasks.errors.ConfigurationError` without a
     secret)."""
-    return Receiver(worker_app)
+    return Receiver(worker_app.runtime().runner)

@@ -7,8 +7,6 @@ import logging
 import click
 
 from ..errors import ConfigurationError
-from ..settings import get_settings
-from ..state import store
 from ..worker.app import app
 from .callbacks import Receiver
 from .wsgi import serve
@@ -21,7 +19,7 @@ from .wsgi import serve
 def pingback_server(host: str, port: int, log_level: str) -> None:
     """Receive provider callbacks (CAPTCHAAI_PINGBACK_URL must lead here)."""
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
-    serve(Receiver(app), host, port)
+    serve(Receiver(app.runtime().runner), host, port)
 
 
 @click.group()
@@ -33,10 +31,11 @@ def pingback() -> None:
 @click.option("--url", default=None, help="Address to register (default: CAPTCHAAI_PINGBACK_URL).")
 def register(url: str | None) -> None:
     """Register the callback address with the provider (2captcha requires it)."""
-    address = url or get_settings().pingback_url
+    runtime = app.runtime()
+    address = url or runtime.settings.pingback_url
     if not address:
         raise ConfigurationError("CAPTCHAAI_PINGBACK_URL is not set (or pass --url)")
-    store.api_client().add_pingback(address)
+    runtime.api().add_pingback(address)
     click.echo(f"registered {address}")
 
 

@@ -1,26 +1,31 @@
-"""Shared plumbing of the Redis-state modules: Lua scripts registered once per client,
-the Lua prologue every script starts with, and Redis outages turned into
-:class:`~captcha_tasks.errors.StoreUnavailable`.
+"""Lua scripts by name: one atomic operation each, its keys and arguments named.
 
-Every script says what its ``KEYS`` and ``ARGV`` are and what it returns in a header, and
-is built with :func:`lua`, which puts :data:`NOW_MS` first: ``now`` is always the Redis
-server's clock in ms, never a host's.
+A :class:`Script` is written against two tables instead of positions:
+
+* ``K``: its keys by name (``K.slots``), passed in ``KEYS`` in the order the script
+  declares them (generated, never written by hand);
+* ``A``: its arguments, one JSON object in ``ARGV[1]`` (``A.lease_ms``).  Strings that are
+  JSON themselves (a job) travel as strings and are stored as they are.
+
+Every script starts with its header (what it does, each ``K`` and ``A`` field, what it
+``returns``), then ``now`` (:data:`NOW_MS`: the Redis server's clock in ms, never a host's),
+then the :class:`Lib` fragments it uses.  A fragment belongs to the module that owns the
+keys it touches (the limiter's slot release, the waiting-entry codec): a script that ends a
+solve calls the limiter's functions with the limiter's keys, and never names them itself.
+
+A script is registered once per client (:meth:`Script.bind`, redis-py's ``Script``: EVALSHA,
+reloaded after a server restart or a failover).
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Callable
-from typing import Any, TypeVar
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import redis
-from redis.commands.core import Script
-
-from ..errors import StoreUnavailable
-from ..settings import get_settings, mask_url
-
-T = TypeVar("T")
+from redis.commands.core import Script as RedisScript
 
 #: Lua prologue: ``now`` in ms on the Redis server's clock.
 NOW_MS = """
@@ -28,48 +33,94 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-_SCRIPTS: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()
+
+@dataclass(frozen=True)
+class Lib:
+    """Lua functions one module owns, and the keys (``K.<name>``) they use.  A script's
+    header names the fragments it uses (``-- K: SLOTS, RECORD``) for their keys."""
+
+    name: str
+    source: str
+    keys: tuple[str, ...] = ()
+    #: Other fragments these functions call (included once, before this one).
+    needs: tuple[Lib, ...] = field(default_factory=tuple)
 
 
-def lua(header: str, *body: str) -> str:
-    """A script's source: its header (the KEYS / ARGV / returns comment), ``now``, then
-    the shared functions and the body it is made of."""
-    return header.strip("\n") + "\n" + NOW_MS + "".join(body)
+def _ordered(libs: Sequence[Lib]) -> list[Lib]:
+    out: list[Lib] = []
+    for lib in libs:
+        for dependency in _ordered(lib.needs):
+            if dependency not in out:
+                out.append(dependency)
+        if lib not in out:
+            out.append(lib)
+    return out
 
 
-def script(r: redis.Redis, source: str) -> Script:
-    """``source`` registered once per client, however many objects use it (redis-py's
-    ``Script`` runs EVALSHA and reloads the script after a server restart)."""
-    with _LOCK:
-        per_client = _SCRIPTS.setdefault(r, {})
-        if source not in per_client:
-            per_client[source] = r.register_script(source)
-        return per_client[source]
+class Script:
+    """One atomic operation: ``K`` (keys by name), ``A`` (one JSON argument), ``now``."""
+
+    def __init__(
+        self,
+        header: str,
+        *,
+        keys: Sequence[str] = (),
+        libs: Sequence[Lib] = (),
+        more: str | None = None,
+        body: str,
+    ) -> None:
+        """``more`` names a list of keys of any length after the named ones (``K.<more>``,
+        a Lua array), for a script that touches one key per item."""
+        libs = _ordered(libs)
+        self.libs: tuple[Lib, ...] = tuple(libs)
+        names = list(dict.fromkeys([*keys, *(k for lib in libs for k in lib.keys)]))
+        self.keys: tuple[str, ...] = tuple(names)
+        self.more = more
+        table = ", ".join(f"{name} = KEYS[{i}]" for i, name in enumerate(names, start=1))
+        rest = (
+            f"K.{more} = {{}}\nfor i = {len(names) + 1}, #KEYS do "
+            f"table.insert(K.{more}, KEYS[i]) end\n"
+            if more
+            else ""
+        )
+        self.header = header.strip("\n")
+        self.source = (
+            self.header
+            + f"\nlocal K = {{{table}}}\n{rest}local A = cjson.decode(ARGV[1])\n"
+            + NOW_MS
+            + "".join(lib.source for lib in libs)
+            + body
+        )
+
+    def bind(self, r: redis.Redis) -> Bound:
+        """This script registered on client ``r`` (once: keep the result)."""
+        return Bound(self, r.register_script(self.source))
 
 
-def guard(call: Callable[[], T], what: str = "") -> T:
-    """Run a Redis call; an unreachable Redis fails closed with a clear error."""
-    try:
-        return call()
-    except UNREACHABLE as exc:
-        raise unavailable(exc, what) from None
+class Bound:
+    """A :class:`Script` registered on one client, called by name."""
 
+    def __init__(self, script: Script, registered: RedisScript) -> None:
+        self.script = script
+        self._registered = registered
 
-#: What redis-py raises when nothing (or no Redis) answers at the URL, or it refuses the
-#: password: not answering, timing out, or a server that does not speak the protocol.
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.InvalidResponse)
-
-
-def unavailable(exc: BaseException, what: str = "") -> StoreUnavailable:
-    """The error for a Redis call that failed with ``exc``: it names REDIS_URL (every
-    handle of :mod:`.store` is built from it), password masked, and redis-py's reason."""
-    suffix = f": {what}" if what else ""
-    url = mask_url(get_settings().redis_url)
-    return StoreUnavailable(
-        f"Redis is down or REDIS_URL is wrong (REDIS_URL={url}; {type(exc).__name__}: {exc})"
-        + suffix
-    )
+    def __call__(
+        self,
+        keys: Mapping[str, str],
+        args: Mapping[str, Any] | None = None,
+        client: Any = None,
+        more: Sequence[str] = (),
+    ) -> Any:
+        """Run the script (queued on ``client`` when it is a pipeline); ``more`` are the
+        keys of the script's ``more`` list."""
+        missing = [name for name in self.script.keys if name not in keys]
+        if missing:
+            raise KeyError(f"script keys missing: {', '.join(missing)}")
+        return self._registered(
+            keys=[*(keys[name] for name in self.script.keys), *more],
+            args=[json.dumps(args or {}, separators=(",", ":"))],
+            client=client,
+        )
 
 
 def text(value: Any) -> str:

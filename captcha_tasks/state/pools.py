@@ -16,17 +16,15 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-import redis
-
-from ..errors import ValidationError
-from ..keys import Keys
+from ..errors import PoolNotFound, ValidationError
 from ..methods import METHODS, SolveRequest
 from ..poolspec import ENV_VAR, POOLABLE_METHODS, PoolSpec, parse_pools
-from .lua import guard, lua, script
+from .db import Db
+from .lua import Script
 
 __all__ = [
     "ENV_VAR",
@@ -53,169 +51,158 @@ PARSED_CACHE = 256
 LIST_FRESH_S = 1.0
 
 
-class PoolNotFound(ValidationError):
-    """The named pool is not declared (not in the registry)."""
-
-    default_code = "ERROR_POOL_NOT_FOUND"
-
-
 # -- Lua: one script per atomic operation -----------------------------------------------
+# K.registry (hash: name -> JSON definition), K.tokens (zset: JSON record -> expiry, ms,
+# server clock), K.stats (hash: started, added, taken, expired, misses, take_seq),
+# K.inflight (zset: refill id -> when it stops counting, ms), K.takes (zset: take id ->
+# time, ms).  A.name is the pool's name.
 
 
-REGISTER_LUA = lua(
+REGISTER = Script(
     """
 -- Declare (or redefine) a pool.
--- KEYS[1] = pool registry (hash: name -> JSON definition)
--- KEYS[2] = the pool's stats (hash)
--- KEYS[3] = the pool's tokens (zset), KEYS[4] = the pool's refills in flight (zset)
--- ARGV[1] = pool name
--- ARGV[2] = JSON definition
--- ARGV[3] = '1' to drop tokens and refills solved for an older, different definition
+-- K.registry, K.stats, K.tokens, K.inflight
+-- A.name, A.definition (JSON), A.drop = true to drop tokens and refills solved for an
+--   older, different definition
 -- returns 1 for a new pool, 0 when an existing definition was replaced
 """,
-    """
-local new = redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+    keys=("registry", "stats", "tokens", "inflight"),
+    body="""
+local new = redis.call('HSET', K.registry, A.name, A.definition)
 -- A young pool's take rate is measured over its age, so remember when it started.
-redis.call('HSETNX', KEYS[2], 'started', now)
-if ARGV[3] == '1' then redis.call('DEL', KEYS[3], KEYS[4]) end
+redis.call('HSETNX', K.stats, 'started', now)
+if A.drop then redis.call('DEL', K.tokens, K.inflight) end
 return new
 """,
 )
 
-ADD_LUA = lua(
+ADD = Script(
     """
 -- Put one solved token in a pool, scored by its own expiry.
--- KEYS[1] = pool registry (hash: name -> JSON definition)
--- KEYS[2] = the pool's tokens (zset: JSON record -> expiry, ms, server clock)
--- KEYS[3] = the pool's stats (hash)
--- ARGV[1] = pool name
--- ARGV[2] = token record (JSON; unique because it holds the token and captcha id)
--- ARGV[3] = seconds of life the token has left (capped at the pool's ttl)
+-- K.registry, K.tokens, K.stats
+-- A.name, A.record (JSON; unique because it holds the token and captcha id),
+-- A.life_s = seconds of life the token has left (capped at the pool's ttl)
 -- returns 1 added, 0 already in the pool, -1 undeclared pool
 """,
-    """
-local def = redis.call('HGET', KEYS[1], ARGV[1])
+    keys=("registry", "tokens", "stats"),
+    body="""
+local def = redis.call('HGET', K.registry, A.name)
 if not def then return -1 end
-local life = math.min(tonumber(ARGV[3]), tonumber(cjson.decode(def).ttl))
+local life = math.min(A.life_s, tonumber(cjson.decode(def).ttl))
 -- No key TTL is set or refreshed: a later push must never keep an older token alive.
-local added = redis.call('ZADD', KEYS[2], 'NX', now + math.floor(life * 1000), ARGV[2])
-if added == 1 then redis.call('HINCRBY', KEYS[3], 'added', 1) end
+local added = redis.call('ZADD', K.tokens, 'NX', now + math.floor(life * 1000), A.record)
+if added == 1 then redis.call('HINCRBY', K.stats, 'added', 1) end
 return added
 """,
 )
 
-TAKE_LUA = lua(
+TAKE = Script(
     """
 -- Hand out the soonest-expiring usable token, exactly once.
--- KEYS[1] = pool registry (hash: name -> JSON definition)
--- KEYS[2] = the pool's tokens (zset: JSON record -> expiry, ms, server clock)
--- KEYS[3] = the pool's stats (hash)
--- KEYS[4] = the pool's take times (zset: unique id -> time, ms)
--- ARGV[1] = pool name
--- ARGV[2] = seconds of life the token must have left ('' = the pool's min_remaining)
--- ARGV[3] = seconds of take history to keep
+-- K.registry, K.tokens, K.stats, K.takes
+-- A.name, A.min_s = seconds of life the token must have left (absent: the pool's
+--   min_remaining), A.history_s = seconds of take history to keep
 -- returns {1, record, ms of life left}, {0} when no usable token (a miss), {-1} undeclared
 """,
-    """
-local def = redis.call('HGET', KEYS[1], ARGV[1])
+    keys=("registry", "tokens", "stats", "takes"),
+    body="""
+local def = redis.call('HGET', K.registry, A.name)
 if not def then return {-1} end
-local min_s = tonumber(ARGV[2]) or tonumber(cjson.decode(def).min_remaining)
-local expired = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if expired > 0 then redis.call('HINCRBY', KEYS[3], 'expired', expired) end
+local min_s = A.min_s or tonumber(cjson.decode(def).min_remaining)
+local expired = redis.call('ZREMRANGEBYSCORE', K.tokens, '-inf', now)
+if expired > 0 then redis.call('HINCRBY', K.stats, 'expired', expired) end
 -- Misses are demand too: counting only hits would make a dry pool look idle.
-local seq = redis.call('HINCRBY', KEYS[3], 'take_seq', 1)
-redis.call('ZADD', KEYS[4], now, now .. '-' .. seq)
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - math.floor(tonumber(ARGV[3]) * 1000))
+local seq = redis.call('HINCRBY', K.stats, 'take_seq', 1)
+redis.call('ZADD', K.takes, now, now .. '-' .. seq)
+redis.call('ZREMRANGEBYSCORE', K.takes, '-inf', now - math.floor(A.history_s * 1000))
 -- Soonest-expiring first, so the longer-lived tokens are still there for later takes.
 local floor = now + math.max(1, math.floor(min_s * 1000))
-local hit = redis.call('ZRANGEBYSCORE', KEYS[2], floor, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+local hit = redis.call('ZRANGEBYSCORE', K.tokens, floor, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 if not hit[1] then
-  redis.call('HINCRBY', KEYS[3], 'misses', 1)
+  redis.call('HINCRBY', K.stats, 'misses', 1)
   return {0}
 end
-redis.call('ZREM', KEYS[2], hit[1])
-redis.call('HINCRBY', KEYS[3], 'taken', 1)
+redis.call('ZREM', K.tokens, hit[1])
+redis.call('HINCRBY', K.stats, 'taken', 1)
 return {1, hit[1], tonumber(hit[2]) - now}
 """,
 )
 
-REFILL_STARTED_LUA = lua(
+REFILL_STARTED = Script(
     """
 -- Count a refill solve as in flight until it finishes or its timeout passes.
--- KEYS[1] = pool registry (hash: name -> JSON definition)
--- KEYS[2] = the pool's refills in flight (zset: refill id -> when it stops counting, ms)
--- ARGV[1] = pool name
--- ARGV[2] = refill id
--- ARGV[3] = seconds until it stops counting (a worker that died must not block refills)
+-- K.registry, K.inflight
+-- A.name, A.refill = refill id, A.timeout_s = seconds until it stops counting (a worker
+--   that died must not block refills)
 -- returns 1 recorded, -1 undeclared pool
 """,
-    """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
-redis.call('ZADD', KEYS[2], now + math.floor(tonumber(ARGV[3]) * 1000), ARGV[2])
+    keys=("registry", "inflight"),
+    body="""
+if redis.call('HEXISTS', K.registry, A.name) == 0 then return -1 end
+redis.call('ZADD', K.inflight, now + math.floor(A.timeout_s * 1000), A.refill)
 return 1
 """,
 )
 
-SWEEP_LUA = lua(
+SWEEP = Script(
     """
 -- Drop a pool's expired tokens, counting them as waste.
--- KEYS[1] = pool registry (hash: name -> JSON definition)
--- KEYS[2] = the pool's tokens (zset), KEYS[3] = the pool's stats (hash)
--- ARGV[1] = pool name
+-- K.registry, K.tokens, K.stats
+-- A.name
 -- returns how many were dropped, -1 for an undeclared pool
 """,
-    """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return -1 end
-local swept = redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-if swept > 0 then redis.call('HINCRBY', KEYS[3], 'expired', swept) end
+    keys=("registry", "tokens", "stats"),
+    body="""
+if redis.call('HEXISTS', K.registry, A.name) == 0 then return -1 end
+local swept = redis.call('ZREMRANGEBYSCORE', K.tokens, '-inf', now)
+if swept > 0 then redis.call('HINCRBY', K.stats, 'expired', swept) end
 return swept
 """,
 )
 
-SNAPSHOT_LUA = lua(
+SNAPSHOT = Script(
     """
 -- Read everything a pool's status and refill plan need, at one instant.
--- KEYS[1] = pool registry (hash: name -> JSON definition)
--- KEYS[2] = the pool's tokens (zset), KEYS[3] = the pool's refills in flight (zset)
--- KEYS[4] = the pool's stats (hash), KEYS[5] = the pool's take times (zset)
--- ARGV[1] = pool name
--- ARGV[2] = seconds of life a token needs to count in "covered"
--- ARGV[3] = take-rate window, seconds
--- ARGV[4] = shortest window a young pool's rate is measured over, seconds
+-- K.registry, K.tokens, K.inflight, K.stats, K.takes
+-- A.name, A.min_life_s = seconds of life a token needs to count in "covered",
+-- A.window_s = take-rate window, A.min_window_s = shortest window a young pool's rate is
+--   measured over
 -- returns {-1} for an undeclared pool, else {1, live, covered, in flight,
 --   takes in window, window ms, added, taken, expired, misses}
 """,
-    """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return {-1} end
+    keys=("registry", "tokens", "inflight", "stats", "takes"),
+    body="""
+if redis.call('HEXISTS', K.registry, A.name) == 0 then return {-1} end
 -- Expired tokens are left for take / sweep to count; they are simply not live.
-local live = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
-local floor = now + math.max(1, math.floor(tonumber(ARGV[2]) * 1000))
-local covered = redis.call('ZCOUNT', KEYS[2], floor, '+inf')
+local live = redis.call('ZCOUNT', K.tokens, '(' .. now, '+inf')
+local floor = now + math.max(1, math.floor(A.min_life_s * 1000))
+local covered = redis.call('ZCOUNT', K.tokens, floor, '+inf')
 -- A refill whose worker died stops counting once its timeout passes.
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-local inflight = redis.call('ZCARD', KEYS[3])
-local window = math.floor(tonumber(ARGV[3]) * 1000)
-local started = tonumber(redis.call('HGET', KEYS[4], 'started'))
+redis.call('ZREMRANGEBYSCORE', K.inflight, '-inf', now)
+local inflight = redis.call('ZCARD', K.inflight)
+local window = math.floor(A.window_s * 1000)
+local started = tonumber(redis.call('HGET', K.stats, 'started'))
 if started then
-  window = math.min(window, math.max(now - started, math.floor(tonumber(ARGV[4]) * 1000)))
+  window = math.min(window, math.max(now - started, math.floor(A.min_window_s * 1000)))
 end
-local takes = redis.call('ZCOUNT', KEYS[5], '(' .. (now - window), '+inf')
-local c = redis.call('HMGET', KEYS[4], 'added', 'taken', 'expired', 'misses')
+local takes = redis.call('ZCOUNT', K.takes, '(' .. (now - window), '+inf')
+local c = redis.call('HMGET', K.stats, 'added', 'taken', 'expired', 'misses')
 return {1, live, covered, inflight, takes, window,
   tonumber(c[1]) or 0, tonumber(c[2]) or 0, tonumber(c[3]) or 0, tonumber(c[4]) or 0}
 """,
 )
 
-RESET_STATS_LUA = lua(
+RESET_STATS = Script(
     """
 -- Forget a pool's counters and take history; its age starts again now.
--- KEYS[1] = the pool's stats (hash), KEYS[2] = the pool's take times (zset)
--- ARGV (none)
+-- K.stats, K.takes
+-- A (nothing)
 -- returns 1
 """,
-    """
-redis.call('DEL', KEYS[1], KEYS[2])
-redis.call('HSET', KEYS[1], 'started', now)
+    keys=("stats", "takes"),
+    body="""
+redis.call('DEL', K.stats, K.takes)
+redis.call('HSET', K.stats, 'started', now)
 return 1
 """,
 )
@@ -253,20 +240,39 @@ class PoolStore:
     """
 
     def __init__(
-        self, r: redis.Redis, keys: Keys, clock: Callable[[], float] = time.monotonic
+        self,
+        db: Db,
+        clock: Callable[[], float] = time.monotonic,
+        declared: Sequence[PoolSpec] = (),
     ) -> None:
-        self.r = r
-        self.keys = keys
+        """``declared``: the pools this process's settings declare (``CAPTCHAAI_POOLS``),
+        registered the first time the store is used: the variable counts in every process
+        that reads it (a worker, beat, a ``captcha-tasks`` command, an app calling
+        ``solve``)."""
+        self._declared = tuple(declared)
+        self.db = db
+        self.r = db.redis
+        self.keys = db.keys
         self._clock = clock
         self._listed: tuple[float, list[PoolSpec]] = (-math.inf, [])
-        self._register = script(r, REGISTER_LUA)
-        self._add = script(r, ADD_LUA)
-        self._take = script(r, TAKE_LUA)
-        self._refill_started = script(r, REFILL_STARTED_LUA)
-        self._sweep = script(r, SWEEP_LUA)
-        self._snapshot = script(r, SNAPSHOT_LUA)
-        self._reset_stats = script(r, RESET_STATS_LUA)
+        self._register = db.bind(REGISTER)
+        self._add = db.bind(ADD)
+        self._take = db.bind(TAKE)
+        self._refill_started = db.bind(REFILL_STARTED)
+        self._sweep = db.bind(SWEEP)
+        self._snapshot = db.bind(SNAPSHOT)
+        self._reset_stats = db.bind(RESET_STATS)
         self._parsed: dict[str, PoolSpec] = {}
+
+    def _keys(self, name: str) -> dict[str, str]:
+        k = self.keys
+        return {
+            "registry": k.pool_registry(),
+            "tokens": k.pool_tokens(name),
+            "stats": k.pool_stats(name),
+            "inflight": k.pool_inflight(name),
+            "takes": k.pool_takes(name),
+        }
 
     # -- definitions -------------------------------------------------------------------
 
@@ -278,12 +284,10 @@ class PoolStore:
         """
         old = self._identity(spec.name)
         drop = old is not None and old != json.dumps(spec.solve_kwargs(), sort_keys=True)
-        k = self.keys
-        keys = [k.pool_registry(), k.pool_stats(spec.name)]
-        keys += [k.pool_tokens(spec.name), k.pool_inflight(spec.name)]
-        args: list[str | float] = [spec.name, _dumps(spec.to_dict()), "1" if drop else "0"]
+        keys = self._keys(spec.name)
+        args = {"name": spec.name, "definition": _dumps(spec.to_dict()), "drop": drop}
         self._listed = (-math.inf, [])
-        return int(_guard(lambda: self._register(keys=keys, args=args))) == 1
+        return int(self._guard(lambda: self._register(keys, args))) == 1
 
     def _identity(self, name: str) -> str | None:
         """The stored pool's solve kwargs as canonical JSON (None: not registered)."""
@@ -303,7 +307,7 @@ class PoolStore:
         pipe.hdel(k.pool_registry(), name)
         pipe.delete(k.pool_tokens(name), k.pool_inflight(name))
         pipe.delete(k.pool_stats(name), k.pool_takes(name))
-        removed, *_ = _guard(pipe.execute)
+        removed, *_ = self._guard(pipe.execute)
         return int(removed) == 1
 
     def get(self, name: str) -> PoolSpec:
@@ -314,11 +318,11 @@ class PoolStore:
         return _load(raw)
 
     def _raw(self, name: str) -> str | None:
-        return cast("str | None", _guard(lambda: self.r.hget(self.keys.pool_registry(), name)))
+        return cast("str | None", self._guard(lambda: self.r.hget(self.keys.pool_registry(), name)))
 
     def all(self) -> list[PoolSpec]:
         """Every declared pool, by name."""
-        raw = cast("dict[str, str]", _guard(lambda: self.r.hgetall(self.keys.pool_registry())))
+        raw = cast("dict[str, str]", self._guard(lambda: self.r.hgetall(self.keys.pool_registry())))
         return [self._parse(raw[name]) for name in sorted(raw)]
 
     def _parse(self, raw: str) -> PoolSpec:
@@ -355,10 +359,8 @@ class PoolStore:
         """
         if not life_s > 0:
             return False
-        k = self.keys
-        keys = [k.pool_registry(), k.pool_tokens(name), k.pool_stats(name)]
-        args: list[str | float] = [name, _dumps(dict(token)), float(life_s)]
-        status = int(_guard(lambda: self._add(keys=keys, args=args)))
+        args = {"name": name, "record": _dumps(dict(token)), "life_s": float(life_s)}
+        status = int(self._guard(lambda: self._add(self._keys(name), args)))
         if status < 0:
             raise _not_found(name)
         return status == 1
@@ -371,11 +373,10 @@ class PoolStore:
         """
         if min_remaining_s is not None and not min_remaining_s >= 0:
             raise ValidationError(f"min_remaining_s must be >= 0, got {min_remaining_s!r}")
-        k = self.keys
-        keys = [k.pool_registry(), k.pool_tokens(name), k.pool_stats(name), k.pool_takes(name)]
-        least = "" if min_remaining_s is None else float(min_remaining_s)
-        args: list[str | float] = [name, least, TAKE_HISTORY_S]
-        reply = list(_guard(lambda: self._take(keys=keys, args=args)))
+        args: dict[str, Any] = {"name": name, "history_s": TAKE_HISTORY_S}
+        if min_remaining_s is not None:
+            args["min_s"] = float(min_remaining_s)
+        reply = list(self._guard(lambda: self._take(self._keys(name), args)))
         status = int(reply[0])
         if status < 0:
             raise _not_found(name)
@@ -391,9 +392,7 @@ class PoolStore:
 
     def sweep(self, name: str) -> int:
         """Drop expired tokens, counting them as waste; returns how many."""
-        k = self.keys
-        keys = [k.pool_registry(), k.pool_tokens(name), k.pool_stats(name)]
-        swept = int(_guard(lambda: self._sweep(keys=keys, args=[name])))
+        swept = int(self._guard(lambda: self._sweep(self._keys(name), {"name": name})))
         if swept < 0:
             raise _not_found(name)
         return swept
@@ -404,14 +403,13 @@ class PoolStore:
         """Count a refill solve as in flight for at most ``timeout_s`` seconds."""
         if not timeout_s > 0:
             raise ValidationError(f"timeout_s must be > 0, got {timeout_s!r}")
-        keys = [self.keys.pool_registry(), self.keys.pool_inflight(name)]
-        args: list[str | float] = [name, refill_id, float(timeout_s)]
-        if int(_guard(lambda: self._refill_started(keys=keys, args=args))) < 0:
+        args = {"name": name, "refill": refill_id, "timeout_s": float(timeout_s)}
+        if int(self._guard(lambda: self._refill_started(self._keys(name), args))) < 0:
             raise _not_found(name)
 
     def refill_finished(self, name: str, refill_id: str) -> bool:
         """The refill landed or failed: stop counting it (False if it was not counted)."""
-        removed = _guard(lambda: self.r.zrem(self.keys.pool_inflight(name), refill_id))
+        removed = self._guard(lambda: self.r.zrem(self.keys.pool_inflight(name), refill_id))
         return int(removed) == 1
 
     def inflight(self, name: str) -> int:
@@ -474,27 +472,48 @@ class PoolStore:
         target = _target(spec, snap, solve_time_s, margin_s)
         return max(0, min(target - snap.covered - snap.inflight, free_slots))
 
+    def lock_top_up(self, name: str, hold_s: float = 5.0) -> bool:
+        """Take the right to top ``name`` up now (one top-up of a pool at a time, for at
+        most ``hold_s``); False when another process holds it."""
+        key = self.keys.pool_prewarm_lock(name)
+        return bool(self._guard(lambda: self.r.set(key, "1", nx=True, px=int(hold_s * 1000))))
+
+    def unlock_top_up(self, name: str) -> None:
+        key = self.keys.pool_prewarm_lock(name)
+        self._guard(lambda: self.r.delete(key))
+
     def reset_stats(self, name: str) -> None:
         """Zero the counters and take history (tests, benchmarks); tokens stay."""
-        keys = [self.keys.pool_stats(name), self.keys.pool_takes(name)]
-        _guard(lambda: self._reset_stats(keys=keys, args=[]))
+        self._guard(lambda: self._reset_stats(self._keys(name)))
 
     def _snap(
         self, name: str, *, min_life_s: float = 0.0, window_s: float = DEFAULT_RATE_WINDOW_S
     ) -> _Snapshot:
-        k = self.keys
-        keys = [k.pool_registry(), k.pool_tokens(name), k.pool_inflight(name)]
-        keys += [k.pool_stats(name), k.pool_takes(name)]
-        args: list[str | float] = [
-            name,
-            max(0.0, float(min_life_s)),
-            float(window_s),
-            MIN_RATE_WINDOW_S,
-        ]
-        reply = [int(x) for x in _guard(lambda: self._snapshot(keys=keys, args=args))]
+        args = {
+            "name": name,
+            "min_life_s": max(0.0, float(min_life_s)),
+            "window_s": float(window_s),
+            "min_window_s": MIN_RATE_WINDOW_S,
+        }
+        reply = [int(x) for x in self._guard(lambda: self._snapshot(self._keys(name), args))]
         if reply[0] < 0:
             raise _not_found(name)
         return _Snapshot(*reply[1:])
+
+    def ensure_declared(self) -> None:
+        """Register the pools the settings declare, once (see ``declared``)."""
+        declared, self._declared = self._declared, ()
+        try:
+            for spec in declared:
+                self.register(spec)
+        except BaseException:
+            self._declared = declared  # not registered: the next use tries again
+            raise
+
+    def _guard(self, call: Callable[[], T]) -> T:
+        if self._declared:
+            self.ensure_declared()
+        return self.db.guard(call, "pools unavailable")
 
 
 def _target(spec: PoolSpec, snap: _Snapshot, solve_time_s: float, margin_s: float) -> int:
@@ -516,7 +535,3 @@ def _dumps(data: Mapping[str, Any]) -> str:
 
 def _not_found(name: str) -> PoolNotFound:
     return PoolNotFound(f"pool {name!r} is not declared")
-
-
-def _guard(call: Callable[[], T]) -> T:
-    return guard(call, "pools unavailable")

@@ -1,4 +1,4 @@
-"""A shared proxy pool with per-owner affinity and quarantine.
+"""A shared proxy pool with per-owner affinity and quarantine: the part the pipeline uses.
 
 An *owner* (a worker, a login session) keeps the same proxy while it is alive, because
 sites bind sessions to an IP.  Each assignment is two keys with their OWN TTL:
@@ -12,65 +12,72 @@ Proxy strings are ``[type://][user:password@]host:port`` (type ``http`` (default
 ``https``, ``socks4``, ``socks5``).  The pool stores them canonically (type lower-case,
 ``http://`` omitted); key names use a short hash, and logs, reprs and errors show them
 masked (``user:***@host:port``) only.
+
+A solve with ``proxy="pool"`` acquires, releases and replaces through :class:`ProxyLeases`;
+the whole pool for your own code (listing, removing, renewing) is
+:class:`captcha_tasks.toolkit.proxies.ProxyPool`.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
+from typing import TypeVar
 
-import redis
-
-from ..keys import Keys
 from ..proxyspec import PROXY_TYPES, Proxy, mask, parse, proxy_id, split
-from .lua import lua, script, text
+from .db import Db
+from .lua import Script, text
 
-__all__ = ["PROXY_TYPES", "ProxyPool", "mask", "proxy_id", "split"]
+__all__ = ["PROXY_TYPES", "ProxyLeases", "mask", "proxy_id", "split"]
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
+#: K.proxies (set: every proxy), K.quarantine (zset: proxy -> when it comes back, ms),
+#: K.assignment (string with a TTL: the owner's proxy), K.owner / K.owners (string with a
+#: TTL: which owner holds a proxy).
 
-ACQUIRE_LUA = lua(
+ACQUIRE = Script(
     """
--- KEYS[1] = the pool's proxy set
--- KEYS[2] = the quarantine sorted set (score = when the proxy comes back, ms, Redis clock)
--- KEYS[3] = the owner's assignment key
--- KEYS[3+i] = the owner key of candidate ARGV[2+i]
--- ARGV[1] = assignment TTL (ms)
--- ARGV[2] = owner
--- ARGV[2+i] = candidate proxies (the pool's members, shuffled by the caller)
--- returns {proxy, 1} when the owner keeps its live assignment (both its keys refreshed),
---   {proxy, 0} for a new assignment, false when no proxy is free
+-- The owner's live proxy (both its keys refreshed), else a free one.
+-- K.proxies, K.quarantine, K.assignment (the owner's), K.owners = the owner key of each
+--   candidate, in the order of A.candidates
+-- A.ttl_ms = assignment TTL, A.owner, A.candidates = the pool's members, shuffled
+-- returns {proxy, 1} when the owner keeps its live assignment, {proxy, 0} for a new
+--   assignment, false when no proxy is free
 """,
-    """
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-local ttl, owner = ARGV[1], ARGV[2]
+    keys=("proxies", "quarantine", "assignment"),
+    more="owners",
+    body="""
+redis.call('ZREMRANGEBYSCORE', K.quarantine, '-inf', now)
+local ttl, owner = A.ttl_ms, A.owner
 local function usable(proxy)
-  return redis.call('SISMEMBER', KEYS[1], proxy) == 1
-    and not redis.call('ZSCORE', KEYS[2], proxy)
+  return redis.call('SISMEMBER', K.proxies, proxy) == 1
+    and not redis.call('ZSCORE', K.quarantine, proxy)
 end
-local current = redis.call('GET', KEYS[3])
+local current = redis.call('GET', K.assignment)
 if current then
-  for i = 3, #ARGV do
-    if ARGV[i] == current then
-      local held = redis.call('GET', KEYS[i + 1]) == owner
+  for i, proxy in ipairs(A.candidates) do
+    if proxy == current then
+      local held = redis.call('GET', K.owners[i]) == owner
       if held and usable(current) then
-        redis.call('PEXPIRE', KEYS[3], ttl)
-        redis.call('PEXPIRE', KEYS[i + 1], ttl)
+        redis.call('PEXPIRE', K.assignment, ttl)
+        redis.call('PEXPIRE', K.owners[i], ttl)
         return {current, 1}
       end
-      if held then redis.call('DEL', KEYS[i + 1]) end
+      if held then redis.call('DEL', K.owners[i]) end
       break
     end
   end
   -- removed, quarantined or taken over: this assignment is dead
-  redis.call('DEL', KEYS[3])
+  redis.call('DEL', K.assignment)
 end
-for i = 3, #ARGV do
-  local proxy = ARGV[i]
-  if redis.call('EXISTS', KEYS[i + 1]) == 0 and usable(proxy) then
-    redis.call('SET', KEYS[i + 1], owner, 'PX', ttl)
-    redis.call('SET', KEYS[3], proxy, 'PX', ttl)
+for i, proxy in ipairs(A.candidates) do
+  if redis.call('EXISTS', K.owners[i]) == 0 and usable(proxy) then
+    redis.call('SET', K.owners[i], owner, 'PX', ttl)
+    redis.call('SET', K.assignment, proxy, 'PX', ttl)
     return {proxy, 0}
   end
 end
@@ -78,66 +85,43 @@ return false
 """,
 )
 
-RELEASE_LUA = """
--- KEYS[1] = the owner's assignment key
--- KEYS[2] = the owner key of the proxy the assignment named
--- ARGV[1] = owner
--- ARGV[2] = that proxy
+RELEASE = Script(
+    """
+-- Free the owner's proxy.
+-- K.assignment (the owner's), K.owner (of the proxy the assignment named)
+-- A.owner, A.proxy = that proxy
 -- returns 1 if the proxy was freed, 0 if it is not (or no longer) held by this owner
-if redis.call('GET', KEYS[1]) == ARGV[2] then
-  redis.call('DEL', KEYS[1])
-end
-if redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('DEL', KEYS[2])
-  return 1
-end
-return 0
-"""
-
-RENEW_LUA = """
--- KEYS[1] = the owner's assignment key
--- KEYS[2] = the owner key of the proxy the assignment named
--- ARGV[1] = owner
--- ARGV[2] = that proxy
--- ARGV[3] = assignment TTL (ms)
--- returns 1 if both keys still name each other and their TTLs were reset, else 0
-if redis.call('GET', KEYS[1]) == ARGV[2] and redis.call('GET', KEYS[2]) == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
-  return 1
-end
-return 0
-"""
-
-QUARANTINE_LUA = lua(
-    """
--- KEYS[1] = the quarantine sorted set
--- KEYS[2] = the proxy's owner key
--- KEYS[3] = (optional) the assignment key of the owner that held the proxy when read
--- ARGV[1] = proxy
--- ARGV[2] = cool-off (ms)
--- returns when the proxy comes back (ms, Redis clock)
 """,
-    """
-local back = now + tonumber(ARGV[2])
-redis.call('ZADD', KEYS[1], back, ARGV[1])
-redis.call('DEL', KEYS[2])
-if KEYS[3] and redis.call('GET', KEYS[3]) == ARGV[1] then
-  redis.call('DEL', KEYS[3])
+    keys=("assignment", "owner"),
+    body="""
+if redis.call('GET', K.assignment) == A.proxy then
+  redis.call('DEL', K.assignment)
 end
-return back
+if redis.call('GET', K.owner) == A.owner then
+  redis.call('DEL', K.owner)
+  return 1
+end
+return 0
 """,
 )
 
-QUARANTINED_LUA = lua(
+QUARANTINE = Script(
     """
--- KEYS[1] = the quarantine sorted set
--- ARGV (none)
--- returns the proxies still cooling off (expired entries are dropped)
+-- Exclude a proxy for a while and drop its assignment.
+-- K.quarantine, K.owner (the proxy's), K.assignment (of the owner that held it when read;
+--   absent when nobody did)
+-- A.proxy, A.cool_ms = cool-off
+-- returns when the proxy comes back (ms, Redis clock)
 """,
-    """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-return redis.call('ZRANGEBYSCORE', KEYS[1], '(' .. now, '+inf')
+    keys=("quarantine", "owner", "assignment"),
+    body="""
+local back = now + A.cool_ms
+redis.call('ZADD', K.quarantine, back, A.proxy)
+redis.call('DEL', K.owner)
+if redis.call('GET', K.assignment) == A.proxy then
+  redis.call('DEL', K.assignment)
+end
+return back
 """,
 )
 
@@ -156,31 +140,31 @@ def _ms(seconds: float, what: str) -> int:
     return max(1, round(seconds * 1000))
 
 
-# -- pool -----------------------------------------------------------------------------
-class ProxyPool:
+# -- leases ---------------------------------------------------------------------------
+class ProxyLeases:
     """Proxies shared by many workers: sticky per owner, each assignment with its own TTL."""
 
     mask = staticmethod(mask)
     split = staticmethod(split)
 
-    def __init__(
-        self, r: redis.Redis, keys: Keys, assignment_ttl_s: float = 600, quarantine_s: float = 300
-    ) -> None:
+    def __init__(self, db: Db, assignment_ttl_s: float = 600, quarantine_s: float = 300) -> None:
         self._ttl_ms = _ms(assignment_ttl_s, "assignment_ttl_s")
         self._cool_ms = _ms(quarantine_s, "quarantine_s")
-        self._r = r
-        self._keys = keys
-        self._acquire = script(r, ACQUIRE_LUA)
-        self._release = script(r, RELEASE_LUA)
-        self._renew = script(r, RENEW_LUA)
-        self._quarantine = script(r, QUARANTINE_LUA)
-        self._quarantined = script(r, QUARANTINED_LUA)
+        self._db = db
+        self._r = db.redis
+        self._keys = db.keys
+        self._acquire = db.bind(ACQUIRE)
+        self._release = db.bind(RELEASE)
+        self._quarantine = db.bind(QUARANTINE)
 
     def __repr__(self) -> str:
         return (
-            f"ProxyPool(prefix={self._keys.prefix!r}, assignment_ttl_s={self._ttl_ms / 1000:g}, "
-            f"quarantine_s={self._cool_ms / 1000:g})"
+            f"{type(self).__name__}(prefix={self._keys.prefix!r}, "
+            f"assignment_ttl_s={self._ttl_ms / 1000:g}, quarantine_s={self._cool_ms / 1000:g})"
         )
+
+    def _guarded(self, call: Callable[[], T]) -> T:
+        return self._db.guard(call, "the proxy pool is unavailable")
 
     def _owner_key(self, proxy: str) -> str:
         return self._keys.proxy_owner(proxy_id(proxy))
@@ -196,26 +180,13 @@ class ProxyPool:
                 raise ValueError(f"proxy #{index}: {exc}") from None
         if not parsed:
             return 0
-        return int(self._r.sadd(self._keys.proxies(), *parsed))
-
-    def remove(self, proxy: str) -> bool:
-        """Take a proxy out of the pool; its holder loses it at its next acquire."""
-        canonical = parse(proxy).canonical
-        with self._r.pipeline(transaction=True) as pipe:
-            pipe.srem(self._keys.proxies(), canonical)
-            pipe.zrem(self._keys.proxy_quarantine(), canonical)
-            pipe.delete(self._owner_key(canonical))
-            removed = pipe.execute()[0]
-        return bool(removed)
-
-    def all(self) -> list[str]:
-        """Every proxy in the pool (with credentials: do not log them, use :func:`mask`)."""
-        return sorted(text(p) for p in self._r.smembers(self._keys.proxies()))
+        return int(self._guarded(lambda: self._r.sadd(self._keys.proxies(), *parsed)))
 
     # -- assignments ----------------------------------------------------------------
     def current(self, owner: str) -> str | None:
         """The proxy assigned to ``owner`` right now, without refreshing it."""
-        value = self._r.get(self._keys.proxy_assignment(_owner(owner)))
+        key = self._keys.proxy_assignment(_owner(owner))
+        value = self._guarded(lambda: self._r.get(key))
         return None if value is None else text(value)
 
     def acquire(self, owner: str) -> str | None:
@@ -223,12 +194,17 @@ class ProxyPool:
         return self._acquire_for(_owner(owner))
 
     def _acquire_for(self, owner: str) -> str | None:
-        members = [text(p) for p in self._r.smembers(self._keys.proxies())]
+        k = self._keys
+        members = [text(p) for p in self._guarded(lambda: self._r.smembers(k.proxies()))]
         random.shuffle(members)  # spread owners over the pool instead of piling on one
-        keys = [self._keys.proxies(), self._keys.proxy_quarantine()]
-        keys.append(self._keys.proxy_assignment(owner))
-        keys.extend(self._owner_key(p) for p in members)
-        reply = self._acquire(keys=keys, args=[self._ttl_ms, owner, *members])
+        keys = {
+            "proxies": k.proxies(),
+            "quarantine": k.proxy_quarantine(),
+            "assignment": k.proxy_assignment(owner),
+        }
+        args = {"ttl_ms": self._ttl_ms, "owner": owner, "candidates": members}
+        owners = [self._owner_key(p) for p in members]
+        reply = self._guarded(lambda: self._acquire(keys, args, more=owners))
         return None if not reply else text(reply[0])
 
     def release(self, owner: str) -> bool:
@@ -237,17 +213,9 @@ class ProxyPool:
         proxy = self.current(owner)
         if proxy is None:
             return False
-        keys = [self._keys.proxy_assignment(owner), self._owner_key(proxy)]
-        return bool(self._release(keys=keys, args=[owner, proxy]))
-
-    def renew(self, owner: str) -> bool:
-        """Reset the TTL of the owner's assignment only; False if it has none."""
-        owner = _owner(owner)
-        proxy = self.current(owner)
-        if proxy is None:
-            return False
-        keys = [self._keys.proxy_assignment(owner), self._owner_key(proxy)]
-        return bool(self._renew(keys=keys, args=[owner, proxy, self._ttl_ms]))
+        keys = {"assignment": self._keys.proxy_assignment(owner), "owner": self._owner_key(proxy)}
+        args = {"owner": owner, "proxy": proxy}
+        return bool(self._guarded(lambda: self._release(keys, args)))
 
     # -- bad proxies ----------------------------------------------------------------
     def quarantine(self, proxy: str, cool_off_s: float | None = None) -> None:
@@ -258,17 +226,16 @@ class ProxyPool:
 
     def _quarantine_parsed(self, parsed: Proxy, cool_ms: int) -> None:
         owner_key = self._owner_key(parsed.canonical)
-        keys = [self._keys.proxy_quarantine(), owner_key]
-        holder = self._r.get(owner_key)
-        if holder is not None:
-            keys.append(self._keys.proxy_assignment(text(holder)))
-        self._quarantine(keys=keys, args=[parsed.canonical, cool_ms])
+        holder = self._guarded(lambda: self._r.get(owner_key))
+        keys = {
+            "quarantine": self._keys.proxy_quarantine(),
+            "owner": owner_key,
+            # nobody held it: the key of a blank owner, which no owner can be
+            "assignment": self._keys.proxy_assignment(text(holder) if holder else " "),
+        }
+        args = {"proxy": parsed.canonical, "cool_ms": cool_ms}
+        self._guarded(lambda: self._quarantine(keys, args))
         log.warning("proxy %s quarantined for %.1fs", parsed.masked, cool_ms / 1000)
-
-    def quarantined(self) -> list[str]:
-        """Proxies currently cooling off."""
-        reply = self._quarantined(keys=[self._keys.proxy_quarantine()])
-        return sorted(text(p) for p in reply)
 
     def replace(self, owner: str, cool_off_s: float | None = None) -> str | None:
         """Quarantine the owner's proxy (it failed) and acquire another for the owner."""
@@ -278,3 +245,20 @@ class ProxyPool:
         if failed is not None:
             self._quarantine_parsed(parse(failed), cool_ms)
         return self._acquire_for(owner)
+
+
+def __getattr__(name: str) -> object:
+    # Deprecated: the whole pool for your own code moved to captcha_tasks.toolkit.proxies.
+    if name == "ProxyPool":
+        import warnings
+
+        from ..toolkit.proxies import ProxyPool
+
+        warnings.warn(
+            "captcha_tasks.state.proxies.ProxyPool moved to captcha_tasks.toolkit.proxies; "
+            "the old path goes away in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return ProxyPool
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

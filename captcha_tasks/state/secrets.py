@@ -2,7 +2,7 @@
 
 The caller's ``solve`` message carries them once; after that they wait here, under a key
 with a TTL, for the submit that needs them (a parked, retried or resubmitted one), and
-the completion script deletes them.
+the completion script deletes them (:data:`SECRETS`).
 """
 
 from __future__ import annotations
@@ -11,34 +11,46 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-import redis
-
 from ..keys import Keys
-from .lua import guard
+from .db import Db
+from .lua import Lib
 
 T = TypeVar("T")
 
+#: Lua: K.secrets (hash: a solve's stashed parameters, JSON values).
+SECRETS = Lib(
+    name="SECRETS",
+    keys=("secrets",),
+    source="""
+local function secrets_drop(K) redis.call('DEL', K.secrets) end
+""",
+)
+
+
+def secrets_keys(keys: Keys, solve_id: str) -> dict[str, str]:
+    """The keys of :data:`SECRETS` for one solve."""
+    return {"secrets": keys.request_secrets(solve_id)}
+
 
 class RequestSecrets:
-    def __init__(self, r: redis.Redis, keys: Keys) -> None:
-        self.r = r
-        self.keys = keys
+    def __init__(self, db: Db) -> None:
+        self.db = db
+        self.keys = db.keys
 
     def stash(self, solve_id: str, secrets: Mapping[str, Any], ttl_s: int) -> None:
         key = self.keys.request_secrets(solve_id)
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self.db.redis.pipeline(transaction=True)
         pipe.hset(key, mapping={k: json.dumps(v) for k, v in secrets.items()})
         pipe.expire(key, ttl_s)
-        _guarded(pipe.execute)
+        self._guarded(pipe.execute)
 
     def fetch(self, solve_id: str, names: Sequence[str]) -> dict[str, Any] | None:
         """The stashed values, or None when any of them is gone (expired)."""
-        key = self.keys.request_secrets(solve_id)
-        stored = _guarded(lambda: self.r.hmget(key, list(names)))
+        key, r = self.keys.request_secrets(solve_id), self.db.redis
+        stored = self._guarded(lambda: r.hmget(key, list(names)))
         if any(v is None for v in stored):
             return None
         return {n: json.loads(str(v)) for n, v in zip(names, stored, strict=True)}
 
-
-def _guarded(call: Callable[[], T]) -> T:
-    return guard(call, "solve secrets are unavailable")
+    def _guarded(self, call: Callable[[], T]) -> T:
+        return self.db.guard(call, "solve secrets are unavailable")

@@ -22,14 +22,32 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import redis
-
 from ..keys import Keys
-from .lua import guard, text
+from .db import Db
+from .lua import Lib, text
 
 MIN_WAIT = 0.2
 #: Seconds a process reuses the figures it read.
 FRESH_FOR_S = 1.0
+#: Solve-time samples kept per method.
+SAMPLE_WINDOW = 200
+
+#: Lua: K.solve_times (list: a method's recent solve times, newest first).
+TIMES = Lib(
+    name="TIMES",
+    keys=("solve_times",),
+    source="""
+local function times_add(K, seconds)
+  redis.call('LPUSH', K.solve_times, seconds)
+  redis.call('LTRIM', K.solve_times, 0, SAMPLE_WINDOW - 1)
+end
+""".replace("SAMPLE_WINDOW", str(SAMPLE_WINDOW)),
+)
+
+
+def times_keys(keys: Keys, method: str) -> dict[str, str]:
+    """The keys of :data:`TIMES` for one method."""
+    return {"solve_times": keys.solve_times(method)}
 
 
 @dataclass(frozen=True)
@@ -81,14 +99,10 @@ class SolveTimes:
     """Reads the samples of a method at most once per :data:`FRESH_FOR_S` per instance."""
 
     def __init__(
-        self,
-        r: redis.Redis,
-        keys: Keys,
-        config: TimingConfig,
-        clock: Callable[[], float] = time.monotonic,
+        self, db: Db, config: TimingConfig, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        self.r = r
-        self.keys = keys
+        self.db = db
+        self.keys = db.keys
         self.config = config
         self._clock = clock
         self._cache: dict[tuple[str, float], tuple[float, Timing]] = {}
@@ -105,5 +119,6 @@ class SolveTimes:
 
     def samples(self, method: str) -> list[float]:
         """The recent solve times of ``method``, newest first."""
-        raw = guard(lambda: self.r.lrange(self.keys.solve_times(method), 0, -1))
+        r = self.db.redis
+        raw = self.db.guard(lambda: r.lrange(self.keys.solve_times(method), 0, -1))
         return [float(text(x)) for x in raw]

@@ -3,7 +3,8 @@
 :class:`Runner` does the I/O a step needs (Redis, the API), asks :mod:`.steps` what it
 means, and carries the decision out: Celery messages for submits and poll rounds,
 board scripts for polls, and :class:`~.completion.Completer` for every ending.  The tasks
-in :mod:`.tasks` are one line each on top of it.
+in :mod:`.tasks` are one line each on top of it.  Everything it talks to is handed to it:
+the settings, the Redis state and the API client.
 """
 
 from __future__ import annotations
@@ -11,30 +12,40 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from celery import Celery
 
 from .. import errors, faults, pingback
-from ..client import NOT_READY, Answer, _Pending
+from ..client import NOT_READY, Answer, CaptchaAIClient, NotReady
 from ..methods import SolveRequest, build_request, default_wait
-from ..outcome import Solved, iso
-from ..settings import Settings, get_settings
-from ..state import store
+from ..outcome import Solved, parse_iso
+from ..settings import Settings
+from ..state import State
 from ..state.board import Again, Entry, RoundDue
-from ..state.pools import PoolNotFound
 from ..state.proxies import split
 from ..state.timing import Timing
-from . import steps
-from .completion import Completer, Done, send_submit
-from .steps import Decision, Deliver, Fail, Job, Policy, PollAt, Resubmit, Stop, Submit, SubmitAt
+from . import names, steps
+from .completion import Completer, Done
+from .job import BatchRef, Job
+from .steps import (
+    Decision,
+    Deliver,
+    Fail,
+    Policy,
+    PollAt,
+    Reply,
+    Resubmit,
+    Stop,
+    Submit,
+    SubmitAt,
+)
 
 log = logging.getLogger(__name__)
 
-POLL_TASK = "captcha_tasks.poll"
 #: Most captchas one poll round takes (one bulk request answers 100).
 ROUND_MOST = 500
 BULK_IDS = 100
@@ -42,8 +53,6 @@ BULK_IDS = 100
 SINGLE_POLLS = 8
 #: Seconds a process trusts what it last read about the API's bulk support.
 BULK_CHECK_S = 5.0
-
-Reply = Answer | _Pending | errors.CaptchaTasksError
 
 
 def policy(settings: Settings) -> Policy:
@@ -68,13 +77,24 @@ class Message:
 
 
 class Runner:
-    """Runs the steps of solves for one Celery app, in one process."""
+    """Runs the steps of solves for one Celery app, in one process.
 
-    def __init__(self, app: Celery, settings: Settings | None = None) -> None:
+    ``api`` gives the API client (called when a step needs it: only workers hold the key).
+    """
+
+    def __init__(
+        self,
+        app: Celery,
+        settings: Settings,
+        state: State,
+        api: Callable[[], CaptchaAIClient],
+    ) -> None:
         self.app = app
-        self.settings = settings or get_settings()
-        self.policy = policy(self.settings)
-        self.completer = Completer(app)
+        self.settings = settings
+        self.state = state
+        self.api = api
+        self.policy = policy(settings)
+        self.completer = Completer(app, settings, state)
         self._executor: ThreadPoolExecutor | None = None
         self._bulk_checked = (-math.inf, True)
 
@@ -82,32 +102,32 @@ class Runner:
     def solve(self, message: Message, kwargs: dict[str, Any]) -> None:
         """A caller's solve: answer from a pool, or submit (or park) its captcha."""
         solve_id = message.id
-        batch = kwargs.pop("_batch", None)
+        batch = BatchRef.from_dict(kwargs.pop("_batch", None))
         stashed = kwargs.pop("_secrets", None) or []
         now = time.time()
         try:
-            request = build_request(**kwargs, **_stashed(solve_id, stashed))
+            request = build_request(**kwargs, **self._stashed(solve_id, stashed))
         except errors.CaptchaTasksError as exc:  # skipped the call-site check, or expired
-            job = steps.unusable_job(solve_id, kwargs.get("method"), now, batch)
+            job = Job.unusable(solve_id, kwargs.get("method"), now, batch)
             self.completer.complete(job, Fail(exc))
             return
-        job = steps.new_job(solve_id, request, now, self.policy, batch=batch)
+        job = Job.new(solve_id, request, now, self.policy.solve_timeout, batch=batch)
         if self._from_pool(job, request, now):
             return
-        self.submit(_without_secrets(job, stashed), message, request)
+        self.submit(job.with_secrets(stashed), message, request)
 
     def _from_pool(self, job: Job, request: SolveRequest, started: float) -> bool:
         if request.per_request:
             return False
-        pools = store.pools()
+        pools = self.state.pools
         spec = pools.find(request)
-        if spec is None or _cancelled(job):
+        if spec is None or self._cancelled(job):
             return False
         try:
             record = pools.take(spec.name)
-        except PoolNotFound:  # removed since this process last read the definitions
+        except errors.PoolNotFound:  # removed since this process last read the definitions
             return False
-        self.app.send_task("captcha_tasks.prewarm", args=(spec.name,))
+        self.app.send_task(names.PREWARM, args=(spec.name,))
         if record is None:
             return False
         now = time.time()
@@ -117,36 +137,32 @@ class Runner:
             method=request.method,
             source="pool",
             elapsed_s=round(now - started, 3),
-            solved_at=record["solved_at"],
-            expires_at=iso(now + float(record["remaining_s"])),
+            solved_at=parse_iso(record["solved_at"]),
+            expires_at=now + float(record["remaining_s"]),
             user_agent=record.get("user_agent"),
         )
-        self.completer.complete(job, Deliver(outcome.to_dict()), source="pool")
+        self.completer.complete(job, Deliver(outcome), source="pool")
         return True
 
     # -- submit ------------------------------------------------------------------------
-    def submit(
-        self,
-        job: Job,
-        message: Message,
-        request: SolveRequest | None = None,
-    ) -> None:
+    def submit(self, job: Job, message: Message, request: SolveRequest | None = None) -> None:
         """Admit the job's submit (for task ``message``) and call ``in.php`` for it when it
-        holds a slot."""
+        holds a slot.  ``request``: the job's full request (with its stashed proxy and
+        cookies), when the caller has it at hand."""
         now = time.time()
         decision: Decision | None = steps.before_submit(job, now)
         if decision is None:
-            batch = job.get("batch")
-            admission = store.limiter().admit(
-                job,
-                deadline_in_s=job["deadline"] - now,
-                refill=bool(job.get("pool")),
-                batch_id=batch["id"] if batch else None,
+            admission = self.state.limiter.admit(
+                job.solve_id,
+                job.to_json(),
+                attempt=job.attempt,
+                deadline_in_s=job.deadline - now,
+                refill=job.pool is not None,
+                batch_id=job.batch.id if job.batch else None,
                 message_id=message.id,
                 redelivered=message.redelivered,
             )
-            if admission.handout is not None:
-                self.completer.publish(admission.handout)
+            self.completer.publish(admission.handout)
             decision = steps.on_admission(job, admission, now)
         if isinstance(decision, Submit):
             decision = self._call_in_php(job, request)
@@ -155,22 +171,21 @@ class Runner:
     def _call_in_php(self, job: Job, request: SolveRequest | None) -> Decision:
         reply: str | errors.CaptchaTasksError
         try:
-            full = request or _full_request(job)
-            reply = store.api_client().submit(_with_pool_proxy(full, job), self._pingback(job))
+            full = request or self._full_request(job)
+            reply = self.api().submit(self._with_pool_proxy(full, job), self._pingback(job))
         except errors.CaptchaTasksError as exc:
             reply = exc
-            _hold_account(exc)
-        timing = _timing(job)
+            self._hold_account(exc)
+        timing = self._timing(job)
         return steps.on_submitted(job, reply, time.time(), timing, self.policy, self._bulk())
 
     def act_on_submit(self, job: Job, decision: Decision) -> None:
         """Carry out a submit step's decision."""
         if isinstance(decision, PollAt):
-            due = store.board().register(decision.job, decision.at - time.time())
-            self.publish_round(due)
+            self._register(decision)
         elif isinstance(decision, SubmitAt):
             if decision.error is not None:
-                log.info("solve %s: %s; submitting again", job["solve_id"], decision.error.code)
+                log.info("solve %s: %s; submitting again", job.solve_id, decision.error.code)
             self._count(decision.error)
             self.resend(decision.job, decision.at - time.time(), not decision.keep_claim)
         elif isinstance(decision, Resubmit):
@@ -180,33 +195,46 @@ class Runner:
         elif isinstance(decision, Deliver | Fail):
             self.completer.complete(job, decision)
         elif isinstance(decision, Stop):
-            log.info("solve %s: %s", job["solve_id"], decision.reason)
+            log.info("solve %s: %s", job.solve_id, decision.reason)
+
+    def _register(self, decision: PollAt) -> None:
+        job = decision.job
+        due = self.state.board.register(
+            job.solve_id,
+            job.attempt,
+            str(job.captcha_id),
+            job.to_json(),
+            decision.at - time.time(),
+        )
+        self.publish_round(due)
 
     # -- poll rounds -------------------------------------------------------------------
     def poll_round(self, round_at_ms: int | None) -> None:
         """One poll round: ask for every due captcha, act on each answer, schedule the next."""
-        board = store.board()
-        entries = board.take_due(round_at_ms, ROUND_MOST)
+        board = self.state.board
+        entries = [_Due(e, Job.from_json(e.job)) for e in board.take_due(round_at_ms, ROUND_MOST)]
         asked_at = time.time()
         bulk = self._bulk()
         replies, in_bulk = self._fetch(entries, bulk) if entries else ({}, set())
         now = time.time()
-        paces = [steps.pace(self.policy, _timing(e.job), bulk) for e in entries]
+        paces = [steps.pace(self.policy, self._timing(d.job), bulk) for d in entries]
         decisions = [
-            (entry, self._decide(entry, replies, now, pace))
-            for entry, pace in zip(entries, paces, strict=True)
+            (due, self._decide(due, replies, now, pace))
+            for due, pace in zip(entries, paces, strict=True)
         ]
         self.completer.complete_many(
             [
-                Done(e.job, d, "bulk_poll" if e.captcha_id in in_bulk else "poll")
-                for e, d in decisions
-                if isinstance(d, Deliver | Fail)
+                Done(d.job, decision, "bulk_poll" if d.captcha_id in in_bulk else "poll")
+                for d, decision in decisions
+                if isinstance(decision, Deliver | Fail)
             ]
         )
-        again = [_again(e, d, now) for e, d in decisions if isinstance(d, PollAt)]
-        for entry, decision in decisions:
+        again = [
+            _again(d, decision, now) for d, decision in decisions if isinstance(decision, PollAt)
+        ]
+        for due, decision in decisions:
             if isinstance(decision, Resubmit):
-                self.retire(entry, decision, now)
+                self.retire(due.entry, due.job, decision, now)
         self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)))
         gap = min((p.every for p in paces if p.bulk), default=self.settings.bulk_window_s)
         if len(entries) >= ROUND_MOST:
@@ -214,29 +242,30 @@ class Runner:
         self.publish_round(board.end_round(asked_at, again, gap))
 
     def _decide(
-        self, entry: Entry, replies: dict[str, Reply | float], now: float, pace: steps.Pace
+        self, due: _Due, replies: dict[str, Reply | float], now: float, pace: steps.Pace
     ) -> Decision:
+        entry, job = due.entry, due.job
         reply = replies.get(entry.captcha_id, NOT_READY)
         if isinstance(reply, float):
-            return steps.on_poll_budget(entry.job, reply, entry.errors, now)
-        timing = _timing(entry.job)
+            return steps.on_poll_budget(job, reply, entry.errors, now)
+        timing = self._timing(job)
         return steps.on_answer(
-            entry.job, reply, entry.polled_at, entry.errors, now, timing, self.policy, pace
+            job, reply, entry.polled_at, entry.errors, now, timing, self.policy, pace
         )
 
     def _fetch(
-        self, entries: Sequence[Entry], bulk_on: bool
+        self, entries: Sequence[_Due], bulk_on: bool
     ) -> tuple[dict[str, Reply | float], set[str]]:
         """Every due captcha's answer, and the ids answered in bulk: pipe-safe ones are
         asked in bulk, the others one by one; a float means "the res.php budget frees in
         this many seconds"."""
-        bulk = [e.captcha_id for e in entries if steps.uses_bulk(e.job, bulk_on)]
+        bulk = [d.captcha_id for d in entries if steps.uses_bulk(d.job, bulk_on)]
         in_bulk = set(bulk)
-        single = [e.captcha_id for e in entries if e.captcha_id not in in_bulk]
+        single = [d.captcha_id for d in entries if d.captcha_id not in in_bulk]
         chunks = [bulk[i : i + BULK_IDS] for i in range(0, len(bulk), BULK_IDS)]
-        wait = store.limiter().poll_wait(len(chunks) + len(single))
+        wait = self.state.limiter.poll_wait(len(chunks) + len(single))
         if wait > 0:
-            return dict.fromkeys((e.captcha_id for e in entries), wait), set()
+            return dict.fromkeys((d.captcha_id for d in entries), wait), set()
         replies: dict[str, Reply | float] = {}
         for chunk in chunks:
             found = self._ask_many(chunk)
@@ -251,14 +280,14 @@ class Runner:
     def _ask_many(self, ids: list[str]) -> dict[str, Reply] | None:
         if len(ids) == 1:
             return None
-        board = store.board()
+        stats = self.state.stats
         try:
-            found = store.api_client().get_many(ids)
+            found = self.api().get_many(ids)
         except errors.CaptchaTasksError as exc:
-            _hold_account(exc)
+            self._hold_account(exc)
             return dict.fromkeys(ids, exc)
-        if board.bulk_supported() is not (found is not None):
-            board.set_bulk_supported(found is not None)
+        if stats.bulk_supported() is not (found is not None):
+            stats.set_bulk_supported(found is not None)
             self._bulk_checked = (time.monotonic(), found is not None)
         if found is None:
             log.info("the API does not answer res.php?ids=; polling one id per request")
@@ -269,22 +298,32 @@ class Runner:
         if not ids:
             return {}
         if len(ids) == 1:
-            return {ids[0]: _ask_one(ids[0])}
+            return {ids[0]: self._ask_one(ids[0])}
         if self._executor is None:
             self._executor = ThreadPoolExecutor(SINGLE_POLLS, thread_name_prefix="captcha-poll")
-        return dict(zip(ids, self._executor.map(_ask_one, ids), strict=True))
+        return dict(zip(ids, self._executor.map(self._ask_one, ids), strict=True))
 
-    def retire(self, entry: Entry, decision: Resubmit, now: float) -> bool:
+    def _ask_one(self, captcha_id: str) -> Reply:
+        try:
+            return self.api().get(captcha_id)
+        except errors.CaptchaTasksError as exc:
+            self._hold_account(exc)
+            return exc
+
+    def retire(self, entry: Entry, job: Job, decision: Resubmit, now: float) -> bool:
         """Take a failed captcha off the board and submit its solve's next attempt; False
         when something else ended the captcha first."""
-        board = store.board()
-        deadline_in = decision.job["deadline"] - now
-        if not board.retire(entry.captcha_id, decision.job, deadline_in, decision.error.code):
+        nxt = decision.job
+        deadline_in = nxt.deadline - now
+        retired = self.state.board.retire(
+            entry.captcha_id, nxt.solve_id, nxt.to_json(), deadline_in, decision.error.code
+        )
+        if not retired:
             return False
         log.info("captcha %s: %s; submitting a new one", entry.captcha_id, decision.error.code)
         faults.point("retire")
-        self._replace_proxy(entry.job, decision)
-        send_submit(self.app, decision.job)
+        self._replace_proxy(job, decision)
+        self.completer.send_submit(nxt)
         return True
 
     # -- messages ----------------------------------------------------------------------
@@ -295,14 +334,20 @@ class Runner:
         if due is not None:
             countdown = min(due.countdown_s, self.settings.visibility_timeout / 2)
             self.app.send_task(
-                POLL_TASK, args=(due.at_ms,), countdown=countdown, argsrepr="(round)"
+                names.POLL, args=(due.at_ms,), countdown=countdown, argsrepr="(round)"
             )
 
     def resend(self, job: Job, countdown: float, unclaim: bool) -> None:
         """Publish the submit of ``job`` again, owed until it starts (see ``limiter.owe``)."""
         countdown = min(max(0.0, countdown), self.settings.visibility_timeout / 2)
-        store.limiter().owe(job, countdown, unclaim=unclaim)
-        send_submit(self.app, job, countdown)
+        self.state.limiter.owe(
+            job.solve_id,
+            job.to_json(),
+            deadline_in_s=job.deadline - time.time(),
+            countdown_s=countdown,
+            unclaim=unclaim,
+        )
+        self.completer.send_submit(job, countdown)
 
     # -- helpers -----------------------------------------------------------------------
     def _pingback(self, job: Job) -> str | None:
@@ -311,7 +356,7 @@ class Runner:
         if base is None or not steps.uses_pingback(job):
             return None
         secret = self.settings.pingback_secret
-        return pingback.callback_url(base, secret, job["solve_id"], int(job.get("attempt", 0)))
+        return pingback.callback_url(base, secret, job.solve_id, job.attempt)
 
     def _bulk(self) -> bool:
         """Whether pipe-safe captchas are polled in bulk: the setting, and whether the API
@@ -321,7 +366,7 @@ class Runner:
         checked_at, supported = self._bulk_checked
         now = time.monotonic()
         if now - checked_at >= BULK_CHECK_S:
-            supported = store.board().bulk_supported() is not False
+            supported = self.state.stats.bulk_supported() is not False
             self._bulk_checked = (now, supported)
         return supported
 
@@ -329,7 +374,7 @@ class Runner:
         codes = [e.code for e in errs if e is not None]
         if codes:
             try:
-                store.board().count_errors(codes)
+                self.state.stats.count_errors(codes)
             except errors.StoreUnavailable:  # counting must never break a solve
                 log.debug("could not count %s", codes)
 
@@ -337,35 +382,74 @@ class Runner:
         if decision.replace_proxy:
             log.warning(
                 "solve %s: pooled proxy failed (%s); quarantined",
-                job["solve_id"],
+                job.solve_id,
                 decision.error.code,
             )
-            store.proxies().replace(_proxy_owner(steps.request_of(job), job))
+            self.state.proxies.replace(_proxy_owner(job))
+
+    def _hold_account(self, exc: errors.CaptchaTasksError) -> None:
+        """An HTTP 429 holds every request of the account for its ``Retry-After``."""
+        if isinstance(exc, errors.RateLimited):
+            log.warning("the API answered 429: every request waits %.1f s", exc.retry_after)
+            try:
+                self.state.limiter.pause(exc.retry_after)
+            except errors.StoreUnavailable:  # the steps wait for it anyway
+                log.debug("could not record the 429 pause")
+
+    def _timing(self, job: Job) -> Timing:
+        request = job.request
+        default = default_wait(request.method, request.params)
+        return self.state.solve_times.timing(request.method, default)
+
+    def _cancelled(self, job: Job) -> bool:
+        return job.batch is not None and self.state.batches.cancelled(job.batch.id)
+
+    # -- secrets and proxies -----------------------------------------------------------
+    def _stashed(self, solve_id: str, names: list[str]) -> dict[str, Any]:
+        """The proxy and cookies the caller stashed for this solve (see ``SolveTask``)."""
+        if not names:
+            return {}
+        found = self.state.secrets.fetch(solve_id, names)
+        if found is None:
+            raise errors.SolveTimeout("the solve's proxy/cookies expired before it started")
+        return found
+
+    def _full_request(self, job: Job) -> SolveRequest:
+        """The job's request with its stashed proxy and cookies put back."""
+        if not job.secrets:
+            return job.request
+        found = self.state.secrets.fetch(job.solve_id, list(job.secrets))
+        if found is None:
+            raise errors.SolveTimeout("the solve's proxy/cookies expired before it was submitted")
+        return replace(job.request, params={**job.request.params, **found})
+
+    def _with_pool_proxy(self, request: SolveRequest, job: Job) -> SolveRequest:
+        """Swap ``proxy="pool"`` for a proxy from the shared pool (sticky per owner)."""
+        if not request.uses_proxy_pool:
+            return request
+        proxy = self.state.proxies.acquire(_proxy_owner(job))
+        if proxy is None:
+            raise errors.NoProxyAvailable("every pooled proxy is taken or cooling off")
+        return request.with_proxy(*split(proxy))
 
 
-def _again(entry: Entry, decision: PollAt, now: float) -> Again:
-    return Again(entry.captcha_id, entry.job["solve_id"], decision.at - now, decision.poll_errors)
+@dataclass(frozen=True)
+class _Due:
+    """A captcha a round took, with its job decoded once."""
+
+    entry: Entry
+    job: Job
+
+    @property
+    def captcha_id(self) -> str:
+        return self.entry.captcha_id
 
 
-def _ask_one(captcha_id: str) -> Reply:
-    try:
-        return store.api_client().get(captcha_id)
-    except errors.CaptchaTasksError as exc:
-        _hold_account(exc)
-        return exc
+def _again(due: _Due, decision: PollAt, now: float) -> Again:
+    return Again(due.captcha_id, due.job.solve_id, decision.at - now, decision.poll_errors)
 
 
-def _hold_account(exc: errors.CaptchaTasksError) -> None:
-    """An HTTP 429 holds every request of the account for its ``Retry-After``."""
-    if isinstance(exc, errors.RateLimited):
-        log.warning("the API answered 429: every request waits %.1f s", exc.retry_after)
-        try:
-            store.limiter().pause(exc.retry_after)
-        except errors.StoreUnavailable:  # the steps wait for it anyway
-            log.debug("could not record the 429 pause")
-
-
-def _as_reply(value: Answer | _Pending | Exception) -> Reply:
+def _as_reply(value: Answer | NotReady | Exception) -> Reply:
     if isinstance(value, errors.CaptchaTasksError):
         return value
     if isinstance(value, Exception):
@@ -373,60 +457,5 @@ def _as_reply(value: Answer | _Pending | Exception) -> Reply:
     return value
 
 
-def _timing(job: Job) -> Timing:
-    request = job["request"]
-    default = default_wait(request["method"], request["params"])
-    return store.solve_times().timing(request["method"], default)
-
-
-def _cancelled(job: Job) -> bool:
-    batch = job.get("batch")
-    return batch is not None and store.batches().cancelled(batch["id"])
-
-
-# -- secrets and proxies ----------------------------------------------------------------
-
-
-def _stashed(solve_id: str, names: list[str]) -> dict[str, Any]:
-    """The proxy and cookies the caller stashed for this solve (see ``SolveTask``)."""
-    if not names:
-        return {}
-    found = store.secrets().fetch(solve_id, names)
-    if found is None:
-        raise errors.SolveTimeout("the solve's proxy/cookies expired before it started")
-    return found
-
-
-def _without_secrets(job: Job, names: list[str]) -> Job:
-    """The job as it travels on: the stashed parameters are named, never carried."""
-    if not names:
-        return job
-    params = {k: v for k, v in job["request"]["params"].items() if k not in names}
-    return {**job, "request": {**job["request"], "params": params, "secrets": sorted(names)}}
-
-
-def _full_request(job: Job) -> SolveRequest:
-    """The job's request with its stashed proxy and cookies put back."""
-    request = steps.request_of(job)
-    names = job["request"].get("secrets")
-    if not names:
-        return request
-    found = store.secrets().fetch(job["solve_id"], names)
-    if found is None:
-        raise errors.SolveTimeout("the solve's proxy/cookies expired before it was submitted")
-    params = {**request.params, **found}
-    return SolveRequest(request.method, request.sitekey, request.pageurl, params)
-
-
-def _proxy_owner(request: SolveRequest, job: Job) -> str:
-    return str(request.params.get("proxy_owner") or f"solve:{job['solve_id']}")
-
-
-def _with_pool_proxy(request: SolveRequest, job: Job) -> SolveRequest:
-    """Swap ``proxy="pool"`` for a proxy from the shared pool (sticky per owner)."""
-    if not request.uses_proxy_pool:
-        return request
-    proxy = store.proxies().acquire(_proxy_owner(request, job))
-    if proxy is None:
-        raise errors.NoProxyAvailable("every pooled proxy is taken or cooling off")
-    return request.with_proxy(*split(proxy))
+def _proxy_owner(job: Job) -> str:
+    return str(job.request.params.get("proxy_owner") or f"solve:{job.solve_id}")

@@ -4,10 +4,15 @@ It is configured from :mod:`captcha_tasks.worker.config` by that module's full n
 host project's own ``celeryconfig`` cannot shadow it) and is never the "current" app: a
 Django or Flask project's own Celery app stays theirs, and their shared tasks never pick
 up our configuration (see ``examples/``).
+
+The app knows its process's :class:`~.runtime.Runtime` (:meth:`App.runtime`): the settings,
+Redis state, API client and runner every task of this process works with.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 from typing import Any
 
 from celery import Celery
@@ -20,14 +25,60 @@ from celery.signals import (
 )
 
 from .. import redact
-from .. import settings as _settings
-from ..state import store
-from . import flower_auth, startup
-from .housekeeping import Housekeeping, register_configured_pools
+from ..settings import Settings, get_settings, reset_settings
+from ..state import State
+from . import flower_auth, names, startup
+from .housekeeping import Housekeeping
+from .runtime import Runtime
 
 CONFIG_MODULE = "captcha_tasks.worker.config"
 
-app = Celery("captcha_tasks", set_as_current=False)
+
+class App(Celery):
+    """captcha-tasks' Celery app: it builds its process's runtime once, when first needed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._runtime: Runtime | None = None
+        self._runtime_lock = threading.Lock()
+
+    def runtime(self) -> Runtime:
+        """This process's runtime (built from the environment's settings on first use)."""
+        runtime = self._runtime
+        if runtime is None:
+            with self._runtime_lock:
+                if self._runtime is None:
+                    self._runtime = Runtime(self, get_settings())
+                runtime = self._runtime
+        return runtime
+
+    def use(self, settings: Settings, state: State | None = None) -> Runtime:
+        """Work with ``settings`` (and ``state``) from now on in this process: for entry
+        points and tests that configure themselves instead of reading the environment."""
+        with self._runtime_lock:
+            self._runtime = Runtime(self, settings, state)
+            return self._runtime
+
+    def forget_runtime(self) -> None:
+        """Build the runtime again on next use (a forked child must not share its
+        parent's sockets)."""
+        with self._runtime_lock:
+            self._runtime = None
+
+    def _after_fork(self) -> None:
+        # The parent's lock may have been held by one of its threads: a new one, unheld.
+        self._runtime_lock = threading.Lock()
+        self._runtime = None
+
+    def route(self, name: str, *_: Any, **__: Any) -> dict[str, str] | None:
+        """Celery router: each task to its queue, named by this process's settings."""
+        kind = names.QUEUE_OF_TASK.get(name)
+        return None if kind is None else {"queue": self.runtime().settings.queue(kind)}
+
+
+app = App("captcha_tasks", set_as_current=False)
+# Every forked child (a prefork worker, os.fork in your code) builds its own runtime.
+os.register_at_fork(after_in_child=app._after_fork)
 
 
 def _refuse_bad_settings(**_: Any) -> None:
@@ -38,6 +89,7 @@ def _refuse_bad_settings(**_: Any) -> None:
 
 app.on_configure.connect(_refuse_bad_settings, weak=False)
 app.config_from_object(CONFIG_MODULE)
+app.conf.task_routes = (app.route,)
 app.steps["worker"].add(Housekeeping)
 flower_auth.install(app)
 
@@ -47,10 +99,9 @@ def _ours(sender: Any) -> bool:
 
 
 @worker_process_init.connect
-def _fresh_handles(sender: Any = None, **_: Any) -> None:
-    # A forked child must not share its parent's sockets.
-    store.reset()
-    _settings.reset_settings()
+def _fresh_settings(sender: Any = None, **_: Any) -> None:
+    # A prefork child reads the environment afresh (its runtime is rebuilt at the fork).
+    reset_settings()
 
 
 @worker_init.connect
@@ -59,7 +110,7 @@ def _register_pools(sender: Any = None, **_: Any) -> None:
     # Pools declared in CAPTCHAAI_POOLS become visible to every process through Redis;
     # a framework's own worker in the same process tree has nothing to register.
     if _ours(sender):
-        register_configured_pools()
+        app.runtime().register_configured()
 
 
 @after_setup_logger.connect

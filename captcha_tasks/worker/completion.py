@@ -23,17 +23,18 @@ from typing import Any
 from celery import Celery, states
 
 from .. import errors, faults
-from ..outcome import Failed, parse_iso
-from ..settings import get_settings
-from ..state import store
+from ..outcome import Failed
+from ..settings import Settings
+from ..state import State
 from ..state.board import Completion, Finished, finished
 from ..state.limiter import Handout
 from ..state.lua import text
-from .steps import Deliver, Fail, Job, label, request_of
+from . import names
+from .job import Job
+from .steps import Deliver, Fail
 
 log = logging.getLogger(__name__)
 
-SUBMIT_TASK = "captcha_tasks.submit"
 DEFAULT_RESULT_TTL = 86400
 
 Ending = Deliver | Fail
@@ -51,8 +52,10 @@ class Done:
 class Completer:
     """Completes solves for one Celery app (whose result backend ``get()`` reads)."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, settings: Settings, state: State) -> None:
         self.app = app
+        self.settings = settings
+        self.state = state
 
     def complete(self, job: Job, ending: Ending, source: str = "api") -> bool:
         """End the solve of ``job``; False when something else ended it first."""
@@ -62,8 +65,8 @@ class Completer:
         """End several solves with one Redis round trip."""
         if not items:
             return []
-        board = store.board()
-        pipe = board.pipeline()
+        board = self.state.board
+        pipe = self.state.db.pipeline()
         for item in items:
             board.finish(self.completion(item), client=pipe)
         results = [finished(reply) for reply in board.run(pipe)]
@@ -74,29 +77,30 @@ class Completer:
     def completion(self, item: Done) -> Completion:
         """The records the finish script stores for ``item``."""
         job, ending = item.job, item.ending
-        method = job["request"]["method"]
+        method = job.request.method
         solve_time, source, code = None, None, None
         value: Any
         if isinstance(ending, Deliver):
-            outcome, state, value = ending.outcome, states.SUCCESS, ending.outcome
+            outcome = ending.outcome.to_dict()
+            state, value = states.SUCCESS, outcome
             solve_time, source = ending.solve_time_s, item.source
         else:
-            elapsed = round(time.time() - job["started"], 3)
+            elapsed = round(time.time() - job.started, 3)
             outcome = Failed.from_exception(ending.error, method, elapsed).to_dict()
             state, value, code = states.FAILURE, ending.error, ending.error.code
         key, record = None, None
-        if not job.get("pool"):  # a refill's outcome goes to its pool, not to a caller
-            key, record = self.result_record(job["solve_id"], state, value)
-        batch = job.get("batch")
+        if not job.pool:  # a refill's outcome goes to its pool, not to a caller
+            key, record = self.result_record(job.solve_id, state, value)
+        batch = job.batch
         return Completion(
-            solve_id=job["solve_id"],
+            solve_id=job.solve_id,
             method=method,
-            captcha_id=None if item.source == "pool" else job.get("captcha_id"),
+            captcha_id=None if item.source == "pool" else job.captcha_id,
             result_key=key,
             result_value=record,
             result_ttl_s=int(self.app.backend.expires or DEFAULT_RESULT_TTL),
-            batch_id=batch["id"] if batch else None,
-            batch_entry=json.dumps({**outcome, "index": batch["index"]}) if batch else None,
+            batch_id=batch.id if batch else None,
+            batch_entry=json.dumps({**outcome, "index": batch.index}) if batch else None,
             solve_time_s=solve_time,
             source=source,
             error_code=code,
@@ -123,44 +127,41 @@ class Completer:
         if handed:
             faults.point("handout")
         for parked in handed:
-            send_submit(self.app, parked.job)
+            self.send_submit(Job.from_json(parked.job))
+
+    def send_submit(self, job: Job, countdown: float = 0.0) -> None:
+        """Publish a submit message for ``job`` (shown in Flower by its label, no secrets).
+
+        A countdown message held past the broker's visibility timeout is delivered twice,
+        so a longer wait is cut to half of it: the submit runs early and waits again."""
+        limit = self.settings.visibility_timeout / 2
+        self.app.send_task(
+            names.SUBMIT,
+            args=(job.to_dict(),),
+            countdown=min(limit, max(0.0, countdown)),
+            argsrepr=job.label(),
+            kwargsrepr="{}",
+        )
 
     def _after(self, item: Done, result: Finished) -> None:
         self.publish(result.handout)
         if not result.claimed:
             return
         job = item.job
-        pool = job.get("pool")
-        if pool:
-            _refill_done(pool, job, item.ending)
-        request = request_of(job)
+        if job.pool:
+            self._refill_done(job.pool, job, item.ending)
+        request = job.request
         if request.uses_proxy_pool and "proxy_owner" not in request.params:
-            store.proxies().release(f"solve:{job['solve_id']}")
+            self.state.proxies.release(f"solve:{job.solve_id}")
 
-
-def send_submit(app: Celery, job: Job, countdown: float = 0.0) -> None:
-    """Publish a submit message for ``job`` (shown in Flower by its label, no secrets).
-
-    A countdown message held past the broker's visibility timeout is delivered twice, so
-    a longer wait is cut to half of it: the submit runs early and waits again."""
-    limit = get_settings().visibility_timeout / 2
-    app.send_task(
-        SUBMIT_TASK,
-        args=(job,),
-        countdown=min(limit, max(0.0, countdown)),
-        argsrepr=label(job),
-        kwargsrepr="{}",
-    )
-
-
-def _refill_done(pool: str, job: Job, ending: Ending) -> None:
-    pools = store.pools()
-    pools.refill_finished(pool, job["solve_id"])
-    if not isinstance(ending, Deliver):
-        return
-    try:
-        spec = pools.get(pool)
-    except errors.ValidationError:
-        return  # the pool was removed while its refill ran
-    life = min(spec.ttl, parse_iso(ending.outcome["expires_at"]) - time.time())
-    pools.add(pool, ending.outcome, life)
+    def _refill_done(self, pool: str, job: Job, ending: Ending) -> None:
+        pools = self.state.pools
+        pools.refill_finished(pool, job.solve_id)
+        if not isinstance(ending, Deliver):
+            return
+        try:
+            spec = pools.get(pool)
+        except errors.PoolNotFound:
+            return  # the pool was removed while its refill ran
+        life = min(spec.ttl, ending.outcome.expires_at - time.time())
+        pools.add(pool, ending.outcome.to_dict(), life)

@@ -6,13 +6,12 @@ depend on the deployment come from :mod:`captcha_tasks.settings`.
 
 from __future__ import annotations
 
-from typing import Any
-
 from kombu import Queue  # type: ignore[attr-defined]
 
 from ..connections import celery_options
 from ..keys import Keys
 from ..settings import get_settings
+from . import names
 from .broker import TRANSPORT
 
 _settings = get_settings()
@@ -57,26 +56,10 @@ task_soft_time_limit = 100
 # A worker started with -A captcha_tasks.worker.app registers the tasks too.
 imports = ("captcha_tasks.worker.tasks",)
 
-#: The queue (kind) of each task; the names come from CAPTCHAAI_QUEUE_PREFIX.
-QUEUE_OF_TASK = {
-    "captcha_tasks.solve": "solve",
-    "captcha_tasks.submit": "submit",
-    "captcha_tasks.poll": "poll",
-    "captcha_tasks.report": "housekeeping",
-    "captcha_tasks.prewarm": "housekeeping",
-    "captcha_tasks.check_threads": "housekeeping",
-}
-
-
-def route(name: str, *_: Any, **__: Any) -> dict[str, str] | None:
-    """Celery router: each task to its queue, named by the settings read when it is sent."""
-    kind = QUEUE_OF_TASK.get(name)
-    return None if kind is None else {"queue": get_settings().queue(kind)}
-
-
 task_default_queue = _settings.queue("solve")
 task_queues = tuple(Queue(name) for name in _settings.queues)  # type: ignore[no-untyped-call]
-task_routes = (route,)
+# task_routes: the app's own router (captcha_tasks.worker.app.App.route), by the settings
+# of the process that sends.
 
 worker_hijack_root_logger = False
 # Task events cost a fan-out publish each (three per task).  They are off until a monitor
@@ -88,7 +71,7 @@ task_send_sent_event = False
 # Beat: hand freed slots to parked submits and keep token pools filled before they expire.
 beat_schedule = {
     "captcha-tasks-prewarm": {
-        "task": "captcha_tasks.prewarm",
+        "task": names.PREWARM,
         "schedule": _settings.prewarm_every,
         "options": {"expires": _settings.prewarm_every},
     },

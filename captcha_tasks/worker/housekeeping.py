@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -22,60 +23,58 @@ from celery import bootsteps
 
 from .. import errors
 from ..methods import SolveRequest, build_request
-from ..settings import get_settings
-from ..state import store
 from ..state.limiter import Drift
 from ..state.pools import PoolSpec
-from . import steps
+from . import names
 from .adapter import Runner
-from .completion import send_submit
+from .job import Job
 
 log = logging.getLogger(__name__)
 
 #: Seconds between housekeeping ticks (one process per tick does the work).
 TICK_S = 1.0
-SOLVE_TASK = "captcha_tasks.solve"
-CHECK_THREADS_TASK = "captcha_tasks.check_threads"
 #: Checks a view of the provider's threads outlives (a missed check or two keeps it).
 VIEW_HOLDS_CHECKS = 3
 
 
 def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
-    swept = store.limiter().sweep(TICK_S, get_settings().queue("solve"))
+    state, settings = runner.state, runner.settings
+    swept = state.limiter.sweep(TICK_S, settings.queue("solve"))
     if swept is None:
         return False
     runner.completer.publish(swept.handout)
     for parked in swept.lost:
         log.warning("solve %s: its submit message was lost; sending it again", parked.lease_id)
-        send_submit(runner.app, parked.job)
+        runner.completer.send_submit(Job.from_json(parked.job))
     for solve in swept.unstarted:
         log.warning("solve %s: its message was lost; sending it again", solve.lease_id)
-        runner.app.send_task(SOLVE_TASK, kwargs=solve.job, task_id=solve.lease_id)
-    runner.publish_round(store.board().ensure_round())
-    every = get_settings().threads_check_every
-    if every > 0 and store.limiter().check_due(every):
+        kwargs = json.loads(solve.job)
+        runner.app.send_task(names.SOLVE, kwargs=kwargs, task_id=solve.lease_id)
+    runner.publish_round(state.board.ensure_round())
+    every = settings.threads_check_every
+    if every > 0 and state.limiter.check_due(every):
         # off the timer thread: the check is an HTTP request
-        runner.app.send_task(CHECK_THREADS_TASK, expires=every)
+        runner.app.send_task(names.CHECK_THREADS, expires=every)
     return True
 
 
-def check_threads() -> Drift | None:
+def check_threads(runner: Runner) -> Drift | None:
     """Compare the provider's working threads with the slots we hold: threads it counts
     beyond ours belong to another client of the key, and ours shrink to leave them alone
     (until the next check finds them gone).  None when the API does not say."""
-    every = get_settings().threads_check_every
-    limiter = store.limiter()
+    every = runner.settings.threads_check_every
+    limiter = runner.state.limiter
     if limiter.poll_wait(1) > 0:  # the res.php budget, or an HTTP 429, holds the account
         return None
     try:
-        info = store.api_client().threads_info()
+        info = runner.api().threads_info()
     except errors.RateLimited as exc:
         limiter.pause(exc.retry_after)
         return None
     if info is None or "working_threads" not in info:
         return None
-    drift = store.limiter().see_provider(info["working_threads"], VIEW_HOLDS_CHECKS * every)
+    drift = limiter.see_provider(info["working_threads"], VIEW_HOLDS_CHECKS * every)
     if drift.now and not drift.before:
         log.warning(
             "another client is using this API key: the provider counts %d working threads,"
@@ -99,7 +98,7 @@ class Housekeeping(bootsteps.StartStopStep):
         self.tref: Any = None
 
     def start(self, worker: Any) -> None:
-        runner = Runner(worker.app)
+        runner = worker.app.runtime().runner
         self.tref = worker.timer.call_repeatedly(TICK_S, _safe_tick, (runner,), priority=10)
 
     def stop(self, worker: Any) -> None:
@@ -122,42 +121,30 @@ def _safe_tick(runner: Runner) -> None:
 
 def top_up(runner: Runner, spec: PoolSpec) -> int:
     """Start the refills ``spec``'s pool needs now; returns how many."""
-    r, keys, settings = store.redis_client(), store.keys(), get_settings()
-    lock = keys.pool_prewarm_lock(spec.name)
-    if not r.set(lock, "1", nx=True, px=5000):
+    state, settings = runner.state, runner.settings
+    pools = state.pools
+    if not pools.lock_top_up(spec.name):
         return 0  # another top-up of this pool is running right now
     try:
-        pools = store.pools()
         pools.sweep(spec.name)
         request = build_request(**spec.solve_kwargs())
-        timing = store.solve_times().timing(request.method, request.initial_wait)
+        timing = state.solve_times.timing(request.method, request.initial_wait)
         count = pools.plan(
             spec.name,
             solve_time_s=timing.typical,
             margin_s=settings.prewarm_every + settings.poll_interval,
-            free_slots=store.limiter().free_for_refills(),
+            free_slots=state.limiter.free_for_refills(),
         )
         for _ in range(count):
             _start_refill(runner, spec.name, request)
         return count
     finally:
-        r.delete(lock)
+        pools.unlock_top_up(spec.name)
 
 
 def _start_refill(runner: Runner, pool: str, request: SolveRequest) -> None:
     refill_id = f"refill-{uuid.uuid4().hex}"
-    job = steps.new_job(refill_id, request, time.time(), runner.policy, pool=pool)
-    store.pools().refill_started(pool, refill_id, get_settings().solve_timeout)
+    timeout = runner.settings.solve_timeout
+    job = Job.new(refill_id, request, time.time(), timeout, pool=pool)
+    runner.state.pools.refill_started(pool, refill_id, timeout)
     runner.resend(job, 0.0, unclaim=False)
-
-
-def register_configured_pools() -> int:
-    """Register the pools of ``CAPTCHAAI_POOLS`` and the proxies of ``CAPTCHAAI_PROXIES``
-    in Redis (idempotent)."""
-    settings = get_settings()
-    pools = store.pools()
-    for spec in settings.pools:
-        pools.register(spec)
-    if settings.proxies:
-        store.proxies().add(*settings.proxies)
-    return len(settings.pools)

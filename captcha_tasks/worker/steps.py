@@ -18,8 +18,8 @@ next as a value; :mod:`captcha_tasks.worker.adapter` carries it out::
                                                         ├─► Deliver (answer)
                                                         └─► Fail (fatal, budgets, deadline)
 
-A job is a JSON dict carried from step to step: the request (never the API key, never a
-proxy password or cookies: those wait in Redis), its budgets and the current attempt's
+A :class:`~.job.Job` is carried from step to step: the request (never the API key, never
+a proxy password or cookies: those wait in Redis), its budgets and the current attempt's
 captcha.
 """
 
@@ -28,16 +28,17 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from .. import errors
-from ..client import NOT_READY, Answer, _Pending
+from ..client import NOT_READY, Answer, NotReady
 from ..methods import METHODS, SolveRequest
-from ..outcome import Solved, iso
+from ..outcome import Solved
 from ..state.limiter import Admission
 from ..state.timing import Timing
+from .job import Job
 
-Job = dict[str, Any]
+#: What a poll or a callback can say about a captcha.
+Reply = Answer | NotReady | errors.CaptchaTasksError
 
 #: A token is discarded when less than this many seconds of its life are left.
 EXPIRY_MARGIN = 1.0
@@ -129,9 +130,9 @@ class Resubmit:
 
 @dataclass(frozen=True)
 class Deliver:
-    """The solve is done: ``outcome`` (a Solved dict); ``solve_time_s`` for the samples."""
+    """The solve is done with ``outcome``; ``solve_time_s`` for the samples."""
 
-    outcome: dict[str, Any]
+    outcome: Solved
     solve_time_s: float | None = None
 
 
@@ -171,72 +172,19 @@ def pace(policy: Policy, timing: Timing, bulk: bool) -> Pace:
 # -- jobs --------------------------------------------------------------------------------
 
 
-def new_job(
-    solve_id: str,
-    request: SolveRequest,
-    now: float,
-    policy: Policy,
-    *,
-    pool: str | None = None,
-    batch: Mapping[str, Any] | None = None,
-) -> Job:
-    """A solve's state, carried from step to step (JSON, no secrets)."""
-    return {
-        "solve_id": solve_id,
-        "request": request.to_dict(),
-        "started": now,
-        "deadline": now + policy.solve_timeout,
-        "attempt": 0,
-        "transport_errors": 0,
-        "resubmits": 0,
-        "pool": pool,
-        "batch": dict(batch) if batch else None,
-    }
-
-
-def unusable_job(solve_id: str, method: Any, now: float, batch: Mapping[str, Any] | None) -> Job:
-    """The job of a solve message whose request is not valid (it can only fail)."""
-    name = method if isinstance(method, str) and method in METHODS else "unknown"
-    request: dict[str, Any] = {"method": name, "sitekey": None, "pageurl": None, "params": {}}
-    return {
-        "solve_id": solve_id,
-        "request": request,
-        "started": now,
-        "deadline": now,
-        "attempt": 0,
-        "pool": None,
-        "batch": dict(batch) if batch else None,
-    }
-
-
-def request_of(job: Job) -> SolveRequest:
-    return SolveRequest.from_dict(job["request"])
-
-
-def label(job: Job) -> str:
-    """A readable, secret-free label of a job for Flower and the worker log."""
-    request = job["request"]
-    parts = [request["method"], str(request.get("sitekey") or ""), f"solve={job['solve_id']}"]
-    if job.get("captcha_id"):
-        parts.append(f"captcha={job['captcha_id']}")
-    if job.get("attempt"):
-        parts.append(f"attempt={job['attempt']}")
-    return "(" + " ".join(p for p in parts if p) + ")"
-
-
 def uses_bulk(job: Job, bulk: bool) -> bool:
     """Whether the job's captcha is asked for in bulk polls: its answer is a plain token
     (pipe-safe) that comes without a user agent."""
-    if not bulk or job["request"]["method"] not in METHODS:
+    if not bulk or job.request.method not in METHODS:
         return False
-    return request_of(job).pipe_safe
+    return job.request.pipe_safe
 
 
 def uses_pingback(job: Job) -> bool:
     """Whether the provider is asked to call back when the job's captcha is done.  A
     callback's ``code`` has no room for a user agent: captchas whose answer comes with one
     are polled."""
-    return not request_of(job).returns_user_agent
+    return not job.request.returns_user_agent
 
 
 # -- submit ------------------------------------------------------------------------------
@@ -244,7 +192,7 @@ def uses_pingback(job: Job) -> bool:
 
 def before_submit(job: Job, now: float) -> Fail | None:
     """A submit whose solve's deadline passed (while parked, or queued) fails."""
-    if now >= job["deadline"]:
+    if now >= job.deadline:
         return Fail(_timeout(job, "the solve deadline passed before it could be submitted"))
     return None
 
@@ -272,22 +220,22 @@ def on_submitted(
 ) -> Decision:
     """``in.php`` answered ``reply`` (a captcha id, or the error it raised)."""
     if isinstance(reply, str):
-        polled = {**job, "captcha_id": reply, "submitted_at": now, "transport_errors": 0}
+        polled = job.submitted(reply, now)
         wait = first_poll(polled, timing, policy, bulk)
-        return PollAt(min(now + wait, job["deadline"]), polled)
+        return PollAt(min(now + wait, job.deadline), polled)
     if isinstance(reply, errors.RateLimited):  # a budget, not a fault: no retry is spent
         at = now + reply.retry_after
-        if at >= job["deadline"]:
+        if at >= job.deadline:
             return Fail(_timeout(job, "deadline passed while the API asked to wait", reply))
         return SubmitAt(at, job, reply)
     if isinstance(reply, errors.RetryableError):
-        count = job.get("transport_errors", 0) + 1
+        count = job.transport_errors + 1
         if count > policy.transport_retries:
             return Fail(_exhausted(reply, count))
         at = now + policy.backoff(count)
-        if at >= job["deadline"]:
+        if at >= job.deadline:
             return Fail(_timeout(job, f"deadline passed while retrying ({reply.code})", reply))
-        return SubmitAt(at, {**job, "transport_errors": count}, reply)
+        return SubmitAt(at, replace(job, transport_errors=count), reply)
     return _failed_captcha(job, reply, now, policy)
 
 
@@ -313,7 +261,7 @@ def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool) -> float:
 
 def on_answer(
     job: Job,
-    answer: Answer | _Pending | errors.CaptchaTasksError,
+    answer: Reply,
     polled_before: float | None,
     poll_errors: int,
     now: float,
@@ -333,7 +281,7 @@ def on_answer(
         count = poll_errors + 1
         if count > policy.transport_retries:
             return Fail(_exhausted(answer, count))
-        return PollAt(min(now + policy.backoff(count), job["deadline"]), job, count, answer)
+        return PollAt(min(now + policy.backoff(count), job.deadline), job, count, answer)
     if isinstance(answer, errors.CaptchaTasksError):
         return _failed_captcha(job, answer, now, policy)
     decision = _solved(job, answer, polled_before, now, policy)
@@ -346,7 +294,7 @@ def on_answer(
 
 def on_callback(
     job: Job,
-    answer: Answer | _Pending | errors.CaptchaTasksError,
+    answer: Reply,
     polled_before: float | None,
     now: float,
     policy: Policy,
@@ -363,9 +311,9 @@ def on_callback(
 
 def on_poll_budget(job: Job, wait_s: float, poll_errors: int, now: float) -> Decision:
     """The account's ``res.php`` budget is spent for ``wait_s``: poll later (or fail)."""
-    if now >= job["deadline"]:
+    if now >= job.deadline:
         return Fail(_timeout(job, "the solve deadline passed"))
-    return PollAt(min(now + wait_s, job["deadline"]), job, poll_errors)
+    return PollAt(min(now + wait_s, job.deadline), job, poll_errors)
 
 
 def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, pace: Pace) -> Decision:
@@ -373,41 +321,45 @@ def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, pace: Pace)
     pace once it is past its method's earliest likely finish (or its method's times are
     not known yet), and before that at that finish or the poll interval, whichever comes
     first; one asked for on its own, at the poll interval."""
-    if now >= job["deadline"]:
+    if now >= job.deadline:
         return Fail(_timeout(job, "the solve deadline passed"))
     if not uses_bulk(job, pace.bulk):
-        return PollAt(min(now + policy.poll_interval, job["deadline"]), job)
-    likely = job["submitted_at"] + timing.earliest if timing.warm else now
+        return PollAt(min(now + policy.poll_interval, job.deadline), job)
+    likely = _submitted_at(job) + timing.earliest if timing.warm else now
     at = max(now + pace.every, min(likely, now + policy.poll_interval))
-    return PollAt(min(at, job["deadline"]), job)
+    return PollAt(min(at, job.deadline), job)
 
 
 def _solved(
     job: Job, answer: Answer, polled_before: float | None, now: float, policy: Policy
 ) -> Deliver | Fail | Resubmit:
-    request = request_of(job)
+    request = job.request
+    submitted = _submitted_at(job)
     # The token was made after the last "not ready" (or the submit) at the earliest.
-    born = polled_before if polled_before is not None else job["submitted_at"]
+    born = polled_before if polled_before is not None else submitted
     expires = born + policy.token_life(request)
     if now >= expires - EXPIRY_MARGIN:
-        expired = errors.TokenExpired(
-            "token expired before delivery", captcha_id=job.get("captcha_id")
-        )
+        expired = errors.TokenExpired("token expired before delivery", captcha_id=job.captcha_id)
         return _failed_captcha(job, expired, now, policy)
     outcome = Solved(
         token=request.answer_value(answer.value),
-        captcha_id=str(job["captcha_id"]),
+        captcha_id=str(job.captcha_id),
         method=request.method,
         source="api",
-        elapsed_s=round(now - job["started"], 3),
-        solved_at=iso(now),
-        expires_at=iso(expires),
+        elapsed_s=round(now - job.started, 3),
+        solved_at=now,
+        expires_at=expires,
         user_agent=answer.user_agent,
     )
     # The answer came between the last "not ready" and now: its midpoint is the solve
     # time's best estimate (seen-at times alone would teach the polls to come late).
     seen = now if polled_before is None else (polled_before + now) / 2
-    return Deliver(outcome.to_dict(), solve_time_s=seen - job["submitted_at"])
+    return Deliver(outcome, solve_time_s=seen - submitted)
+
+
+def _submitted_at(job: Job) -> float:
+    # A job on the board always has its submit time; before its submit, its start.
+    return job.submitted_at if job.submitted_at is not None else job.started
 
 
 # -- failures ----------------------------------------------------------------------------
@@ -417,20 +369,14 @@ def _failed_captcha(
     job: Job, exc: errors.CaptchaTasksError, now: float, policy: Policy
 ) -> Fail | Resubmit:
     """An error about the captcha itself: submit a new one where that can help."""
-    pooled_proxy = isinstance(exc, errors.ProxyError) and request_of(job).uses_proxy_pool
+    pooled_proxy = isinstance(exc, errors.ProxyError) and job.request.uses_proxy_pool
     if not (isinstance(exc, errors.ResubmitError) or pooled_proxy):
         return Fail(exc)
-    if job.get("resubmits", 0) >= policy.max_resubmits:
+    if job.resubmits >= policy.max_resubmits:
         return Fail(exc)
-    if now >= job["deadline"]:
+    if now >= job.deadline:
         return Fail(_timeout(job, "the solve deadline passed", exc))
-    fresh = {
-        key: value
-        for key, value in job.items()
-        if key not in ("captcha_id", "submitted_at", "transport_errors")
-    }
-    fresh.update(attempt=job["attempt"] + 1, resubmits=job.get("resubmits", 0) + 1)
-    return Resubmit(fresh, exc, replace_proxy=pooled_proxy)
+    return Resubmit(job.next_attempt(), exc, replace_proxy=pooled_proxy)
 
 
 def _timeout(
@@ -438,7 +384,7 @@ def _timeout(
 ) -> errors.SolveTimeout:
     if cause is not None:
         message = f"{message} (last error {cause.code})"
-    return errors.SolveTimeout(message, captcha_id=job.get("captcha_id"))
+    return errors.SolveTimeout(message, captcha_id=job.captcha_id)
 
 
 def _exhausted(exc: errors.CaptchaTasksError, count: int) -> errors.RetriesExhausted:

@@ -17,24 +17,22 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
-from functools import lru_cache
 from typing import Any
 
 from celery import Task
-from celery.signals import worker_process_init
 
 from .. import errors
 from ..methods import POOL_PROXY, build_request
 from ..redact import SECRET_PARAMS, mask_params
-from ..settings import get_settings
-from ..state import store
+from ..state import State
 from ..state.pools import PoolSpec
-from . import housekeeping
+from . import housekeeping, names
 from .adapter import Message, Runner
 from .app import app
-from .steps import Job
+from .job import Job
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +43,9 @@ SECRETS_TTL_S = 24 * 3600
 RESULT_REPR_MAX = 230
 
 
-@lru_cache(maxsize=1)
 def runner() -> Runner:
-    """The process's runner (recreated in each forked worker child)."""
-    return Runner(app)
-
-
-@worker_process_init.connect
-def _fresh_runner(**_: Any) -> None:
-    runner.cache_clear()
+    """This process's runner (see :meth:`~.app.App.runtime`)."""
+    return app.runtime().runner
 
 
 class SolveTask(Task):
@@ -69,14 +61,14 @@ class SolveTask(Task):
         # no cookie values, no image body.
         options.setdefault("kwargsrepr", repr(mask_params(kwargs)))
         solve_id = options.setdefault("task_id", str(uuid.uuid4()))
-        kwargs = _stash_secrets(solve_id, kwargs)
+        runtime = app.runtime()
+        kwargs = _stash_secrets(runtime.state, solve_id, kwargs)
         if batch is not None:
             kwargs["_batch"] = batch
-        if get_settings().pools:
-            store.pools()  # registers this process's CAPTCHAAI_POOLS (once) before it solves
+        runtime.state.pools.ensure_declared()  # this process's CAPTCHAAI_POOLS, before it solves
         # Until a worker starts it, the message is remembered in Redis: one lost between
         # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
-        store.limiter().expect(solve_id, kwargs)
+        runtime.state.limiter.expect(solve_id, json.dumps(kwargs, separators=(",", ":")))
         result = super().apply_async((), kwargs, **options)
         # The worker never stores this task's return value (the completion path stores
         # the outcome), but the caller waits for it: get() must not return at once.
@@ -84,13 +76,13 @@ class SolveTask(Task):
         return result
 
 
-def _stash_secrets(solve_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _stash_secrets(state: State, solve_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
     """Keep the caller's proxy and cookies out of every task message: they wait in Redis
     (under a key with a TTL, deleted when the solve ends) for the worker that needs them."""
     secret = {k: v for k, v in kwargs.items() if k in SECRET_PARAMS and v != POOL_PROXY}
     if not secret:
         return kwargs
-    store.secrets().stash(solve_id, secret, SECRETS_TTL_S)
+    state.secrets.stash(solve_id, secret, SECRETS_TTL_S)
     kept = {k: v for k, v in kwargs.items() if k not in secret}
     return {**kept, "_secrets": sorted(secret)}
 
@@ -117,7 +109,7 @@ def normalize_solve_args(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 @app.task(
     bind=True,
     base=SolveTask,
-    name="captcha_tasks.solve",
+    name=names.SOLVE,
     ignore_result=True,
     autoretry_for=(errors.StoreUnavailable,),
     retry_backoff=True,
@@ -135,19 +127,19 @@ def solve(
 
 @app.task(
     bind=True,
-    name="captcha_tasks.submit",
+    name=names.SUBMIT,
     ignore_result=True,
     autoretry_for=(errors.StoreUnavailable,),
     retry_backoff=True,
     max_retries=None,
     shared=False,
 )
-def submit(self: Task, job: Job) -> None:
+def submit(self: Task, job: dict[str, Any]) -> None:
     """Submit a solve's captcha: a parked solve given a thread, a retry, a resubmit."""
-    runner().submit(job, _message(self))
+    runner().submit(Job.from_dict(job), _message(self))
 
 
-@app.task(name="captcha_tasks.poll", ignore_result=True, shared=False)
+@app.task(name=names.POLL, ignore_result=True, shared=False)
 def poll(round_at_ms: int | None = None) -> None:
     """One poll round; it schedules the next while captchas are at the provider."""
     runner().poll_round(round_at_ms)
@@ -158,10 +150,10 @@ def _message(task: Task) -> Message:
     return Message(task.request.id, bool(delivery.get("redelivered")))
 
 
-@app.task(name="captcha_tasks.report", shared=False)
+@app.task(name=names.REPORT, shared=False)
 def report_task(captcha_id: str, good: bool) -> None:
     """Send ``reportgood`` / ``reportbad`` for a solved captcha."""
-    store.api_client().report(captcha_id, good=good)
+    app.runtime().api().report(captcha_id, good=good)
 
 
 def report(result: dict[str, Any], *, good: bool) -> Any:
@@ -175,19 +167,20 @@ def report(result: dict[str, Any], *, good: bool) -> Any:
     return report_task.delay(str(captcha_id), bool(good))
 
 
-@app.task(name="captcha_tasks.prewarm", shared=False)
+@app.task(name=names.PREWARM, shared=False)
 def prewarm(pool: str | None = None) -> dict[str, int]:
     """Beat's tick (and every take): top pools up.  Returns the refills started per pool."""
-    housekeeping.tick(runner())
-    pools = store.pools()
+    run = runner()
+    housekeeping.tick(run)
+    pools = run.state.pools
     specs = [pools.get(pool)] if pool else pools.all()
-    return {spec.name: housekeeping.top_up(runner(), spec) for spec in specs}
+    return {spec.name: housekeeping.top_up(run, spec) for spec in specs}
 
 
-@app.task(name="captcha_tasks.check_threads", shared=False)
+@app.task(name=names.CHECK_THREADS, shared=False)
 def check_threads() -> dict[str, int] | None:
     """Housekeeping: the provider's view of our threads (see ``housekeeping.check_threads``)."""
-    drift = housekeeping.check_threads()
+    drift = housekeeping.check_threads(runner())
     return None if drift is None else {"external": drift.now, "ours": drift.ours}
 
 
@@ -215,7 +208,7 @@ def create_pool(
             **params,
         }
     )
-    store.pools().register(spec)
+    app.runtime().state.pools.register(spec)
     return spec
 
 
@@ -224,6 +217,6 @@ def take_token(pool: str, min_remaining: float | None = None) -> dict[str, Any] 
 
     Raises :class:`~captcha_tasks.state.pools.PoolNotFound` for an undeclared pool.
     """
-    record = store.pools().take(pool, min_remaining)
+    record = app.runtime().state.pools.take(pool, min_remaining)
     prewarm.delay(pool)
     return record

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks import aio, errors, solve, store
+from captcha_tasks import aio, errors, solve
 from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.settings import get_settings
+from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
 
@@ -54,7 +54,7 @@ def test_failure_raises_the_same_typed_error(sandbox: Any) -> None:
 def test_bad_input_raises_at_the_call_site_and_queues_nothing(
     sandbox: Any, redis_conn: Any
 ) -> None:
-    before = {q: redis_conn.llen(q) for q in get_settings().queues}
+    before = {q: redis_conn.llen(q) for q in app.runtime().settings.queues}
     keys_before = redis_conn.dbsize()
     cases = [
         task(pageurl="javascript:alert(1)"),
@@ -149,7 +149,7 @@ def test_a_result_that_never_comes_times_out(sandbox: Any) -> None:
 def test_leaving_the_stream_cancels_what_was_not_submitted(
     sandbox: Any, redis_conn: Any, how: str
 ) -> None:
-    capacity = store.limiter().config.capacity
+    capacity = app.runtime().state.limiter.config.capacity
     total = 4 * capacity
     sandbox.configure(threads=total, solve_time=0.8, jitter=0.3)
     seen: list[dict[str, Any]] = []
@@ -162,7 +162,7 @@ def test_leaving_the_stream_cancels_what_was_not_submitted(
             await asyncio.Event().wait()  # wait here until cancelled
 
     def cancelled() -> list[str]:
-        return list(redis_conn.scan_iter(store.keys().batch_cancelled("*")))
+        return list(redis_conn.scan_iter(app.runtime().state.keys.batch_cancelled("*")))
 
     async def main() -> None:
         consumer = asyncio.create_task(consume())
@@ -175,7 +175,7 @@ def test_leaving_the_stream_cancels_what_was_not_submitted(
         await asyncio.wait_for(_until(cancelled), 5)
 
     asyncio.run(main())
-    limiter = store.limiter()
+    limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
     submitted = sandbox.stats()["submits"]
     assert seen and seen[0]["status"] == "solved"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,9 +14,9 @@ from typing import Any
 import pytest
 from image_files import png_b64
 
-from captcha_tasks import store
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.stream import stream
+from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.slow
 
@@ -41,9 +40,9 @@ def task(**extra: Any) -> dict[str, Any]:
     return {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, **extra}
 
 
-def run_cli(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+def run_cli(*args: str, env: dict[str, str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "captcha_tasks.cli", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kwargs)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, **kwargs)
 
 
 def write_jsonl(path: Path, rows: list[Any]) -> Path:
@@ -79,13 +78,13 @@ def test_a_failed_task_does_not_stop_the_stream(sandbox: Any, two_workers: list[
 def test_abandoned_stream_cancels_what_was_not_submitted(
     sandbox: Any, two_workers: list[Any]
 ) -> None:
-    capacity = store.limiter().config.capacity
+    capacity = app.runtime().state.limiter.config.capacity
     total = 4 * capacity
     sandbox.configure(threads=total, solve_time=0.8, jitter=0.3)
     gen = stream([task() for _ in range(total)], window=total)
     first = next(gen)
     gen.close()  # the caller walks away after one result
-    limiter = store.limiter()
+    limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
     submitted = sandbox.stats()["submits"]
     assert first["status"] == "solved"
@@ -112,7 +111,7 @@ def test_worker_killed_mid_batch_still_yields_every_index(
 
 
 def test_cli_batch_writes_jsonl_then_resume_runs_only_unsolved(
-    sandbox: Any, two_workers: list[Any], tmp_path: Path
+    sandbox: Any, two_workers: list[Any], tmp_path: Path, env: dict[str, str]
 ) -> None:
     rows = [task(sitekey=f"k{i}") for i in range(8)]
     source = write_jsonl(tmp_path / "in.jsonl", rows)
@@ -127,7 +126,7 @@ def test_cli_batch_writes_jsonl_then_resume_runs_only_unsolved(
             {"index": 5, "status": "solved", "token": "t5"},
         ],
     )
-    proc = run_cli("batch", str(source), "--resume", str(out))
+    proc = run_cli("batch", str(source), "--resume", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
     lines = read_jsonl(out)
     new = lines[4:]
@@ -137,7 +136,9 @@ def test_cli_batch_writes_jsonl_then_resume_runs_only_unsolved(
     assert "5 solved, 0 failed" in proc.stderr
 
 
-def test_cli_batch_csv_in_and_out(sandbox: Any, two_workers: list[Any], tmp_path: Path) -> None:
+def test_cli_batch_csv_in_and_out(
+    sandbox: Any, two_workers: list[Any], tmp_path: Path, env: dict[str, str]
+) -> None:
     source = tmp_path / "in.csv"
     source.write_text(
         "method,sitekey,pageurl,action\n"
@@ -146,7 +147,7 @@ def test_cli_batch_csv_in_and_out(sandbox: Any, two_workers: list[Any], tmp_path
         f"turnstile,k3,{PAGE},\n"
     )
     out = tmp_path / "out.csv"
-    proc = run_cli("batch", str(source), "-o", str(out))
+    proc = run_cli("batch", str(source), "-o", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
     header, *body = out.read_text().splitlines()
     assert header.split(",")[:3] == ["index", "status", "token"]
@@ -173,12 +174,12 @@ def _check_captchaai_results(rows: list[dict[str, Any]], sandbox: Any) -> None:
 
 
 def test_cli_batch_captchaai_methods_jsonl(
-    sandbox: Any, two_workers: list[Any], tmp_path: Path
+    sandbox: Any, two_workers: list[Any], tmp_path: Path, env: dict[str, str]
 ) -> None:
     bls = {"method": "bls", "images": [png_b64() for _ in range(9)], "instructions": "cars"}
     source = write_jsonl(tmp_path / "in.jsonl", [*CAPTCHAAI_ROWS, bls])
     out = tmp_path / "out.jsonl"
-    proc = run_cli("batch", str(source), "-o", str(out))
+    proc = run_cli("batch", str(source), "-o", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
     rows = read_jsonl(out)
     _check_captchaai_results([r for r in rows if r["index"] < len(CAPTCHAAI_ROWS)], sandbox)
@@ -187,7 +188,7 @@ def test_cli_batch_captchaai_methods_jsonl(
 
 
 def test_cli_batch_captchaai_methods_csv(
-    sandbox: Any, two_workers: list[Any], tmp_path: Path
+    sandbox: Any, two_workers: list[Any], tmp_path: Path, env: dict[str, str]
 ) -> None:
     source = tmp_path / "in.csv"
     names = sorted({name for row in CAPTCHAAI_ROWS for name in row})
@@ -196,7 +197,7 @@ def test_cli_batch_captchaai_methods_csv(
         writer.writeheader()
         writer.writerows(CAPTCHAAI_ROWS)
     out = tmp_path / "out.csv"
-    proc = run_cli("batch", str(source), "-o", str(out))
+    proc = run_cli("batch", str(source), "-o", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
     with open(out, newline="") as fh:
         rows = list(csv.DictReader(fh))
@@ -231,11 +232,11 @@ def test_cli_batch_captchaai_methods_csv(
     ],
 )
 def test_bad_input_is_rejected_before_anything_is_submitted(
-    sandbox: Any, tmp_path: Path, name: str, content: str, bad_lines: list[int]
+    sandbox: Any, tmp_path: Path, name: str, content: str, bad_lines: list[int], env: dict[str, str]
 ) -> None:
     source = tmp_path / name
     source.write_text(content)
-    proc = run_cli("batch", str(source), "-o", str(tmp_path / "out.jsonl"))
+    proc = run_cli("batch", str(source), "-o", str(tmp_path / "out.jsonl"), env=env)
     assert proc.returncode == 2
     reported = [line for line in proc.stderr.splitlines() if ": line " in line]
     assert [int(r.split(": line ")[1].split(":")[0]) for r in reported] == bad_lines
@@ -243,22 +244,24 @@ def test_bad_input_is_rejected_before_anything_is_submitted(
     assert not (tmp_path / "out.jsonl").exists()
 
 
-def test_unwritable_output_fails_before_submitting(sandbox: Any, tmp_path: Path) -> None:
+def test_unwritable_output_fails_before_submitting(
+    sandbox: Any, tmp_path: Path, env: dict[str, str]
+) -> None:
     source = write_jsonl(tmp_path / "in.jsonl", [task()])
-    proc = run_cli("batch", str(source), "-o", str(tmp_path / "missing-dir" / "out.jsonl"))
+    proc = run_cli("batch", str(source), "-o", str(tmp_path / "missing-dir" / "out.jsonl"), env=env)
     assert proc.returncode == 1
     assert "cannot write" in proc.stderr
     assert sandbox.stats()["submits"] == 0
 
 
 def test_ctrl_c_keeps_lines_and_prints_how_to_resume(
-    sandbox: Any, two_workers: list[Any], tmp_path: Path
+    sandbox: Any, two_workers: list[Any], tmp_path: Path, env: dict[str, str]
 ) -> None:
     sandbox.configure(solve_time=0.4, jitter=0.1, threads=3)
     source = write_jsonl(tmp_path / "in.jsonl", [task(sitekey=f"k{i}") for i in range(60)])
     out = tmp_path / "out.jsonl"
     cmd = [sys.executable, "-m", "captcha_tasks.cli", "batch", str(source), "-o", str(out)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
     try:
         wait_until(lambda: out.exists() and len(read_jsonl(out)) >= 3, 60, what="some results")
         proc.send_signal(signal.SIGINT)
@@ -271,6 +274,6 @@ def test_ctrl_c_keeps_lines_and_prints_how_to_resume(
     written = read_jsonl(out)  # every line parses: nothing half-written
     assert 3 <= len(written) < 60
     stopped_at = sandbox.stats()["submits"]
-    limiter = store.limiter()
+    limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
     assert sandbox.stats()["submits"] == stopped_at

@@ -33,10 +33,8 @@ def run(argv: list[str], env: dict[str, str], **kwargs: Any) -> subprocess.Compl
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, **kwargs)
 
 
-def cli(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
-    return run(
-        [sys.executable, "-m", "captcha_tasks.cli", *args], env or dict(os.environ), **kwargs
-    )
+def cli(*args: str, env: dict[str, str], **kwargs: Any) -> Any:
+    return run([sys.executable, "-m", "captcha_tasks.cli", *args], env, **kwargs)
 
 
 def lines(text: str) -> list[str]:
@@ -117,8 +115,8 @@ def test_mask_url_hides_only_the_password() -> None:
 # -- a wrong API key ------------------------------------------------------------------------
 
 
-def test_a_wrong_key_says_which_variable_to_check(sandbox: Any) -> None:
-    done = cli("account", env={**os.environ, "CAPTCHAAI_API_KEY": "not-the-key"})
+def test_a_wrong_key_says_which_variable_to_check(sandbox: Any, env: dict[str, str]) -> None:
+    done = cli("account", env={**env, "CAPTCHAAI_API_KEY": "not-the-key"})
     assert done.returncode == 1
     [line] = lines(done.stderr)
     assert "ERROR_WRONG_USER_KEY" in line
@@ -128,82 +126,88 @@ def test_a_wrong_key_says_which_variable_to_check(sandbox: Any) -> None:
 # -- pools from the user's shell ------------------------------------------------------------
 
 
-def _status(env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def _status(env: dict[str, str]) -> list[dict[str, Any]]:
     done = cli("pool", "status", "--json", env=env)
     assert done.returncode == 0, done.stderr
     return list(json.loads(done.stdout))
 
 
-def test_pools_in_the_shells_environment_are_registered(clean_state: None) -> None:
-    assert _status() == []
-    shell = {**os.environ, "CAPTCHAAI_POOLS": json.dumps([POOL])}
+def test_pools_in_the_shells_environment_are_registered(
+    clean_state: None, env: dict[str, str]
+) -> None:
+    assert _status(env) == []
+    shell = {**env, "CAPTCHAAI_POOLS": json.dumps([POOL])}
     assert [row["name"] for row in _status(shell)] == [POOL["name"]]
     # registered in Redis: a process without the variable (beat, a worker) sees it too
-    assert [row["name"] for row in _status()] == [POOL["name"]]
+    assert [row["name"] for row in _status(env)] == [POOL["name"]]
 
 
-def test_pool_declare_from_a_file(clean_state: None, tmp_path: Path) -> None:
+def test_pool_declare_from_a_file(clean_state: None, tmp_path: Path, env: dict[str, str]) -> None:
     path = tmp_path / "pools.json"
     path.write_text(json.dumps([POOL, {**POOL, "name": "second", "sitekey": "other"}]))
-    done = cli("pool", "declare", "--file", str(path))
+    done = cli("pool", "declare", "--file", str(path), env=env)
     assert done.returncode == 0, done.stderr
     assert "2 pool(s)" in done.stdout
-    assert [row["name"] for row in _status()] == ["second", POOL["name"]]
+    assert [row["name"] for row in _status(env)] == ["second", POOL["name"]]
 
 
-def test_pool_declare_from_the_environment(clean_state: None) -> None:
-    shell = {**os.environ, "CAPTCHAAI_POOLS": json.dumps([POOL])}
+def test_pool_declare_from_the_environment(clean_state: None, env: dict[str, str]) -> None:
+    shell = {**env, "CAPTCHAAI_POOLS": json.dumps([POOL])}
     done = cli("pool", "declare", env=shell)
     assert done.returncode == 0, done.stderr
     assert "CAPTCHAAI_POOLS" in done.stdout
-    assert [row["name"] for row in _status()] == [POOL["name"]]
+    assert [row["name"] for row in _status(env)] == [POOL["name"]]
 
 
-def test_pool_declare_rejects_a_bad_file_in_one_line(clean_state: None, tmp_path: Path) -> None:
+def test_pool_declare_rejects_a_bad_file_in_one_line(
+    clean_state: None, tmp_path: Path, env: dict[str, str]
+) -> None:
     path = tmp_path / "pools.json"
     path.write_text(json.dumps([{**POOL, "size": 0}]))
-    done = cli("pool", "declare", "--file", str(path))
+    done = cli("pool", "declare", "--file", str(path), env=env)
     assert done.returncode == 1
     [line] = lines(done.stderr)
     assert str(path) in line
     assert "size" in line
-    assert _status() == []
+    assert _status(env) == []
 
 
-def test_pool_declare_with_nothing_to_declare_is_a_usage_error(clean_state: None) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "CAPTCHAAI_POOLS"}
-    done = cli("pool", "declare", env=env)
+def test_pool_declare_with_nothing_to_declare_is_a_usage_error(
+    clean_state: None, env: dict[str, str]
+) -> None:
+    without = {k: v for k, v in env.items() if k != "CAPTCHAAI_POOLS"}
+    done = cli("pool", "declare", env=without)
     assert done.returncode == 2
     assert "CAPTCHAAI_POOLS" in done.stderr
 
 
-def test_pool_status_says_where_pools_are_declared(clean_state: None) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "CAPTCHAAI_POOLS"}
-    done = cli("pool", "status", env=env)
+def test_pool_status_says_where_pools_are_declared(clean_state: None, env: dict[str, str]) -> None:
+    without = {k: v for k, v in env.items() if k != "CAPTCHAAI_POOLS"}
+    done = cli("pool", "status", env=without)
     assert done.returncode == 0
     assert "CAPTCHAAI_POOLS" in done.stdout
     assert "captcha-tasks pool declare" in done.stdout
 
 
-def test_sandbox_help_names_its_default_key() -> None:
+def test_sandbox_help_names_its_default_key(env: dict[str, str]) -> None:
     from_config = SandboxConfig().api_keys[0]
-    done = cli("sandbox", "--help")
+    done = cli("sandbox", "--help", env=env)
     assert done.returncode == 0
     assert f"CAPTCHAAI_API_KEY={from_config}" in done.stdout
     assert "CAPTCHAAI_BASE_URL=" in done.stdout
 
 
 def test_an_app_calling_solve_registers_its_pools(
-    clean_state: None, redis_conn: Any, isolated_module: str
+    clean_state: None, redis_conn: Any, isolated_module: str, env: dict[str, str]
 ) -> None:
     code = (
         "from captcha_tasks import solve\n"
         f"solve.delay(method='turnstile', sitekey='other', pageurl='{PAGE}')\n"
     )
-    env = {**os.environ, "CAPTCHAAI_POOLS": json.dumps([POOL])}
+    app_env = {**env, "CAPTCHAAI_POOLS": json.dumps([POOL])}
     try:
-        done = run([sys.executable, "-c", code], env)
+        done = run([sys.executable, "-c", code], app_env)
         assert done.returncode == 0, done.stderr[-2000:]
-        assert [row["name"] for row in _status()] == [POOL["name"]]
+        assert [row["name"] for row in _status(env)] == [POOL["name"]]
     finally:
         redis_conn.delete(f"{isolated_module}.solve")  # the message no worker will take

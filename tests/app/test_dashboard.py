@@ -14,13 +14,13 @@ import requests
 import yaml
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
-from captcha_tasks import solve, store
+from captcha_tasks import solve
 from captcha_tasks.dev.devstack import CeleryProcess, wait_until
 from captcha_tasks.errors import FatalError
 from captcha_tasks.receiver.callbacks import Receiver
 from captcha_tasks.receiver.wsgi import PingbackServer
-from captcha_tasks.settings import get_settings
 from captcha_tasks.worker.app import app
+from captcha_tasks.worker.runtime import Runtime
 from captcha_tasks.worker.tasks import create_pool, prewarm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -293,7 +293,7 @@ def scrape(url: str) -> Served:
 
 def _fill_a_pool() -> None:
     """A pool with one miss, a refill and one hit: every pool ratio is defined."""
-    pools = store.pools()
+    pools = app.runtime().state.pools
     create_pool(POOL, "turnstile", "dashboard-key", PAGE, size=2, ttl=120)
     pools.reset_stats(POOL)
     assert pools.take(POOL) is None
@@ -309,7 +309,8 @@ def _fill_a_pool() -> None:
 
 def _reject_a_callback() -> None:
     """One forged provider callback, refused by a real receiver."""
-    receiver = Receiver(app, get_settings().replace(pingback_secret=SECRET))
+    settings = app.runtime().settings.replace(pingback_secret=SECRET)
+    receiver = Receiver(Runtime(app, settings, app.runtime().state).runner)
     server = PingbackServer(receiver).start()
     try:
         resp = requests.get(

@@ -15,15 +15,22 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
-from captcha_tasks import solve, store
+from captcha_tasks import solve
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.errors import FatalError
 from captcha_tasks.metrics import SOLVE_TIME_BUCKETS, _buckets, make_wsgi_app
+from captcha_tasks.state.board import Completion
+from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import create_pool, prewarm
 
 PAGE = "https://example.com/metrics"
 POOL = "metrics-pool"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _hold(limiter: Any, lease: str) -> str:
+    """Take a thread (or park) for ``lease`` as a submit of the pipeline would."""
+    return str(limiter.admit(lease, "{}", attempt=0, deadline_in_s=30).status)
 
 
 def _scrape(url: str) -> Samples:
@@ -45,7 +52,7 @@ def _value(samples: Samples, name: str, **labels: str) -> float:
 
 def _pool_idle() -> dict[str, Any]:
     """The pool's status once its refills have landed."""
-    pools = store.pools()
+    pools = app.runtime().state.pools
 
     def idle() -> dict[str, Any] | None:
         status = pools.status(POOL)
@@ -68,7 +75,7 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
 
     # PoolStore.take, unlike take_token, starts no refill in the background: nothing may
     # run on the worker while the limiter is filled below.
-    pools = store.pools()
+    pools = app.runtime().state.pools
     create_pool(POOL, "turnstile", "metrics-key", PAGE, size=2, ttl=120)
     pools.reset_stats(POOL)
     assert pools.take(POOL) is None  # a miss
@@ -78,17 +85,17 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
     pool_status = pools.status(POOL)
 
     # Hold every thread and park one submit behind them.
-    limiter = store.limiter()
+    limiter = app.runtime().state.limiter
     capacity = limiter.config.capacity
     held = [f"metrics-lease-{i}" for i in range(capacity)]
     for lease in held:
-        assert limiter.acquire(lease, job={}, deadline_in_s=30)
-    assert not limiter.acquire("metrics-parked", job={}, deadline_in_s=30)
+        assert _hold(limiter, lease) == "go"
+    assert _hold(limiter, "metrics-parked") == "parked"
     try:
         samples = _scrape(metrics_url)
     finally:
         for lease in [*held, "metrics-parked"]:
-            limiter.release(lease)
+            app.runtime().state.board.finish(Completion(lease, "turnstile"))
 
     assert _value(samples, "captcha_tasks_threads_plan") == 15
     assert _value(samples, "captcha_tasks_threads_capacity") == capacity
@@ -119,7 +126,7 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
         "captcha_tasks_solved_total",
         (("method", "turnstile"), ("source", "api")),
     ) not in samples
-    recent = redis_conn.llen(store.keys().solve_times("turnstile"))
+    recent = redis_conn.llen(app.runtime().state.keys.solve_times("turnstile"))
     assert _value(samples, "captcha_tasks_solve_seconds_gcount", **turnstile) == recent
     assert _value(samples, "captcha_tasks_solve_seconds_bucket", le="+Inf", **turnstile) == recent
     assert 0 < _value(samples, "captcha_tasks_solve_seconds_gsum", **turnstile) < recent * 5
@@ -127,12 +134,12 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
 
 @pytest.mark.slow
 def test_pooled_solves_are_counted_with_source_pool(
-    worker: CeleryProcess, sandbox: Any, clean_state: None, output_dir: Path
+    worker: CeleryProcess, sandbox: Any, clean_state: None, output_dir: Path, env: dict[str, str]
 ) -> None:
     name, sitekey = "counted-pool", "counted-key"
     create_pool(name, "turnstile", sitekey, PAGE, size=3, ttl=120)
     assert prewarm.delay(name).get(timeout=30)[name] >= 1
-    pools = store.pools()
+    pools = app.runtime().state.pools
     wait_until(lambda: pools.live(name) >= 2, 30, interval=0.1, what="the pool to fill")
     results = [
         solve.delay(method="turnstile", sitekey=sitekey, pageurl=PAGE).get(timeout=30)
@@ -141,7 +148,7 @@ def test_pooled_solves_are_counted_with_source_pool(
     pooled = sum(r["source"] == "pool" for r in results)
     assert pooled >= 1
     # What `captcha-tasks metrics` serves, from a process of its own.
-    exporter = MetricsProcess(dict(os.environ), output_dir / "metrics-pooled.log")
+    exporter = MetricsProcess(env, output_dir / "metrics-pooled.log")
     try:
         wait_until(exporter.answering, 20, interval=0.1, what="the metrics process")
         samples = _scrape(exporter.url)

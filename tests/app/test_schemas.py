@@ -14,10 +14,11 @@ from contract import SCHEMAS, load, problems, registry, validate
 from image_files import png_b64
 from jsonschema import Draft202012Validator
 
-from captcha_tasks import errors, solve, store
+from captcha_tasks import errors, solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.methods import METHODS, build_request
 from captcha_tasks.stream import stream
+from captcha_tasks.worker.app import app
 
 PAGE = "https://example.com/schemas"
 IMAGE = png_b64(2048)
@@ -132,7 +133,7 @@ def test_real_outcomes_and_batch_entries_match(sandbox: Any, redis_conn: Any) ->
     ]
     for index, task in enumerate(tasks):
         solve.apply_async(kwargs={**task, "_batch": {"id": batch_id, "index": index}})
-    key = store.keys().batch_results(batch_id)
+    key = app.runtime().state.keys.batch_results(batch_id)
     wait_until(lambda: redis_conn.xlen(key) == len(tasks), 30, what="three batch entries")
     raw = [json.loads(fields["outcome"]) for _id, fields in redis_conn.xrange(key)]
     assert sorted(e["index"] for e in raw) == [0, 1, 2]

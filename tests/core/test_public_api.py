@@ -5,8 +5,10 @@ import __future__
 
 import importlib
 import inspect
+import sys
 import types
 
+import pytest
 from celery import Celery, Task
 
 import captcha_tasks
@@ -30,7 +32,6 @@ EXPORTED = {
     "poll",
     "report",
     "solve",
-    "store",
     "stream",
     "submit",
     "take_token",
@@ -58,7 +59,6 @@ def test_each_export_is_what_it_says() -> None:
         assert inspect.isfunction(getattr(captcha_tasks, name)), name
     assert issubclass(captcha_tasks.ValidationError, captcha_tasks.CaptchaTasksError)
     assert captcha_tasks.errors.CaptchaTasksError is captcha_tasks.CaptchaTasksError
-    assert callable(captcha_tasks.store.redis_client)
     assert "turnstile" in captcha_tasks.METHODS
 
 
@@ -66,9 +66,10 @@ def test_documented_import_paths() -> None:
     for module, name in [
         ("captcha_tasks.stream", "stream"),
         ("captcha_tasks.errors", "FatalError"),
-        ("captcha_tasks.state.sessions", "CookieStore"),
-        ("captcha_tasks.state.sessions", "reauthenticate"),
-        ("captcha_tasks.state.proxies", "ProxyPool"),
+        ("captcha_tasks.toolkit.sessions", "CookieStore"),
+        ("captcha_tasks.toolkit.sessions", "reauthenticate"),
+        ("captcha_tasks.toolkit.proxies", "ProxyPool"),
+        ("captcha_tasks.state", "State"),
         ("captcha_tasks.kafka.client", "TaskProducer"),
     ]:
         assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
@@ -85,3 +86,29 @@ def test_task_names() -> None:
         "captcha_tasks.report",
         "captcha_tasks.check_threads",
     }
+
+
+@pytest.mark.parametrize(
+    ("old", "name", "new"),
+    [
+        ("captcha_tasks.sessions", "CookieStore", "captcha_tasks.toolkit.sessions"),
+        ("captcha_tasks.state.sessions", "reauthenticate", "captcha_tasks.toolkit.sessions"),
+    ],
+)
+def test_moved_modules_keep_their_old_path_with_a_warning(old: str, name: str, new: str) -> None:
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        module = importlib.import_module(old)
+    assert getattr(module, name) is getattr(importlib.import_module(new), name)
+
+
+def test_moved_names_keep_their_old_path_with_a_warning() -> None:
+    from captcha_tasks.state import proxies
+    from captcha_tasks.toolkit.proxies import ProxyPool
+
+    with pytest.warns(DeprecationWarning, match="captcha_tasks.toolkit.proxies"):
+        assert proxies.ProxyPool is ProxyPool
+    with pytest.warns(DeprecationWarning, match="captcha_tasks.store is deprecated"):
+        store = captcha_tasks.store
+    with pytest.warns(DeprecationWarning, match="store.keys"):
+        assert store.keys().prefix == captcha_tasks.get_settings().key_prefix

@@ -20,10 +20,8 @@ from celery.signals import before_task_publish
 from cheroot import wsgi
 
 import captcha_tasks
-from captcha_tasks import store
-from captcha_tasks.dev.devstack import CeleryProcess, free_port, queue_names, wait_until
+from captcha_tasks.dev.devstack import CeleryProcess, free_port, wait_until
 from captcha_tasks.receiver import default_receiver
-from captcha_tasks.settings import reset_settings
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PAGE = "https://example.com/signup"
@@ -142,7 +140,8 @@ def _django() -> Framework:
 
 #: Provider callbacks reach the example apps here (served over HTTP by the pingback test).
 CALLBACK_PORT = free_port()
-PINGBACK_ENV = {
+#: Callbacks on, for the module's worker and for the views' receiver in this process.
+MODULE_ENV = {
     "CAPTCHAAI_PINGBACK_URL": f"http://127.0.0.1:{CALLBACK_PORT}/captcha/pingback",
     "CAPTCHAAI_PINGBACK_SECRET": "examples-pingback-secret",
     # while no app listens (the other tests), a captcha is polled soon after its solve time
@@ -151,20 +150,10 @@ PINGBACK_ENV = {
 
 
 @pytest.fixture(scope="module", autouse=True)
-def pingback_env(isolated_module: str) -> Iterator[None]:
-    """Callbacks on, for the module's worker (autouse: set before it starts) and for the
-    views' receiver in this process."""
-    saved = {name: os.environ.get(name) for name in PINGBACK_ENV}
-    os.environ.update(PINGBACK_ENV)
-    reset_settings()
+def fresh_receiver(isolated_module: str) -> Iterator[None]:
+    """The views' receiver of this module's settings (it is built once per process)."""
     default_receiver.cache_clear()
     yield
-    for name, value in saved.items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-    reset_settings()
     default_receiver.cache_clear()
 
 
@@ -219,7 +208,7 @@ def test_solve_through_the_views(framework: Framework, sandbox: Any, clean_state
 
 @pytest.mark.slow
 def test_provider_callbacks_reach_the_mounted_receiver(
-    framework: Framework, sandbox: Any, clean_state: None
+    framework: Framework, sandbox: Any, clean_state: None, state: Any
 ) -> None:
     server = wsgi.Server(("127.0.0.1", CALLBACK_PORT), framework.wsgi, numthreads=4)
     server.prepare()
@@ -238,9 +227,8 @@ def test_provider_callbacks_reach_the_mounted_receiver(
     assert sandbox.verify(done["result"]["token"])["success"] is True
     # counted by the sandbox when the app's reply is back: maybe after the result
     wait_until(lambda: sandbox.stats()["pingbacks_sent"] == 1, 10, what="the reply")
-    solved = store.redis_client().hgetall(store.keys().solved_counter("turnstile"))
-    assert solved == {"pingback": "1"}
-    assert store.board().callback_counts() == {"accepted": 1}
+    assert state.stats.solved("turnstile") == {"pingback": 1}
+    assert state.stats.callback_counts() == {"accepted": 1}
 
 
 def test_unknown_task_id_is_pending(framework: Framework) -> None:
@@ -263,7 +251,8 @@ def published() -> Iterator[list[str]]:
 
 
 def _queue_lengths(redis_conn: Any) -> dict[str, int]:
-    return {queue: int(redis_conn.llen(queue)) for queue in queue_names(os.environ)}
+    queues = captcha_tasks.app.runtime().settings.queues
+    return {queue: int(redis_conn.llen(queue)) for queue in queues}
 
 
 @pytest.mark.parametrize(
@@ -438,14 +427,14 @@ task_acks_late = False
 
 
 def test_a_project_celeryconfig_never_replaces_ours(
-    tmp_path: Path, output_dir: Path, sandbox: Any
+    tmp_path: Path, output_dir: Path, sandbox: Any, env: dict[str, str]
 ) -> None:
     import shutil
 
     project = tmp_path / "django_project"
     shutil.copytree(EXAMPLES / "django_project", project)
     (project / "celeryconfig.py").write_text(THEIR_CELERYCONFIG)
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "proj.settings", "PYTHONPATH": str(project)}
+    env = {**env, "DJANGO_SETTINGS_MODULE": "proj.settings", "PYTHONPATH": str(project)}
     probe = (
         "import json, django; django.setup()\n"
         "import celeryconfig, captcha_tasks\n"
@@ -464,7 +453,7 @@ def test_a_project_celeryconfig_never_replaces_ours(
     assert done.returncode == 0, done.stderr[-3000:]
     theirs, serializer, accept, queue, acks_late, broker = json.loads(done.stdout.splitlines()[-1])
     assert Path(theirs).parent == project  # their module is the one Python finds
-    ours = f"{os.environ['CAPTCHAAI_QUEUE_PREFIX']}.solve"
+    ours = f"{env['CAPTCHAAI_QUEUE_PREFIX']}.solve"
     assert (serializer, accept, queue, acks_late) == ("json", ["json"], ours, True)
     assert broker == os.environ["REDIS_URL"]
     # A worker started from the project's root solves with our configuration too.

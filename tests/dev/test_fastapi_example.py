@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -15,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from captcha_tasks import store
 from captcha_tasks.dev.devstack import free_port, wait_until
+from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
 
@@ -29,13 +28,13 @@ def task(**extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def server(output_dir: Path, isolated_module: str) -> Iterator[str]:
+def server(output_dir: Path, env: dict[str, str]) -> Iterator[str]:
     """``uvicorn fastapi_app:app`` from the example's folder; its base URL."""
     port = free_port()
     argv = [sys.executable, "-m", "uvicorn", "fastapi_app:app", "--port", str(port)]
     log = output_dir / "fastapi-example.log"
     with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, cwd=EXAMPLE, env=dict(os.environ), stdout=out, stderr=out)
+        proc = subprocess.Popen(argv, cwd=EXAMPLE, env=env, stdout=out, stderr=out)
     url = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
@@ -128,7 +127,7 @@ def test_a_batch_streams_as_server_sent_events(server: str, sandbox: Any) -> Non
 
 
 def test_a_client_that_leaves_cancels_the_batch(server: str, sandbox: Any, redis_conn: Any) -> None:
-    capacity = store.limiter().config.capacity
+    capacity = app.runtime().state.limiter.config.capacity
     total = 6 * capacity
     sandbox.configure(threads=total, solve_time=0.8, jitter=0.3)
 
@@ -145,10 +144,10 @@ def test_a_client_that_leaves_cancels_the_batch(server: str, sandbox: Any, redis
     assert first["status"] == "solved"
 
     def cancelled() -> list[str]:
-        return list(redis_conn.scan_iter(store.keys().batch_cancelled("*")))
+        return list(redis_conn.scan_iter(app.runtime().state.keys.batch_cancelled("*")))
 
     wait_until(cancelled, 10, what="the batch to be cancelled")
-    limiter = store.limiter()
+    limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
     submitted = sandbox.stats()["submits"]
     # the flag above is the cancellation; this only says the batch was not all paid for

@@ -15,8 +15,7 @@ import captchaai.client
 import pytest
 from image_files import png
 
-from captcha_tasks import store
-from captcha_tasks.settings import get_settings
+from captcha_tasks.worker.app import app
 
 PAGE = "https://example.com/login"
 PROXY = {"proxy": "user:pw@10.0.0.1:3128", "proxytype": "HTTP"}
@@ -45,7 +44,7 @@ class _ScaledTime:
 @pytest.fixture
 def make_sdk(sandbox: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
     """CaptchaAI's sync client on the sandbox (the sandbox also knows the SDK's key)."""
-    sandbox.configure(api_keys=[get_settings().api_key, SDK_KEY])
+    sandbox.configure(api_keys=[app.runtime().settings.api_key, SDK_KEY])
     monkeypatch.setattr(captchaai.client, "time", _ScaledTime())
     made: list[captchaai.CaptchaAI] = []
 
@@ -153,4 +152,4 @@ def test_sdk_threads_info(sdk: captchaai.CaptchaAI, sandbox: Any) -> None:
 
 
 def test_our_client_reads_threads_info_as_the_sdk_does(sandbox: Any) -> None:
-    _check_threads(store.api_client().threads_info, sandbox)
+    _check_threads(app.runtime().api().threads_info, sandbox)

@@ -14,7 +14,6 @@ suite cannot silently stop testing Kafka.
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -72,13 +71,15 @@ class KafkaSetup:
 
 
 @pytest.fixture(name="kafka")
-def kafka_fixture(kafka_broker: KafkaBroker) -> Iterator[Callable[..., KafkaSetup]]:
+def kafka_fixture(
+    kafka_broker: KafkaBroker, env: dict[str, str]
+) -> Iterator[Callable[..., KafkaSetup]]:
     """Factory: fresh topics (``partitions`` each) and a fresh group for this test."""
     setups: list[KafkaSetup] = []
 
     def make(partitions: int = 6, **settings: Any) -> KafkaSetup:
         suffix = uuid.uuid4().hex[:8]
-        env = {
+        own = {
             "KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
             "KAFKA_TASKS_TOPIC": f"tasks-{suffix}",
             "KAFKA_RESULTS_TOPIC": f"results-{suffix}",
@@ -87,9 +88,10 @@ def kafka_fixture(kafka_broker: KafkaBroker) -> Iterator[Callable[..., KafkaSetu
             "KAFKA_CLIENT_CONFIG": json.dumps(TEST_CLIENT_CONFIG),
             **{k: str(v) for k, v in settings.items()},
         }
-        resolved = Settings.from_env({**os.environ, **env})
+        full = {**env, **own}  # on top of the test module's settings
+        resolved = Settings.from_env(full)
         create_topics(resolved, partitions=partitions)
-        setups.append(KafkaSetup(resolved, env, partitions))
+        setups.append(KafkaSetup(resolved, full, partitions))
         return setups[-1]
 
     yield make

@@ -24,7 +24,6 @@ from kafka_broker import (  # noqa: F401  (the fixtures are used by name)
     wait_for_members,
 )
 
-from captcha_tasks import store
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.kafka.claims import ClaimStore
 from captcha_tasks.kafka.client import (
@@ -37,7 +36,7 @@ from captcha_tasks.kafka.client import (
     producer_config,
 )
 from captcha_tasks.kafka.messages import task_value
-from captcha_tasks.settings import get_settings
+from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +56,7 @@ def unique_keys(records: list[Record]) -> set[str | None]:
 
 
 def claims_stats(setup: KafkaSetup) -> dict[str, int]:
-    claims = ClaimStore.for_settings(store.redis_client(), store.keys(), setup.settings)
+    claims = ClaimStore.for_settings(app.runtime().state.db, setup.settings)
     return claims.stats()
 
 
@@ -65,10 +64,10 @@ def celery_backlog() -> int:
     """Captchas waiting in Redis to be submitted: queued solve and submit messages plus
     parked submits (one each per captcha).  Poll messages are left out: a captcha can
     briefly have two (its countdown poll and one a bulk poll woke)."""
-    r = store.redis_client()
-    names = (get_settings().queue("solve"), get_settings().queue("submit"))
+    r = app.runtime().state.redis
+    names = (app.runtime().settings.queue("solve"), app.runtime().settings.queue("submit"))
     queued = sum(int(r.llen(q)) for q in names)  # type: ignore[arg-type]
-    return queued + store.limiter().parked_count()
+    return queued + app.runtime().state.limiter.parked_count()
 
 
 def lag_cli(setup: KafkaSetup, *args: str) -> subprocess.CompletedProcess[str]:
@@ -97,7 +96,7 @@ def test_500_tasks_over_three_bridges_use_the_whole_plan(
     sandbox: Any,
     clean_state: None,
 ) -> None:
-    threads = get_settings().threads
+    threads = app.runtime().settings.threads
     setup = kafka(partitions=6)
     sandbox.configure(threads=threads, solve_time=0.2, jitter=0.05)
     for n in range(3):
@@ -110,7 +109,7 @@ def test_500_tasks_over_three_bridges_use_the_whole_plan(
     start_worker(concurrency=16, name="kafka-w1")
 
     results = setup.reader(setup.settings.kafka_results_topic)
-    limiter = store.limiter()
+    limiter = app.runtime().state.limiter
     backlog_seen = slots_seen = 0
 
     def done() -> bool:
@@ -154,7 +153,7 @@ def test_killed_bridge_loses_nothing_and_pays_once(
     clean_state: None,
 ) -> None:
     setup = kafka(partitions=6)
-    sandbox.configure(threads=get_settings().threads, solve_time=0.2, jitter=0.05)
+    sandbox.configure(threads=app.runtime().settings.threads, solve_time=0.2, jitter=0.05)
     start_worker(concurrency=16, name="kafka-w2")
     bridges = [start_bridge(setup, f"doomed-{n}") for n in range(3)]
     wait_for_members(setup, 3)

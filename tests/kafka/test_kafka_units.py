@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from image_files import png
 
-from captcha_tasks import store
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.errors import ConfigurationError, ValidationError
 from captcha_tasks.kafka.claims import ClaimStore
@@ -36,6 +35,7 @@ from captcha_tasks.kafka.messages import (
 )
 from captcha_tasks.kafka.offsets import OffsetTracker
 from captcha_tasks.settings import ENVIRONMENT_VARIABLES, Settings
+from captcha_tasks.worker.app import app
 
 PAGE = "https://example.com/login"
 KAFKA_VARS = {
@@ -231,8 +231,7 @@ def test_offsets_going_backwards_are_refused() -> None:
 
 def make_claims(**graces: float) -> ClaimStore:
     return ClaimStore(
-        store.redis_client(),
-        store.keys(),
+        app.runtime().state.db,
         "unit-group",
         result_ttl=60,
         solve_grace_s=graces.get("solve", 0.6),
@@ -276,7 +275,7 @@ def test_a_done_claim_returns_the_first_answer_stored(clean_state: None, redis_c
         '{"status": "solved"}',
         '{"reason": "x"}',
     )
-    ttl_ms = redis_conn.pttl(store.keys().kafka_claim("unit-group", "t-2"))
+    ttl_ms = redis_conn.pttl(app.runtime().state.keys.kafka_claim("unit-group", "t-2"))
     assert 50_000 < ttl_ms <= 60_000  # KAFKA_RESULT_TTL
 
 

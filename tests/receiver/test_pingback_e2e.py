@@ -13,13 +13,13 @@ import requests
 from image_files import png_b64
 from prometheus_client import CollectorRegistry, generate_latest
 
-from captcha_tasks import errors, pingback, solve, store
+from captcha_tasks import errors, pingback, solve
 from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.metrics import StoreCollector
 from captcha_tasks.receiver.callbacks import STRIKES_BURST, Receiver
 from captcha_tasks.receiver.wsgi import PingbackServer
-from captcha_tasks.settings import get_settings
 from captcha_tasks.worker.app import app
+from captcha_tasks.worker.runtime import Runtime
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
 
@@ -41,7 +41,8 @@ def worker_env(port: int, fallback: float) -> dict[str, str]:
 
 @pytest.fixture
 def receiver() -> Receiver:
-    return Receiver(app, get_settings().replace(pingback_secret=SECRET))
+    settings = app.runtime().settings.replace(pingback_secret=SECRET)
+    return Receiver(Runtime(app, settings, app.runtime().state).runner)
 
 
 @pytest.fixture
@@ -62,7 +63,7 @@ def solve_many(count: int) -> list[Any]:
 
 
 def solved_by_source() -> dict[str, int]:
-    raw = store.redis_client().hgetall(store.keys().solved_counter("turnstile"))
+    raw = app.runtime().state.redis.hgetall(app.runtime().state.keys.solved_counter("turnstile"))
     return {str(k): int(v) for k, v in raw.items()}
 
 
@@ -70,7 +71,7 @@ def test_callbacks_complete_captchas_without_a_single_poll(
     sandbox: Any, serve_receiver: Any, start_worker: Any
 ) -> None:
     server = serve_receiver()
-    start_worker(env=worker_env(server.port, NO_POLL_S))
+    start_worker(worker_env(server.port, NO_POLL_S))
     results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(20)]
     assert all(sandbox.verify(r["token"])["success"] for r in results)
     # counted by the sandbox when the receiver's reply is back: maybe after the result
@@ -79,15 +80,15 @@ def test_callbacks_complete_captchas_without_a_single_poll(
     assert stats["submits"] == 20
     assert stats["res_php_get_requests"] == 0
     assert solved_by_source() == {"pingback": 20}
-    assert store.board().callback_counts() == {"accepted": 20}
-    wait_until(lambda: store.limiter().in_use() == 0, 5, what="threads freed")
+    assert app.runtime().state.stats.callback_counts() == {"accepted": 20}
+    wait_until(lambda: app.runtime().state.limiter.in_use() == 0, 5, what="threads freed")
 
 
 def test_captchaai_answers_with_callbacks(
     sandbox: Any, serve_receiver: Any, start_worker: Any
 ) -> None:
     server = serve_receiver()
-    start_worker(env=worker_env(server.port, NO_POLL_S))
+    start_worker(worker_env(server.port, NO_POLL_S))
     grid = solve.delay(method="grid", body=png_b64(), instructions="bus", grid_size="3x3")
     lemin = solve.delay(method="lemin", sitekey="CROPPED_x", pageurl=PAGE, div_id="box")
     assert isinstance(grid.get(timeout=GET_TIMEOUT)["token"], list)
@@ -108,7 +109,7 @@ def test_captchaai_answers_with_callbacks(
 def test_lost_callbacks_cost_latency_never_a_captcha(sandbox: Any, start_worker: Any) -> None:
     sandbox.configure(pingback_drop_rate=1.0)
     nobody = free_port()  # callbacks that were not dropped would find nobody either
-    start_worker(env=worker_env(nobody, 0.5))
+    start_worker(worker_env(nobody, 0.5))
     results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(10)]
     assert all(r["status"] == "solved" for r in results)
     assert sandbox.stats()["pingbacks_dropped"] == 10
@@ -118,7 +119,7 @@ def test_lost_callbacks_cost_latency_never_a_captcha(sandbox: Any, start_worker:
 
 def test_a_receiver_down_for_a_while(sandbox: Any, serve_receiver: Any, start_worker: Any) -> None:
     port = free_port()
-    start_worker(env=worker_env(port, 1.0))
+    start_worker(worker_env(port, 1.0))
     down = [r.get(timeout=GET_TIMEOUT) for r in solve_many(5)]
     assert all(r["status"] == "solved" for r in down)
     wait_until(lambda: sandbox.stats()["pingbacks_failed"] == 5, 10, what="failed callbacks")
@@ -133,16 +134,16 @@ def test_an_error_in_a_callback_takes_the_polls_route(
 ) -> None:
     sandbox.configure(unsolvable_rate=1.0)
     server = serve_receiver()
-    start_worker(env=worker_env(server.port, NO_POLL_S))
+    start_worker(worker_env(server.port, NO_POLL_S))
     with pytest.raises(errors.UnsolvableError):
         solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE).get(timeout=GET_TIMEOUT)
-    attempts = 1 + get_settings().max_resubmits
+    attempts = 1 + app.runtime().settings.max_resubmits
     # counted once the receiver's reply is back: maybe after the result
     wait_until(lambda: sandbox.stats()["pingbacks_sent"] == attempts, 10, what="the replies")
     stats = sandbox.stats()
     assert stats["submits"] == attempts
     assert stats["res_php_get_requests"] == 0
-    assert store.board().callback_counts() == {"accepted": stats["submits"]}
+    assert app.runtime().state.stats.callback_counts() == {"accepted": stats["submits"]}
 
 
 # -- hostile callbacks --------------------------------------------------------------------
@@ -175,7 +176,7 @@ def call(
 
 def in_flight_captcha(solve_id: str) -> dict[str, Any]:
     def found() -> dict[str, Any] | None:
-        for cid, job in store.redis_client().hgetall(store.keys().board()).items():
+        for cid, job in app.runtime().state.redis.hgetall(app.runtime().state.keys.board()).items():
             if f'"solve_id":"{solve_id}"' in job:
                 return {"captcha_id": str(cid), "job": job}
         return None
@@ -185,7 +186,7 @@ def in_flight_captcha(solve_id: str) -> dict[str, Any]:
 
 def exported(name: str) -> dict[str, float]:
     registry = CollectorRegistry()
-    registry.register(StoreCollector())
+    registry.register(StoreCollector(app.runtime().settings, app.runtime().state))
     found = {}
     for line in generate_latest(registry).decode().splitlines():
         if line.startswith(name):
@@ -199,7 +200,7 @@ def test_forged_callbacks_are_refused_and_change_nothing(
 ) -> None:
     sandbox.configure(pingback_drop_rate=1.0, solve_time=0.5, jitter=0.0)  # we call back
     port = serve_receiver().port
-    start_worker(env=worker_env(port, NO_POLL_S))
+    start_worker(worker_env(port, NO_POLL_S))
     pending = solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE)
     captcha_id = in_flight_captcha(pending.id)["captcha_id"]
     genuine = pingback.ticket(SECRET, pending.id, 0)
@@ -248,7 +249,7 @@ def test_forged_callbacks_are_refused_and_change_nothing(
 def sandbox_answer(sandbox: Any, captcha_id: str) -> str | None:
     resp = requests.post(
         f"{sandbox.url}/res.php",
-        data={"key": get_settings().api_key, "action": "get", "id": captcha_id, "json": 1},
+        data={"key": app.runtime().settings.api_key, "action": "get", "id": captcha_id, "json": 1},
         timeout=5,
     ).json()
     return str(resp["request"]) if resp["status"] == 1 else None
@@ -260,8 +261,8 @@ def test_2captcha_style_callbacks_to_a_registered_address(
     sandbox.configure(pingback_method="POST")
     server = serve_receiver()
     env = worker_env(server.port, NO_POLL_S)
-    store.api_client().add_pingback(env["CAPTCHAAI_PINGBACK_URL"])  # pingback register
-    start_worker(env=env)
+    app.runtime().api().add_pingback(env["CAPTCHAAI_PINGBACK_URL"])  # pingback register
+    start_worker(env)
     results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(5)]
     assert all(sandbox.verify(r["token"])["success"] for r in results)
     wait_until(lambda: sandbox.stats()["pingbacks_sent"] == 5, 10, what="the replies")

@@ -12,32 +12,41 @@ import pytest
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.keys import Keys
 from captcha_tasks.state.board import Again, Board, BoardConfig, Completion
+from captcha_tasks.state.db import Db
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 
 
 @pytest.fixture
 def limiter(redis_conn: Any, keys: Keys) -> ThreadLimiter:
     config = LimiterConfig(capacity=2, reserve=0, lease_s=30.0, dispatch_grace_s=0.2)
-    return ThreadLimiter(redis_conn, keys, config)
+    return ThreadLimiter(Db(redis_conn, keys), config)
 
 
 @pytest.fixture
-def board(redis_conn: Any, keys: Keys, limiter: ThreadLimiter) -> Board:
+def board(limiter: ThreadLimiter) -> Board:
     config = BoardConfig(round_gap_s=0.05, round_hold_s=5.0, record_ttl_s=60)
-    return Board(redis_conn, keys, limiter, config)
+    return Board(limiter.db, limiter, config)
 
 
-def job(solve_id: str, captcha_id: str | None = None, **extra: Any) -> dict[str, Any]:
+def job(solve_id: str, captcha_id: str | None = None, **extra: Any) -> str:
     request = {"method": "turnstile", "sitekey": "k", "pageurl": "https://x", "params": {}}
     found = {"solve_id": solve_id, "request": request, "attempt": 0, "started": 0.0, **extra}
     if captcha_id is not None:
         found["captcha_id"] = captcha_id
-    return found
+    return json.dumps(found)
+
+
+def admit(limiter: ThreadLimiter, solve_id: str, attempt: int = 0) -> str:
+    return limiter.admit(solve_id, job(solve_id), attempt=attempt, deadline_in_s=60).status
+
+
+def register(board: Board, solve_id: str, captcha_id: str, first_poll_in_s: float) -> Any:
+    return board.register(solve_id, 0, captcha_id, job(solve_id, captcha_id), first_poll_in_s)
 
 
 def on_board(board: Board, limiter: ThreadLimiter, solve_id: str, captcha_id: str) -> None:
-    assert limiter.admit(job(solve_id), deadline_in_s=60).status == "go"
-    board.register(job(solve_id, captcha_id), 0)
+    assert admit(limiter, solve_id) == "go"
+    register(board, solve_id, captcha_id, 0)
 
 
 def finish(board: Board, solve_id: str, captcha_id: str | None = None, **extra: Any) -> Any:
@@ -50,31 +59,31 @@ def finish(board: Board, solve_id: str, captcha_id: str | None = None, **extra: 
 def test_registering_schedules_a_round_only_when_none_is_due_in_time(
     board: Board, limiter: ThreadLimiter
 ) -> None:
-    limiter.admit(job("s1"), deadline_in_s=60)
-    first = board.register(job("s1", "c1"), 10)
+    admit(limiter, "s1")
+    first = register(board, "s1", "c1", 10)
     assert first is not None and 9.9 <= first.countdown_s <= 10
-    limiter.admit(job("s2"), deadline_in_s=60)
-    assert board.register(job("s2", "c2"), 10.02) is None  # the pending round serves it
-    limiter.admit(job("s3"), deadline_in_s=60)
-    sooner = board.register(job("s3", "c3"), 1)
+    admit(limiter, "s2")
+    assert register(board, "s2", "c2", 10.02) is None  # the pending round serves it
+    admit(limiter, "s3")
+    sooner = register(board, "s3", "c3", 1)
     assert sooner is not None and sooner.countdown_s <= 1 and sooner.at_ms < first.at_ms
 
 
 def test_a_round_takes_what_is_due_once(board: Board, limiter: ThreadLimiter) -> None:
     on_board(board, limiter, "s1", "c1")
-    limiter.admit(job("s2"), deadline_in_s=60)
-    board.register(job("s2", "c2"), 30)  # not due yet
+    admit(limiter, "s2")
+    register(board, "s2", "c2", 30)  # not due yet
     taken = board.take_due(None, most=10)
     assert [e.captcha_id for e in taken] == ["c1"]
-    assert taken[0].job["solve_id"] == "s1" and taken[0].polled_at is None
+    assert json.loads(taken[0].job)["solve_id"] == "s1" and taken[0].polled_at is None
     assert board.take_due(None, most=10) == []  # a concurrent round does not get it too
 
 
 def test_a_round_puts_back_what_is_not_ready(
     board: Board, limiter: ThreadLimiter, redis_conn: Any, keys: Keys
 ) -> None:
-    limiter.admit(job("s1"), deadline_in_s=60)
-    first = board.register(job("s1", "c1"), 0)
+    admit(limiter, "s1")
+    first = register(board, "s1", "c1", 0)
     assert first is not None
     board.take_due(first.at_ms, most=10)  # the pending round runs: none is pending now
     nxt = board.end_round(1234.5, [Again("c1", "s1", 0.0, errors=2)], gap_s=0.0)
@@ -129,7 +138,7 @@ def test_finish_frees_the_thread_stores_and_emits_the_outcome(
 ) -> None:
     on_board(board, limiter, "s1", "c1")
     on_board(board, limiter, "s2", "c2")
-    assert limiter.admit(job("s3"), deadline_in_s=60).status == "parked"
+    assert admit(limiter, "s3") == "parked"
     pubsub = redis_conn.pubsub()
     pubsub.subscribe("result-of-s1")
     wait_until(lambda: pubsub.get_message(timeout=0.1), 2, what="the subscription")
@@ -179,14 +188,14 @@ def test_a_retired_captcha_keeps_its_thread_and_is_owed_a_submit(
 ) -> None:
     on_board(board, limiter, "s1", "c1")
     nxt = job("s1", attempt=1)
-    assert board.retire("c1", nxt, 60, "ERROR_CAPTCHA_UNSOLVABLE")
-    assert not board.retire("c1", nxt, 60, "ERROR_CAPTCHA_UNSOLVABLE")  # once
+    assert board.retire("c1", "s1", nxt, 60, "ERROR_CAPTCHA_UNSOLVABLE")
+    assert not board.retire("c1", "s1", nxt, 60, "ERROR_CAPTCHA_UNSOLVABLE")  # once
     assert board.in_flight_count() == 0
     assert limiter.in_use() == 1
     assert redis_conn.zrange(keys.dispatch(), 0, -1) == ["s1"]
     assert redis_conn.hget(keys.api_errors(), "ERROR_CAPTCHA_UNSOLVABLE") == "1"
     # its submit message starts: the next attempt goes, and nothing is owed any more
-    assert limiter.admit(nxt, deadline_in_s=60).status == "go"
+    assert limiter.admit("s1", nxt, attempt=1, deadline_in_s=60).status == "go"
     assert redis_conn.zcard(keys.dispatch()) == 0
     # a late answer for the retired captcha changes nothing
     assert not finish(board, "s1", "c1").claimed

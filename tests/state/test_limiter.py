@@ -1,7 +1,11 @@
-"""The thread limiter's Lua scripts against a real Redis server."""
+"""The thread limiter's Lua scripts against a real Redis server, through the paths the
+pipeline takes: a submit is admitted (``admit``), a solve ends through the board's
+completion (``finish``: its slot goes to the next parked submit), polls renew leases
+(``end_round``), and housekeeping sweeps."""
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -13,7 +17,9 @@ from redis.retry import Retry
 from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.keys import Keys
-from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
+from captcha_tasks.state.board import Again, Board, BoardConfig, Completion
+from captcha_tasks.state.db import Db
+from captcha_tasks.state.limiter import Handout, LimiterConfig, ThreadLimiter
 
 #: The solve queue a sweep looks at (empty in these tests unless a test fills it).
 QUEUE = "t-limiter-solve-queue"
@@ -21,7 +27,11 @@ QUEUE = "t-limiter-solve-queue"
 
 def make(redis_conn: Any, keys: Keys, **overrides: Any) -> ThreadLimiter:
     config = {"capacity": 3, "reserve": 1, "lease_s": 30.0, **overrides}
-    return ThreadLimiter(redis_conn, keys, LimiterConfig(**config))
+    return ThreadLimiter(Db(redis_conn, keys), LimiterConfig(**config))
+
+
+def board_of(lim: ThreadLimiter) -> Board:
+    return Board(lim.db, lim, BoardConfig(round_gap_s=0.1, round_hold_s=5, record_ttl_s=60))
 
 
 def server_ms(conn: Any) -> int:
@@ -29,12 +39,21 @@ def server_ms(conn: Any) -> int:
     return int(sec) * 1000 + int(usec) // 1000
 
 
-def payload(n: int) -> dict[str, Any]:
-    return {"request": {"n": n}, "attempt": 0}
+def job_of(solve_id: str, n: int) -> str:
+    return json.dumps({"solve_id": solve_id, "request": {"n": n}, "attempt": 0})
 
 
-def job_of(lease_id: str, n: int) -> dict[str, Any]:
-    return {**payload(n), "solve_id": lease_id}
+def admit(lim: ThreadLimiter, solve_id: str, n: int = 0, **kwargs: Any) -> str:
+    """Admit a submit of ``solve_id`` (its first attempt): the admission's status."""
+    kwargs.setdefault("deadline_in_s", 60)
+    return lim.admit(solve_id, job_of(solve_id, n), attempt=0, **kwargs).status
+
+
+def finish(lim: ThreadLimiter, solve_id: str) -> Handout:
+    """End ``solve_id`` as the pipeline does (the completion frees its slot)."""
+    done = board_of(lim).finish(Completion(solve_id=solve_id, method="turnstile"))
+    assert done.claimed
+    return done.handout
 
 
 def test_capacity_never_exceeded_under_contention(redis_conn: Any, keys: Keys) -> None:
@@ -43,7 +62,7 @@ def test_capacity_never_exceeded_under_contention(redis_conn: Any, keys: Keys) -
     lock = threading.Lock()
 
     def grab(i: int) -> None:
-        if lim.acquire(f"c{i}", job=payload(i), deadline_in_s=60):
+        if admit(lim, f"c{i}", i) == "go":
             with lock:
                 granted.append(f"c{i}")
 
@@ -57,15 +76,15 @@ def test_capacity_never_exceeded_under_contention(redis_conn: Any, keys: Keys) -
     assert lim.parked_count() == 40 - lim.config.capacity
 
 
-def test_release_hands_slot_to_oldest_parked_in_arrival_order(redis_conn: Any, keys: Keys) -> None:
+def test_a_finished_solve_hands_its_slot_to_the_oldest_parked(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    assert lim.acquire("a", job=payload(0), deadline_in_s=60)
+    assert admit(lim, "a") == "go"
     for i in (1, 2, 3):
-        assert not lim.acquire(f"p{i}", job=payload(i), deadline_in_s=60)
+        assert admit(lim, f"p{i}", i) == "parked"
     order = []
     holder = "a"
     for _ in range(3):
-        handout = lim.release(holder)
+        handout = finish(lim, holder)
         assert len(handout.given) == 1
         holder = handout.given[0].lease_id
         order.append(holder)
@@ -76,68 +95,81 @@ def test_release_hands_slot_to_oldest_parked_in_arrival_order(redis_conn: Any, k
 
 def test_newcomer_does_not_jump_the_queue(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    lim.acquire("a", job=payload(0), deadline_in_s=60)
-    lim.acquire("p1", job=payload(1), deadline_in_s=60)
+    assert admit(lim, "a") == "go"
+    assert admit(lim, "p1", 1) == "parked"
     # a slot frees by lease loss, not release: the parked one still goes first
     redis_conn.zrem(keys.slots(), "a")
-    assert not lim.acquire("late", job=payload(2), deadline_in_s=60)
-    handout = lim.release(None)
+    assert admit(lim, "late", 2) == "parked"
+    handout = sweep_now(lim, redis_conn).handout
     assert [p.lease_id for p in handout.given] == ["p1"]
 
 
-def test_redelivered_acquire_keeps_its_slot(redis_conn: Any, keys: Keys) -> None:
+def test_a_redelivered_message_keeps_its_slot(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    assert lim.acquire("a", job=payload(0), deadline_in_s=60)
-    assert lim.acquire("a", job=payload(0), deadline_in_s=60)
+    assert admit(lim, "a", message_id="m1") == "go"
+    # its worker died in in.php; the broker delivers the same message again
+    assert admit(lim, "a", message_id="m1", redelivered=True) == "go"
     assert lim.in_use() == 1
 
 
 def test_refills_leave_the_reserve_to_on_demand(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=3, reserve=1)
-    assert lim.acquire("r1", job=payload(1), deadline_in_s=60, refill=True)
-    assert lim.acquire("r2", job=payload(2), deadline_in_s=60, refill=True)
-    assert not lim.acquire("r3", job=payload(3), deadline_in_s=60, refill=True)
+    assert admit(lim, "r1", 1, refill=True) == "go"
+    assert admit(lim, "r2", 2, refill=True) == "go"
+    assert admit(lim, "r3", 3, refill=True) == "parked"
     assert lim.free_for_refills() == 0
     # the reserved slot still serves an on-demand solve, ahead of the parked refill
-    assert lim.acquire("d1", job=payload(4), deadline_in_s=60)
-    assert not lim.acquire("d2", job=payload(5), deadline_in_s=60)
-    handout = lim.release("r1")
+    assert admit(lim, "d1", 4) == "go"
+    assert admit(lim, "d2", 5) == "parked"
+    handout = finish(lim, "r1")
     assert [p.lease_id for p in handout.given] == ["d2"]
 
 
 def test_lease_nobody_renews_expires(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.3)
-    assert lim.acquire("dead-worker", job=payload(0), deadline_in_s=60)
-    assert not lim.acquire("waiting", job=payload(1), deadline_in_s=60)
+    assert admit(lim, "dead-worker") == "go"
+    assert admit(lim, "waiting", 1) == "parked"
     wait_until(lambda: lim.in_use() == 0, 3, what="the lease to expire")
-    handout = lim.release(None)
+    handout = sweep_now(lim, redis_conn).handout
     assert [p.lease_id for p in handout.given] == ["waiting"]
 
 
-def test_renew_keeps_a_lease_alive(redis_conn: Any, keys: Keys) -> None:
-    lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.4)
-    lim.acquire("a", job=payload(0), deadline_in_s=60)
-    score_before = redis_conn.zscore(keys.slots(), "a")
-    assert lim.renew("a") is True
-    assert redis_conn.zscore(keys.slots(), "a") >= score_before
+def test_a_poll_renews_the_lease_of_its_solve(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.5)
+    board = board_of(lim)
+    assert admit(lim, "a") == "go"
+    board.register("a", 0, "c1", job_of("a", 0), first_poll_in_s=0.0)
+    registered = redis_conn.zscore(keys.slots(), "a")
+    start = server_ms(redis_conn)
+    wait_until(lambda: server_ms(redis_conn) > start + 300, 2, what="the server clock")
+    polled = server_ms(redis_conn)
+    board.end_round(polled / 1000, [Again("c1", "a", 1.0)], gap_s=0.1)
+    # the lease now runs a whole lease from the poll, well past where it stood
+    renewed = redis_conn.zscore(keys.slots(), "a")
+    assert renewed >= polled + 500 > registered + 250
+    wait_until(lambda: server_ms(redis_conn) > registered + 100, 2, what="the old expiry")
+    assert lim.in_use() == 1  # alive past the expiry it had before the poll
 
 
-def test_renew_never_brings_back_a_released_lease(redis_conn: Any, keys: Keys) -> None:
+def test_a_late_poll_never_brings_back_a_released_lease(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    lim.acquire("a", job=payload(0), deadline_in_s=60)
-    lim.release("a")
-    assert lim.renew("a") is False
+    board = board_of(lim)
+    assert admit(lim, "a") == "go"
+    board.register("a", 0, "c1", job_of("a", 0), first_poll_in_s=0.0)
+    finish(lim, "a")
+    board.end_round(server_ms(redis_conn) / 1000, [Again("c1", "a", 1.0)], gap_s=0.1)
     assert lim.in_use() == 0
+    assert redis_conn.zscore(keys.slots(), "a") is None
 
 
 def test_parked_past_deadline_is_handed_on_without_a_slot(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    lim.acquire("a", job=payload(0), deadline_in_s=60)
-    lim.acquire("late", job=payload(1), deadline_in_s=0.05)
-    lim.acquire("fine", job=payload(2), deadline_in_s=60)
+    assert admit(lim, "a") == "go"
+    assert admit(lim, "late", 1, deadline_in_s=0.05) == "parked"
+    assert admit(lim, "fine", 2) == "parked"
     start = server_ms(redis_conn)
     wait_until(lambda: server_ms(redis_conn) > start + 60, 2, what="the server clock")
-    handout = lim.release("a")
+    handout = finish(lim, "a")
     assert [p.lease_id for p in handout.expired] == ["late"]
     assert [p.lease_id for p in handout.given] == ["fine"]
     assert redis_conn.zrange(keys.slots(), 0, -1) == ["fine"]
@@ -146,50 +178,48 @@ def test_parked_past_deadline_is_handed_on_without_a_slot(redis_conn: Any, keys:
 
 
 def test_submit_rate_window(redis_conn: Any, keys: Keys) -> None:
-    lim = make(redis_conn, keys, in_per_window=5, in_window_s=3.0)
-    waits = [lim.submit_wait() for _ in range(6)]
-    assert waits[:5] == [0.0] * 5
-    assert 0 < waits[5] <= 3.0
+    lim = make(redis_conn, keys, capacity=10, in_per_window=5, in_window_s=3.0)
+    statuses = [
+        lim.admit(f"s{i}", job_of(f"s{i}", i), attempt=0, deadline_in_s=60) for i in range(6)
+    ]
+    assert [a.status for a in statuses[:5]] == ["go"] * 5
+    assert statuses[5].status == "wait" and 0 < statuses[5].wait_s <= 3.0
 
 
 def test_poll_budget_grows_with_captchas(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, res_per_captcha=2, res_base=3)
     assert [lim.poll_wait() for _ in range(3)] == [0.0] * 3
     assert lim.poll_wait() > 0
-    lim.submit_wait()  # one captcha submitted buys two more polls
+    assert admit(lim, "s1") == "go"  # one captcha submitted buys two more polls
     assert [lim.poll_wait() for _ in range(2)] == [0.0] * 2
     assert lim.poll_wait() > 0
 
 
 def test_redis_down_fails_closed_with_clear_error(keys: Keys) -> None:
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
-    lim = ThreadLimiter(dead, keys, LimiterConfig(capacity=1, reserve=0, lease_s=10))
+    lim = ThreadLimiter(Db(dead, keys), LimiterConfig(capacity=1, reserve=0, lease_s=10))
     with pytest.raises(StoreUnavailable, match="Redis is down"):
-        lim.acquire("a", job=payload(0), deadline_in_s=10)
+        admit(lim, "a")
     with pytest.raises(StoreUnavailable, match="Redis is down"):
-        lim.submit_wait()
+        lim.poll_wait()
 
 
 # -- admission of a submit message -----------------------------------------------------
 
 
-def admit(lim: ThreadLimiter, job: dict[str, Any], **kwargs: Any) -> str:
-    return lim.admit(job, deadline_in_s=60, **kwargs).status
-
-
 def test_admission_claims_the_submit_once(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=2, reserve=0)
-    job = job_of("s1", 1)
-    assert admit(lim, job) == "go"
+    assert admit(lim, "s1", 1) == "go"
     assert redis_conn.exists(keys.submit_claim("s1"))
-    assert admit(lim, job) == "busy"  # a copy of the message while the first submits
-    lim.unclaim("s1")  # the in.php call failed and will be retried
-    assert admit(lim, job) == "go"
-    # once this attempt's captcha is recorded, copies of its message are duplicates
-    redis_conn.hset(keys.submission("s1"), mapping={"attempt": 0, "captcha_id": "7"})
-    lim.unclaim("s1")
-    assert admit(lim, job) == "done"
-    assert admit(lim, {**job, "attempt": 1}) == "go"  # the next attempt goes
+    assert admit(lim, "s1", 1) == "busy"  # a copy of the message while the first submits
+    # the in.php call failed and the submit goes again: its claim is given up
+    lim.owe("s1", job_of("s1", 1), deadline_in_s=60, countdown_s=0, unclaim=True)
+    assert admit(lim, "s1", 1) == "go"
+    # once this attempt's captcha is registered, copies of its message are duplicates
+    board_of(lim).register("s1", 0, "7", job_of("s1", 1), first_poll_in_s=5)
+    assert admit(lim, "s1", 1) == "done"
+    nxt = lim.admit("s1", job_of("s1", 1), attempt=1, deadline_in_s=60)
+    assert nxt.status == "go"  # the next attempt goes
     assert lim.in_use() == 1
 
 
@@ -197,20 +227,18 @@ def test_the_claims_own_message_redelivered_after_a_crash_goes_on(
     redis_conn: Any, keys: Keys
 ) -> None:
     lim = make(redis_conn, keys, capacity=2, reserve=0)
-    job = job_of("s1", 1)
-    assert lim.admit(job, deadline_in_s=60, message_id="m1").status == "go"
+    assert admit(lim, "s1", message_id="m1") == "go"
     # ... its worker dies in in.php; the broker delivers the same message again
-    assert lim.admit(job, deadline_in_s=60, message_id="m1").status == "busy"  # a copy
-    assert lim.admit(job, deadline_in_s=60, message_id="m2", redelivered=True).status == "busy"
-    again = lim.admit(job, deadline_in_s=60, message_id="m1", redelivered=True)
-    assert again.status == "go"
+    assert admit(lim, "s1", message_id="m1") == "busy"  # a copy
+    assert admit(lim, "s1", message_id="m2", redelivered=True) == "busy"
+    assert admit(lim, "s1", message_id="m1", redelivered=True) == "go"
     assert lim.in_use() == 1
 
 
 def test_a_finished_solve_is_never_admitted_again(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=2, reserve=0)
-    redis_conn.hset(keys.submission("s1"), "done", "1")
-    assert admit(lim, job_of("s1", 1)) == "done"
+    finish(lim, "s1")
+    assert admit(lim, "s1", 1) == "done"
     assert lim.in_use() == 0
 
 
@@ -218,8 +246,8 @@ def test_admission_waits_for_the_in_php_budget_holding_the_slot(
     redis_conn: Any, keys: Keys
 ) -> None:
     lim = make(redis_conn, keys, capacity=3, reserve=0, in_per_window=1, in_window_s=3.0)
-    assert admit(lim, job_of("s1", 1)) == "go"
-    waited = lim.admit(job_of("s2", 2), deadline_in_s=60)
+    assert admit(lim, "s1", 1) == "go"
+    waited = lim.admit("s2", job_of("s2", 2), attempt=0, deadline_in_s=60)
     assert waited.status == "wait" and 0 < waited.wait_s <= 3.0
     assert lim.in_use() == 2
     assert not redis_conn.exists(keys.submit_claim("s2"))
@@ -227,24 +255,22 @@ def test_admission_waits_for_the_in_php_budget_holding_the_slot(
 
 def test_a_cancelled_batch_gives_its_slot_back(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    job = job_of("s1", 1)
-    assert admit(lim, job, batch_id="b1") == "go"
-    lim.unclaim("s1")
-    assert admit(lim, job_of("s2", 2)) == "parked"
+    assert admit(lim, "s1", 1, batch_id="b1") == "go"
+    lim.owe("s1", job_of("s1", 1), deadline_in_s=60, countdown_s=0, unclaim=True)
+    assert admit(lim, "s2", 2) == "parked"
     redis_conn.set(keys.batch_cancelled("b1"), "1")
-    cancelled = lim.admit(job, deadline_in_s=60, batch_id="b1")
+    cancelled = lim.admit("s1", job_of("s1", 1), attempt=0, deadline_in_s=60, batch_id="b1")
     assert cancelled.status == "cancelled"
     # the slot it gave back went to the parked submit at once
-    assert cancelled.handout is not None
     assert [p.lease_id for p in cancelled.handout.given] == ["s2"]
     assert redis_conn.zrange(keys.slots(), 0, -1) == ["s2"]
 
 
 def test_a_parked_submit_is_parked_once(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0)
-    assert admit(lim, job_of("s1", 1)) == "go"
-    assert admit(lim, job_of("s2", 2)) == "parked"
-    assert admit(lim, job_of("s2", 2)) == "parked"  # a redelivered copy
+    assert admit(lim, "s1", 1) == "go"
+    assert admit(lim, "s2", 2) == "parked"
+    assert admit(lim, "s2", 2) == "parked"  # a redelivered copy
     assert lim.parked_count() == 1
 
 
@@ -260,9 +286,9 @@ def test_a_handed_out_submit_whose_message_is_lost_is_handed_out_again(
     redis_conn: Any, keys: Keys
 ) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0, dispatch_grace_s=0.2)
-    assert lim.acquire("a", job=payload(0), deadline_in_s=60)
-    assert not lim.acquire("p1", job=payload(1), deadline_in_s=60)
-    handout = lim.release("a")  # ... and the worker dies before it publishes p1's submit
+    assert admit(lim, "a") == "go"
+    assert admit(lim, "p1", 1) == "parked"
+    handout = finish(lim, "a")  # ... and the worker dies before it publishes p1's submit
     assert [p.lease_id for p in handout.given] == ["p1"]
     assert sweep_now(lim, redis_conn).lost == []  # not overdue yet
     start = server_ms(redis_conn)
@@ -272,14 +298,14 @@ def test_a_handed_out_submit_whose_message_is_lost_is_handed_out_again(
     assert lost[0].job == job_of("p1", 1)
     assert sweep_now(lim, redis_conn).lost == []  # handed out again once per grace period
     # once its message starts, it is not owed any more
-    assert admit(lim, job_of("p1", 1)) == "go"
+    assert admit(lim, "p1", 1) == "go"
     assert redis_conn.zcard(keys.dispatch()) == 0
 
 
 def test_the_sweep_reclaims_leases_and_hands_out_without_beat(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.2)
-    assert lim.acquire("dead-worker", job=payload(0), deadline_in_s=60)
-    assert not lim.acquire("waiting", job=payload(1), deadline_in_s=60)
+    assert admit(lim, "dead-worker") == "go"
+    assert admit(lim, "waiting", 1) == "parked"
     wait_until(lambda: lim.in_use() == 0, 3, what="the lease to expire")
     handout = sweep_now(lim, redis_conn).handout
     assert [p.lease_id for p in handout.given] == ["waiting"]
@@ -293,9 +319,9 @@ def test_one_sweep_per_tick(redis_conn: Any, keys: Keys) -> None:
 
 def test_a_solve_message_lost_before_it_started_is_sent_again(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, message_grace_s=0.2)
-    lim.expect("s1", {"method": "turnstile", "_batch": {"id": "b", "index": 3}})
-    lim.expect("s2", {"method": "turnstile"})
-    assert lim.admit(job_of("s2", 2), deadline_in_s=60).status == "go"  # s2's message ran
+    lim.expect("s1", json.dumps({"method": "turnstile", "_batch": {"id": "b", "index": 3}}))
+    lim.expect("s2", json.dumps({"method": "turnstile"}))
+    assert admit(lim, "s2", 2) == "go"  # s2's message ran
     assert sweep_now(lim, redis_conn).unstarted == []  # not overdue yet
     start = server_ms(redis_conn)
     wait_until(lambda: server_ms(redis_conn) > start + 250, 2, what="the grace period")
@@ -303,7 +329,7 @@ def test_a_solve_message_lost_before_it_started_is_sent_again(redis_conn: Any, k
     assert sweep_now(lim, redis_conn).unstarted == []  # the queue is backed up: waiting
     redis_conn.delete(QUEUE)
     (lost,) = sweep_now(lim, redis_conn).unstarted
-    assert (lost.lease_id, lost.job["_batch"]["index"]) == ("s1", 3)
+    assert (lost.lease_id, json.loads(lost.job)["_batch"]["index"]) == ("s1", 3)
     assert sweep_now(lim, redis_conn).unstarted == []  # once per grace period
 
 
@@ -311,9 +337,9 @@ def test_an_owed_retry_is_handed_out_again_if_its_message_is_lost(
     redis_conn: Any, keys: Keys
 ) -> None:
     lim = make(redis_conn, keys, dispatch_grace_s=0.1)
-    job = {**job_of("s1", 1), "deadline": 2e9}
-    assert lim.admit(job, deadline_in_s=60, message_id="m1").status == "go"
-    lim.owe(job, 0.0, unclaim=True)  # in.php failed: the submit goes again at once
+    assert admit(lim, "s1", 1, message_id="m1") == "go"
+    # in.php failed: the submit goes again at once
+    lim.owe("s1", job_of("s1", 1), deadline_in_s=60, countdown_s=0.0, unclaim=True)
     assert not redis_conn.exists(keys.submit_claim("s1"))
     start = server_ms(redis_conn)
     wait_until(lambda: server_ms(redis_conn) > start + 150, 2, what="the grace period")
@@ -324,16 +350,16 @@ def test_threads_another_client_holds_take_slots_until_it_stops(
     redis_conn: Any, keys: Keys
 ) -> None:
     lim = make(redis_conn, keys, capacity=4)
-    assert lim.admit(job_of("mine", 1), deadline_in_s=60).status == "go"
+    assert admit(lim, "mine", 1) == "go"
     seen = lim.see_provider(working_threads=3, hold_s=30)  # it counts 2 that are not ours
     assert (seen.before, seen.now, seen.ours) == (0, 2, 1)
     assert (lim.in_use(), lim.external()) == (1, 2)
-    assert lim.admit(job_of("a", 2), deadline_in_s=60).status == "go"
-    assert lim.admit(job_of("b", 3), deadline_in_s=60).status == "parked"  # 1 + 1 + 2 = 4
+    assert admit(lim, "a", 2) == "go"
+    assert admit(lim, "b", 3) == "parked"  # 1 + 1 + 2 = 4
     again = lim.see_provider(working_threads=2, hold_s=30)  # the other client stopped
     assert (again.before, again.now) == (2, 0)
     assert lim.external() == 0 and lim.in_use() == 2
-    assert [p.lease_id for p in lim.release("mine").given] == ["b"]
+    assert [p.lease_id for p in finish(lim, "mine").given] == ["b"]
     # never all of them: one thread stays usable, to find out when they free
     assert lim.see_provider(working_threads=50, hold_s=30).now == 4 - 1
 
@@ -343,5 +369,5 @@ def test_the_providers_view_expires_with_its_hold(redis_conn: Any, keys: Keys) -
     lim.see_provider(working_threads=2, hold_s=0.2)
     assert lim.external() == 2
     wait_until(lambda: lim.external() == 0, 2, what="the view to expire")
-    statuses = [lim.admit(job_of(f"s{i}", i), deadline_in_s=60).status for i in range(4)]
+    statuses = [admit(lim, f"s{i}", i) for i in range(4)]
     assert statuses == ["go"] * 4

@@ -14,6 +14,7 @@ from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.errors import ConfigurationError, ValidationError
 from captcha_tasks.keys import Keys
 from captcha_tasks.methods import build_request
+from captcha_tasks.state.db import Db
 from captcha_tasks.state.pools import (
     PoolNotFound,
     PoolSpec,
@@ -60,7 +61,7 @@ def captcha_id(taken: dict[str, Any] | None) -> str:
 
 @pytest.fixture
 def store(redis_conn: redis.Redis, keys: Keys) -> PoolStore:
-    return PoolStore(redis_conn, keys)
+    return PoolStore(Db(redis_conn, keys))
 
 
 # -- definitions ------------------------------------------------------------------------
@@ -334,7 +335,7 @@ def _drain(redis_url: str, prefix: str, name: str, ready: Any, go: Any, out: Any
     """Child process: take until the pool is empty; report what was taken."""
     conn = redis.Redis.from_url(redis_url, decode_responses=True)
     try:
-        pools = PoolStore(conn, Keys(prefix=prefix))
+        pools = PoolStore(Db(conn, Keys(prefix=prefix)))
         conn.ping()
         ready.put(1)
         go.wait(30)
@@ -365,7 +366,7 @@ def test_every_token_is_taken_exactly_once_by_threads_and_processes(
 
     def drain_here(mine: list[str]) -> None:
         conn = redis.Redis.from_url(redis_url, decode_responses=True)
-        pools = PoolStore(conn, keys)
+        pools = PoolStore(Db(conn, keys))
         go.wait(30)
         while (item := pools.take("ts-home")) is not None:
             mine.append(item["captcha_id"])

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks import errors, solve, store
+from captcha_tasks import errors, solve
 from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
 
@@ -20,8 +21,8 @@ def test_a_429_holds_every_request_of_the_account(sandbox: Any, start_worker: An
     start_worker(name="faults-429")
     first = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
     wait_until(lambda: sandbox.stats()["status_429"] >= 1, 15, what="the first 429")
-    hourly = store.keys().rate("hourly")
-    wait_until(lambda: store.redis_client().hget(hourly, "pause"), 10, what="the account held")
+    hourly = app.runtime().state.keys.rate("hourly")
+    wait_until(lambda: app.runtime().state.redis.hget(hourly, "pause"), 10, what="the account held")
     # other solves, admitted while the account is held: none of them may ask the API
     others = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(3)]
     wait_until(lambda: sandbox.stats()["status_429"] >= 3, 20, what="three Retry-After waits")
@@ -54,4 +55,4 @@ def test_a_hanging_api_costs_its_read_timeout_and_never_outlives_the_deadline(
     took = time.monotonic() - started
     assert took <= deadline + read_timeout + 2.0  # one hung request past the deadline at most
     assert sandbox.stats()["hangs"] >= 2  # it retried, each hang cut at the read timeout
-    assert store.limiter().in_use() == 0  # its thread lease did not outlive the solve
+    assert app.runtime().state.limiter.in_use() == 0  # its thread lease did not outlive the solve

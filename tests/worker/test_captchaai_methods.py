@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from image_files import png, png_b64
 
-from captcha_tasks import create_pool, errors, solve, store
+from captcha_tasks import create_pool, errors, solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.methods import MAX_IMAGE_BYTES
-from captcha_tasks.settings import get_settings
+from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import prewarm
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
@@ -135,7 +135,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
 def test_bad_requests_are_refused_before_anything_is_queued(
     redis_conn: Any, kwargs: dict[str, Any], needle: str
 ) -> None:
-    before = {q: redis_conn.llen(q) for q in get_settings().queues}
+    before = {q: redis_conn.llen(q) for q in app.runtime().settings.queues}
     keys_before = redis_conn.dbsize()
     with pytest.raises(errors.ValidationError) as info:
         solve.delay(**kwargs)
@@ -154,7 +154,7 @@ def test_pooled_tokens_keep_their_user_agent(
     name = f"pool-{method}"
     sitekey = f"pool-{method}-key"
     create_pool(name, method, sitekey, PAGE, size=2, ttl=60, min_remaining=5, **extra)
-    pools = store.pools()
+    pools = app.runtime().state.pools
     hits: list[dict[str, Any]] = []
 
     def pooled() -> bool:

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks import solve, store
+from captcha_tasks import solve
+from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.slow
 
@@ -16,9 +17,9 @@ PAGE = "https://example.com/coalesce"
 
 @pytest.fixture
 def fresh_detection(redis_conn: Any, clean_state: None) -> Iterator[None]:
-    redis_conn.delete(store.keys().bulk_support())
+    redis_conn.delete(app.runtime().state.keys.bulk_support())
     yield
-    redis_conn.delete(store.keys().bulk_support())
+    redis_conn.delete(app.runtime().state.keys.bulk_support())
 
 
 def solve_many(n: int) -> list[dict[str, Any]]:
@@ -36,7 +37,7 @@ def test_bulk_requests_answer_many_captchas(
     assert all(sandbox.verify(r["token"])["success"] for r in results)
     # several ids travelled in each request
     assert stats["res_php_ids"] >= 2 * stats["res_php_get_requests"]
-    assert redis_conn.get(store.keys().bulk_support()) == "1"
+    assert redis_conn.get(app.runtime().state.keys.bulk_support()) == "1"
 
 
 def test_falls_back_to_one_id_per_request_without_bulk(
@@ -46,7 +47,7 @@ def test_falls_back_to_one_id_per_request_without_bulk(
     sandbox.configure(bulk=False, solve_time=0.5, jitter=0.2)
     results = solve_many(10)
     assert all(sandbox.verify(r["token"])["success"] for r in results)
-    assert redis_conn.get(store.keys().bulk_support()) == "0"
+    assert redis_conn.get(app.runtime().state.keys.bulk_support()) == "0"
 
 
 def test_bulk_off_setting_polls_each_id(

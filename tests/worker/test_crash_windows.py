@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks import solve, store
+from captcha_tasks import solve
 from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
 
@@ -42,7 +43,7 @@ def test_a_worker_killed_between_handout_and_publish_loses_nothing(
     ]
     wait_until(lambda: not doomed.alive(), 30, what="the worker to reach the fault point")
     assert doomed.proc.returncode == -9  # it died at the point, not of something else
-    owed = store.redis_client().zcard(store.keys().dispatch())
+    owed = app.runtime().state.redis.zcard(app.runtime().state.keys.dispatch())
     assert owed >= 1  # Redis handed a thread to a parked submit whose message never left
 
     start_worker(FAST, name="crash-survivor")
@@ -53,4 +54,4 @@ def test_a_worker_killed_between_handout_and_publish_loses_nothing(
     stats = sandbox.stats()
     assert stats["submits"] == len(results)  # none paid twice
     assert stats["peak_in_flight"] <= THREADS
-    wait_until(lambda: store.limiter().in_use() == 0, 10, what="every thread freed")
+    wait_until(lambda: app.runtime().state.limiter.in_use() == 0, 10, what="every thread freed")

@@ -20,6 +20,7 @@ from selenium.webdriver.chrome.service import Service
 from system_parts import missing
 
 from captcha_tasks.dev.devstack import CeleryProcess, free_port, wait_until
+from captcha_tasks.worker.app import app
 from captcha_tasks.worker.flower_auth import EXIT_CONFIG, NO_AUTH_MESSAGE, auth_problem
 
 USER, PASSWORD = "ops", "flower-" + os.urandom(4).hex()
@@ -215,13 +216,13 @@ def _hold_every_thread_briefly() -> None:
     is resumed by a ``submit`` once the worker's housekeeping reclaims them."""
     from dataclasses import replace
 
-    from captcha_tasks import store
     from captcha_tasks.state.limiter import ThreadLimiter
 
-    limiter = store.limiter()
-    short = ThreadLimiter(limiter.r, limiter.keys, replace(limiter.config, lease_s=1.0))
+    limiter = app.runtime().state.limiter
+    short = ThreadLimiter(limiter.db, replace(limiter.config, lease_s=1.0))
     for i in range(limiter.config.capacity):
-        assert short.acquire(f"flower-hold-{i}", job={}, deadline_in_s=30)
+        held = short.admit(f"flower-hold-{i}", "{}", attempt=0, deadline_in_s=30)
+        assert held.status == "go"
 
 
 def _solved_in_flower(flower: FlowerProcess, solve_id: str) -> bool:

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks import solve, store
+from captcha_tasks import solve
 from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.settings import get_settings
+from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.slow
 
@@ -18,7 +18,7 @@ PAGE = "https://example.com/limiter"
 def test_three_workers_never_exceed_the_plan(
     sandbox: Any, start_worker: Any, clean_state: None
 ) -> None:
-    threads = get_settings().threads
+    threads = app.runtime().settings.threads
     sandbox.configure(threads=threads, solve_time=0.4, jitter=0.1)
     for n in range(3):
         start_worker(concurrency=16, name=f"limit-w{n}")
@@ -32,7 +32,7 @@ def test_three_workers_never_exceed_the_plan(
     # parked submits were handed freed slots, so the plan was (nearly) filled; a freed
     # thread is refilled a few ms after the provider frees it, so all 15 may not overlap
     assert stats["peak_in_flight"] >= threads - 1
-    assert store.limiter().in_use() == 0
+    assert app.runtime().state.limiter.in_use() == 0
 
 
 def test_killed_worker_slot_comes_back_within_the_lease(
@@ -42,7 +42,7 @@ def test_killed_worker_slot_comes_back_within_the_lease(
     sandbox.configure(solve_time=60, jitter=0)
     worker = start_worker({"CAPTCHAAI_SLOT_LEASE": str(lease)}, name="doomed")
     solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
-    limiter = store.limiter()
+    limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.in_use() == 1, 15, what="the slot to be taken")
     wait_until(lambda: sandbox.stats()["submits"] == 1, 15, what="the submit")
     worker.kill()

@@ -10,11 +10,11 @@ import pytest
 from celery.result import AsyncResult
 from image_files import png_b64
 
-from captcha_tasks import errors, solve, store
+from captcha_tasks import errors, solve
 from captcha_tasks.methods import build_request
 from captcha_tasks.outcome import parse_iso
-from captcha_tasks.settings import get_settings
 from captcha_tasks.worker.adapter import policy
+from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import solve as solve_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
@@ -66,7 +66,7 @@ def test_token_methods_happy_path(sandbox: Any, method: str, kwargs: dict[str, A
     assert result["source"] == "api"
     assert result["captcha_id"]
     solved_at, expires_at = parse_iso(result["solved_at"]), parse_iso(result["expires_at"])
-    life = policy(get_settings()).token_life(build_request(method, **kwargs))
+    life = policy(app.runtime().settings).token_life(build_request(method, **kwargs))
     assert expires_at - solved_at <= life + 0.01
     assert expires_at > time.time()
     verdict = sandbox.verify(result["token"])
@@ -98,7 +98,7 @@ def test_image_answer_text_kept_whole(sandbox: Any) -> None:
 
 
 def test_polls_per_solve_with_adaptive_first_poll(sandbox: Any, redis_conn: Any) -> None:
-    settings = get_settings()
+    settings = app.runtime().settings
     for _ in range(2):
         results = [
             solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
@@ -106,7 +106,7 @@ def test_polls_per_solve_with_adaptive_first_poll(sandbox: Any, redis_conn: Any)
         ]
         for r in results:
             r.get(timeout=GET_TIMEOUT)
-    samples = redis_conn.llen(store.keys().solve_times("turnstile"))
+    samples = redis_conn.llen(app.runtime().state.keys.solve_times("turnstile"))
     assert samples >= 2 * settings.adaptive_min_samples
     sandbox.reset()
     warm = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(10)]
@@ -136,7 +136,7 @@ def test_unsolvable_is_resubmitted_within_budget(sandbox: Any) -> None:
         solve.delay(method="turnstile", sitekey="k", pageurl=PAGE).get(timeout=GET_TIMEOUT)
     assert info.value.code == "ERROR_CAPTCHA_UNSOLVABLE"
     # the first captcha plus the bounded resubmits
-    assert sandbox.stats()["submits"] == 1 + get_settings().max_resubmits
+    assert sandbox.stats()["submits"] == 1 + app.runtime().settings.max_resubmits
 
 
 def test_fatal_key_error_after_one_request(sandbox: Any) -> None:
@@ -149,7 +149,7 @@ def test_fatal_key_error_after_one_request(sandbox: Any) -> None:
     stats = sandbox.stats()
     assert stats["in_php_requests"] == 1
     assert stats["res_php_requests"] == 0
-    assert elapsed < get_settings().solve_timeout
+    assert elapsed < app.runtime().settings.solve_timeout
 
 
 def test_api_key_not_in_failure(sandbox: Any) -> None:
@@ -157,11 +157,11 @@ def test_api_key_not_in_failure(sandbox: Any) -> None:
     res = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
     with pytest.raises(errors.AuthError):
         res.get(timeout=GET_TIMEOUT)
-    assert get_settings().api_key not in repr(res.backend.get_task_meta(res.id))
+    assert app.runtime().settings.api_key not in repr(res.backend.get_task_meta(res.id))
 
 
 def test_validation_error_before_anything_is_queued(redis_conn: Any) -> None:
-    before = {q: redis_conn.llen(q) for q in get_settings().queues}
+    before = {q: redis_conn.llen(q) for q in app.runtime().settings.queues}
     keys_before = redis_conn.dbsize()
     with pytest.raises(errors.ValidationError, match="pageurl"):
         solve.delay(method="turnstile", sitekey="k", pageurl="javascript:alert(1)")
@@ -219,4 +219,4 @@ def test_account_command_shows_balance_and_threads(sandbox: Any) -> None:
     assert f"balance: {config['balance']:.4f}" in done.stdout
     # the sandbox may still be finishing an earlier test's captcha: any count, its plan
     assert re.search(rf"threads \(API\): \d+/{config['threads']} in use", done.stdout)
-    assert f"/{get_settings().capacity} in use" in done.stdout
+    assert f"/{app.runtime().settings.capacity} in use" in done.stdout

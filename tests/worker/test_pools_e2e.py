@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks import solve, store
+from captcha_tasks import solve
 from captcha_tasks.dev.devstack import CeleryProcess, wait_until
 from captcha_tasks.state.pools import PoolNotFound
+from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import take_token
 
 pytestmark = pytest.mark.slow
@@ -35,25 +36,32 @@ POOL = {
 
 @pytest.fixture
 def pooled_stack(
-    sandbox: Any, start_worker: Any, output_dir: Path, clean_state: None
+    sandbox: Any,
+    start_worker: Any,
+    output_dir: Path,
+    clean_state: None,
+    env: dict[str, str],
 ) -> Iterator[dict[str, str]]:
     sandbox.configure(token_ttl={"turnstile": LIFE}, solve_time=0.3, jitter=0.1)
-    env = {
+    pooled = {
         "CAPTCHAAI_POOLS": json.dumps([POOL]),
         "CAPTCHAAI_PREWARM_EVERY": "0.5",
         "CAPTCHAAI_TOKEN_LIFETIMES": json.dumps({"turnstile": LIFE}),
     }
-    start_worker(env, name="pool-worker")
-    beat = CeleryProcess("beat", env=env, log_dir=output_dir, name="pool-beat").start()
-    yield env
+    start_worker(pooled, name="pool-worker")
+    beat_env = {**env, **pooled}
+    beat = CeleryProcess("beat", env=beat_env, log_dir=output_dir, name="pool-beat").start()
+    yield beat_env
     beat.stop()
 
 
-def _take_in_process(prefix_env: dict[str, str], count: int, out: Any) -> None:
-    import os
-
-    os.environ.update(prefix_env)
+def _take_in_process(env: dict[str, str], count: int, out: Any) -> None:
+    # A process of its own (spawned): it configures itself from the module's settings.
+    from captcha_tasks.settings import Settings
+    from captcha_tasks.worker.app import app as child_app
     from captcha_tasks.worker.tasks import take_token as take
+
+    child_app.use(Settings.from_env(env))
 
     got = []
     deadline = time.monotonic() + 20
@@ -77,7 +85,7 @@ def _verify(token: str) -> bool:
 
 
 def test_prewarmed_tokens_each_handed_out_once(sandbox: Any, pooled_stack: dict[str, str]) -> None:
-    pools = store.pools()
+    pools = app.runtime().state.pools
     wait_until(lambda: pools.live("login") >= POOL["size"], 20, what="beat to fill the pool")
     hit = solve.delay(method="turnstile", sitekey="pool-key", pageurl=PAGE).get(timeout=20)
     assert hit["source"] == "pool"
@@ -98,9 +106,7 @@ def test_prewarmed_tokens_each_handed_out_once(sandbox: Any, pooled_stack: dict[
 
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    env = {
-        k: v for k, v in __import__("os").environ.items() if k.startswith(("CAPTCHAAI", "REDIS"))
-    }
+    env = {k: v for k, v in pooled_stack.items() if k.startswith(("CAPTCHAAI", "REDIS"))}
     procs = [ctx.Process(target=_take_in_process, args=(env, 4, queue)) for _ in range(3)]
     for p in procs:
         p.start()
@@ -123,7 +129,7 @@ def test_prewarmed_tokens_each_handed_out_once(sandbox: Any, pooled_stack: dict[
 
 
 def test_request_with_own_proxy_bypasses_the_pool(pooled_stack: dict[str, str]) -> None:
-    wait_until(lambda: store.pools().live("login") >= 1, 20, what="a pooled token")
+    wait_until(lambda: app.runtime().state.pools.live("login") >= 1, 20, what="a pooled token")
     result = solve.delay(
         method="turnstile", sitekey="pool-key", pageurl=PAGE, proxy="u:p@1.2.3.4:3128"
     ).get(timeout=20)

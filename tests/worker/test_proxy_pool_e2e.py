@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks import errors, solve, store
+from captcha_tasks import errors, solve
 from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.toolkit.proxies import ProxyPool
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
 
@@ -16,8 +17,8 @@ BAD = "user:secret@bad-proxy.test:3128"
 GOOD = "user:secret@good-proxy.test:3128"
 
 
-def test_bad_pool_proxy_is_replaced(sandbox: Any) -> None:
-    proxies = store.proxies()
+def test_bad_pool_proxy_is_replaced(sandbox: Any, settings: Any) -> None:
+    proxies = ProxyPool.from_settings(settings)  # the pool the workers take proxies from
     proxies.add(BAD)
     res = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE, proxy="pool")
     # the only proxy fails at the provider and goes to quarantine...

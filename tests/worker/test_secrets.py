@@ -14,8 +14,8 @@ from test_flower import PASSWORD, USER, FlowerProcess, _flower_env, _prime_event
 
 from captcha_tasks import solve
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until
-from captcha_tasks.settings import get_settings
 from captcha_tasks.stream import stream
+from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
 
@@ -67,7 +67,7 @@ def test_no_secret_in_redis_logs_or_flower(
     single = solve.delay(**secret_task).get(timeout=30)
     tokens = [r["token"] for r in results if r["status"] == "solved"] + [single["token"]]
     assert len(tokens) == 5
-    api_key = get_settings().api_key
+    api_key = app.runtime().settings.api_key
     everything = dump_redis(redis_conn)
     log = worker.log_text()
     assert "succeeded" in log  # the log did record the tasks

@@ -16,6 +16,7 @@ from captcha_tasks.outcome import parse_iso
 from captcha_tasks.state.limiter import Admission
 from captcha_tasks.state.timing import Timing
 from captcha_tasks.worker import steps
+from captcha_tasks.worker.job import Job
 from captcha_tasks.worker.steps import (
     Deliver,
     Fail,
@@ -42,14 +43,14 @@ WARM = Timing(first_wait=14.0, earliest=12.0, typical=15.0, warm=True, spread=2.
 BULK = steps.Pace(bulk=True, every=0.5)
 
 
-def job(method: str = "turnstile", **params: Any) -> dict[str, Any]:
+def job(method: str = "turnstile", **params: Any) -> Job:
     sitekey = None if method == "base64" else "k"
     pageurl = None if method == "base64" else PAGE
     request = build_request(method, sitekey, pageurl, **params)
-    return steps.new_job("solve-1", request, T0, POLICY)
+    return Job.new("solve-1", request, T0, POLICY.solve_timeout)
 
 
-def submitted(at: float = T0 + 1, **params: Any) -> dict[str, Any]:
+def submitted(at: float = T0 + 1, **params: Any) -> Job:
     decision = steps.on_submitted(job(**params), "7001", at, COLD, POLICY, bulk=True)
     assert isinstance(decision, PollAt)
     return decision.job
@@ -60,9 +61,11 @@ def submitted(at: float = T0 + 1, **params: Any) -> dict[str, Any]:
 
 def test_a_new_job_carries_its_budgets_and_deadline() -> None:
     new = job()
-    assert (new["started"], new["deadline"]) == (T0, T0 + POLICY.solve_timeout)
-    assert (new["attempt"], new["transport_errors"], new["resubmits"]) == (0, 0, 0)
-    assert "key" not in new and "key" not in new["request"]["params"]  # workers hold it
+    assert (new.started, new.deadline) == (T0, T0 + POLICY.solve_timeout)
+    assert (new.attempt, new.transport_errors, new.resubmits) == (0, 0, 0)
+    data = new.to_dict()  # what travels in messages and Redis
+    assert "key" not in data and "key" not in data["request"]["params"]  # workers hold it
+    assert Job.from_json(new.to_json()) == new
 
 
 def test_a_submit_past_the_deadline_fails() -> None:
@@ -95,7 +98,7 @@ def test_a_submitted_captcha_is_first_polled_after_the_cold_wait() -> None:
     decision = steps.on_submitted(job(), "7001", T0 + 1, COLD, POLICY, bulk=True)
     assert isinstance(decision, PollAt)
     assert decision.at == T0 + 1 + COLD.first_wait
-    assert (decision.job["captcha_id"], decision.job["submitted_at"]) == ("7001", T0 + 1)
+    assert (decision.job.captcha_id, decision.job.submitted_at) == ("7001", T0 + 1)
 
 
 def test_warm_bulk_polls_start_at_the_earliest_likely_finish() -> None:
@@ -113,7 +116,7 @@ def test_transport_errors_back_off_then_give_up() -> None:
     first = steps.on_submitted(job(), error, T0, COLD, POLICY, bulk=True)
     assert isinstance(first, SubmitAt) and first.error is error
     assert first.at == T0 + steps.BACKOFF_BASE * 0.5
-    assert first.job["transport_errors"] == 1
+    assert first.job.transport_errors == 1
     second = steps.on_submitted(first.job, error, T0, COLD, POLICY, bulk=True)
     assert isinstance(second, SubmitAt) and second.at == T0 + steps.BACKOFF_BASE
     third = steps.on_submitted(second.job, error, T0, COLD, POLICY, bulk=True)
@@ -130,7 +133,7 @@ def test_a_bad_pooled_proxy_is_replaced_but_a_callers_proxy_is_fatal() -> None:
     bad = errors.ProxyError("ERROR_BAD_PROXY", "ERROR_BAD_PROXY")
     pooled = steps.on_submitted(job(proxy="pool"), bad, T0, COLD, POLICY, BULK)
     assert isinstance(pooled, Resubmit) and pooled.replace_proxy
-    assert (pooled.job["attempt"], pooled.job["resubmits"]) == (1, 1)
+    assert (pooled.job.attempt, pooled.job.resubmits) == (1, 1)
     own = steps.on_submitted(job(proxy="u:p@10.0.0.1:3128"), bad, T0, COLD, POLICY, BULK)
     assert own == Fail(bad)
 
@@ -186,7 +189,7 @@ def test_cold_bulk_captchas_are_probed_early_unless_the_operator_set_the_wait() 
 def test_polls_never_go_past_the_deadline_and_then_fail() -> None:
     polled = submitted()
     last = steps.on_answer(polled, NOT_READY, None, 0, T0 + 299.8, COLD, POLICY, BULK)
-    assert isinstance(last, PollAt) and last.at == polled["deadline"]
+    assert isinstance(last, PollAt) and last.at == polled.deadline
     over = steps.on_answer(polled, NOT_READY, None, 0, T0 + 300, COLD, POLICY, BULK)
     assert isinstance(over, Fail) and isinstance(over.error, errors.SolveTimeout)
 
@@ -195,10 +198,11 @@ def test_an_answer_is_delivered_with_a_conservative_expiry() -> None:
     polled = submitted(at=T0)
     decision = steps.on_answer(polled, Answer("0.tok"), T0 + 9, 0, T0 + 10, COLD, POLICY, BULK)
     assert isinstance(decision, Deliver)
-    outcome = decision.outcome
+    outcome = decision.outcome.to_dict()
     assert (outcome["status"], outcome["token"], outcome["source"]) == ("solved", "0.tok", "api")
     # the token was made after the last "not ready" at T0 + 9
-    life = POLICY.token_life(steps.request_of(polled))
+    life = POLICY.token_life(polled.request)
+    assert decision.outcome.expires_at == T0 + 9 + life
     assert parse_iso(outcome["expires_at"]) == pytest.approx(T0 + 9 + life, abs=0.001)
     # its solve time: midway between the last "not ready" (T0 + 9) and now (T0 + 10)
     assert decision.solve_time_s == 9.5
@@ -209,10 +213,10 @@ def test_an_answer_is_delivered_with_a_conservative_expiry() -> None:
 
 def test_an_answer_too_old_to_use_is_solved_again() -> None:
     polled = submitted(at=T0)
-    life = POLICY.token_life(steps.request_of(polled))
+    life = POLICY.token_life(polled.request)
     stale = steps.on_answer(polled, Answer("0.tok"), None, 0, T0 + life - 0.5, COLD, POLICY, BULK)
     assert isinstance(stale, Resubmit) and isinstance(stale.error, errors.TokenExpired)
-    assert "captcha_id" not in stale.job and stale.job["attempt"] == 1
+    assert stale.job.captcha_id is None and stale.job.attempt == 1
 
 
 def test_unsolvable_is_resubmitted_within_its_budget() -> None:
@@ -256,7 +260,7 @@ def test_with_callbacks_on_the_first_poll_waits_a_fallback_past_the_expected_tim
 
 def test_answers_with_a_user_agent_are_polled_even_with_callbacks() -> None:
     request = build_request("cloudflare_challenge", pageurl=PAGE, proxy="u:p@10.0.0.1:3128")
-    new = steps.new_job("solve-3", request, T0, CALLBACKS)
+    new = Job.new("solve-3", request, T0, CALLBACKS.solve_timeout)
     assert not steps.uses_pingback(new) and steps.uses_pingback(job())
     decision = steps.on_submitted(new, "7001", T0 + 1, COLD, CALLBACKS, bulk=True)
     assert isinstance(decision, PollAt) and decision.at == T0 + 1 + COLD.first_wait
@@ -266,7 +270,7 @@ def test_a_callback_answer_is_delivered_like_a_polled_one() -> None:
     polled = submitted()
     decision = steps.on_callback(polled, Answer("0.tok"), None, T0 + 12, CALLBACKS)
     assert isinstance(decision, Deliver)
-    assert (decision.outcome["token"], decision.outcome["captcha_id"]) == ("0.tok", "7001")
+    assert (decision.outcome.token, decision.outcome.captcha_id) == ("0.tok", "7001")
     assert decision.solve_time_s == pytest.approx(11.0)
 
 
@@ -287,9 +291,9 @@ def test_a_callback_that_ends_nothing_changes_nothing() -> None:
     assert steps.on_callback(polled, transient, None, T0 + 12, CALLBACKS) is None
 
 
-def _polled(request: Any) -> dict[str, Any]:
+def _polled(request: Any) -> Job:
     decision = steps.on_submitted(
-        steps.new_job("solve-2", request, T0, POLICY), "7009", T0, COLD, POLICY, True
+        Job.new("solve-2", request, T0, POLICY.solve_timeout), "7009", T0, COLD, POLICY, True
     )
     assert isinstance(decision, PollAt)
     return decision.job
@@ -319,22 +323,22 @@ def test_the_user_agent_reaches_the_outcome() -> None:
         _polled(request), Answer("cf.clearance", agent), None, 0, T0 + 20, COLD, POLICY, BULK
     )
     assert isinstance(decision, Deliver)
-    assert decision.outcome["user_agent"] == agent
-    assert decision.outcome["token"] == "cf.clearance"
-    assert list(decision.outcome)[-1] == "token"
+    assert decision.outcome.user_agent == agent
+    assert decision.outcome.token == "cf.clearance"
+    assert list(decision.outcome.to_dict())[-1] == "token"
     plain = steps.on_answer(submitted(at=T0), Answer("0.tok"), None, 0, T0 + 5, COLD, POLICY, BULK)
-    assert isinstance(plain, Deliver) and "user_agent" not in plain.outcome
+    assert isinstance(plain, Deliver) and "user_agent" not in plain.outcome.to_dict()
 
 
 def test_structured_answers_are_delivered_as_json_values() -> None:
     grid = build_request("grid", body=png_b64(), instructions="bus", grid_size="4x4")
     decision = steps.on_answer(_polled(grid), Answer("[3,16]"), None, 0, T0 + 5, COLD, POLICY, BULK)
-    assert isinstance(decision, Deliver) and decision.outcome["token"] == [3, 16]
+    assert isinstance(decision, Deliver) and decision.outcome.token == [3, 16]
     lemin = build_request("lemin", "k", PAGE, div_id="d")
     answer = Answer('{"answer":"0xaa","challenge_uuid":"u-1"}')
     decision = steps.on_answer(_polled(lemin), answer, None, 0, T0 + 5, COLD, POLICY, BULK)
     assert isinstance(decision, Deliver)
-    assert decision.outcome["token"] == {"answer": "0xaa", "challenge_uuid": "u-1"}
+    assert decision.outcome.token == {"answer": "0xaa", "challenge_uuid": "u-1"}
 
 
 def test_a_late_fallback_poll_teaches_no_solve_time() -> None:

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import requests
 
-from captcha_tasks import solve, store
+from captcha_tasks import solve
 from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.settings import get_settings
+from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
 
@@ -48,11 +48,11 @@ def other_client_takes_threads(sandbox: Any) -> None:
 def test_threads_another_client_holds_are_left_to_it(
     sandbox: Any, start_worker: Any, busy: dict[str, Any]
 ) -> None:
-    plan = get_settings().threads
+    plan = app.runtime().settings.threads
     sandbox.configure(threads=plan, api_keys=[os.environ["CAPTCHAAI_API_KEY"], OTHER_KEY], **busy)
     other_client_takes_threads(sandbox)
     worker = start_worker({"CAPTCHAAI_THREADS_CHECK_EVERY": "0.5"}, name="drift-worker")
-    limiter = store.limiter()
+    limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.external() == OTHERS, 10, what="the other client's threads")
 
     results = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(30)]
@@ -62,7 +62,10 @@ def test_threads_another_client_holds_are_left_to_it(
     assert stats["peak_in_flight"] <= plan
     # what the adaptive polls learnt is the solve time, never a wait for a thread
     samples = [
-        float(x) for x in store.redis_client().lrange(store.keys().solve_times("turnstile"), 0, -1)
+        float(x)
+        for x in app.runtime().state.redis.lrange(
+            app.runtime().state.keys.solve_times("turnstile"), 0, -1
+        )
     ]
     assert max(samples) < OTHER_SOLVE_S / 2
 

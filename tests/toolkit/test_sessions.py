@@ -11,7 +11,7 @@ from requests.cookies import RequestsCookieJar
 
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.keys import Keys
-from captcha_tasks.state.sessions import (
+from captcha_tasks.toolkit.sessions import (
     Cookies,
     CookieStore,
     ReauthResult,

@@ -9,7 +9,7 @@ import pytest
 
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.keys import Keys
-from captcha_tasks.state.proxies import ProxyPool, mask, proxy_id, split
+from captcha_tasks.toolkit.proxies import ProxyPool, mask, proxy_id, split
 
 PASSWORD = "hunter2-s3cret"
 PROXIES = [f"user{i}:{PASSWORD}@10.0.0.{i}:8080" for i in range(1, 6)]

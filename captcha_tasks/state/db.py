@@ -1,0 +1,56 @@
+"""What every object of the state layer talks to: one Redis client and the key names.
+
+A Redis that does not answer turns into :class:`~captcha_tasks.errors.StoreUnavailable`
+(:meth:`Db.guard`), whose message names where that Redis was looked for (``REDIS_URL``,
+password masked): the callers fail closed with a clear error, never a raw redis-py one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import redis
+
+from ..connections import UNREACHABLE, describe
+from ..errors import StoreUnavailable
+from ..keys import Keys
+from .lua import Bound, Script
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Db:
+    """A Redis client and the key names of one deployment."""
+
+    redis: redis.Redis
+    keys: Keys
+
+    def guard(self, call: Callable[[], T], what: str = "") -> T:
+        """Run a Redis call; an unreachable Redis fails closed with a clear error."""
+        try:
+            return call()
+        except UNREACHABLE as exc:
+            raise self.unavailable(exc, what) from None
+
+    def unavailable(self, exc: BaseException, what: str = "") -> StoreUnavailable:
+        """The error for a Redis call that failed with ``exc``: where Redis was looked for
+        (password masked), redis-py's reason, and ``what`` that means for the caller."""
+        suffix = f": {what}" if what else ""
+        return StoreUnavailable(
+            f"Redis is down or REDIS_URL is wrong (REDIS_URL={describe(self.redis)}; "
+            f"{type(exc).__name__}: {exc})" + suffix
+        )
+
+    def bind(self, script: Script) -> Bound:
+        """Register ``script`` on this client (once per object that runs it)."""
+        return script.bind(self.redis)
+
+    def pipeline(self) -> Any:
+        return self.redis.pipeline(transaction=False)
+
+    def ping(self) -> None:
+        """Raise :class:`StoreUnavailable` unless Redis answers."""
+        self.guard(self.redis.ping, "nothing was sent")

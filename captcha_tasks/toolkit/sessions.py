@@ -1,0 +1,483 @@
+"""Shared login sessions: one domain's cookies in Redis, a lock, and "log in once".
+
+Many workers on many hosts scrape the same site.  They share one set of cookies per
+domain (:class:`CookieStore`) so that a stale session costs ONE login (and one captcha)
+instead of one per worker: :func:`reauthenticate` / :func:`try_reauthenticate` let the
+worker that takes the domain's :class:`SessionLock` log in while the others wait for the
+session version to change and then re-read the cookies.
+
+What is deliberately NOT shared here:
+
+* CSRF tokens.  They are bound to one page load / session and must be read fresh from
+  the page before each form submit; a shared one is wrong as soon as anybody reloads.
+* Browser signals (user agent, viewport, locale).  They are configuration that every
+  worker applies identically, not runtime state; keep them in settings.
+
+Cookie values are secrets: nothing here logs them, and :class:`Cookies` (what every read
+returns) masks them in its repr.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from http.cookiejar import CookieJar
+from types import TracebackType
+from typing import Any
+
+import redis
+from redis.exceptions import LockError
+from redis.lock import Lock
+from redis.typing import EncodableT, FieldT
+from requests.cookies import RequestsCookieJar
+
+from ..connections import redis_client
+from ..errors import ReauthTimeout, SessionBusy, SessionError
+from ..keys import Keys
+from ..settings import Settings, get_settings
+from ..state.lua import text
+
+__all__ = [
+    "Cookies",
+    "CookieStore",
+    "LockFactory",
+    "ReauthResult",
+    "ReauthStatus",
+    "ReauthTimeout",
+    "SessionBusy",
+    "SessionError",
+    "SessionLock",
+    "domain_matches",
+    "from_playwright",
+    "from_requests",
+    "reauthenticate",
+    "to_playwright",
+    "to_requests",
+    "try_reauthenticate",
+]
+
+log = logging.getLogger(__name__)
+
+_DOMAIN_RE = re.compile(r"^[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?$")
+
+
+# -- values ---------------------------------------------------------------------------
+class Cookies(dict[str, str]):
+    """Cookie name -> value, plus the store ``version`` they were read at.
+
+    A plain dict in every other way (JSON, pickling, equality); only the repr differs:
+    it shows names and masks the values, so logging one is safe.
+    """
+
+    version: int
+
+    def __init__(self, items: Mapping[str, str] | None = None, version: int = 0) -> None:
+        super().__init__(items or {})
+        self.version = version
+
+    def __repr__(self) -> str:
+        names = ", ".join(f"{name!r}: '***'" for name in self)
+        return f"Cookies({{{names}}}, version={self.version})"
+
+    __str__ = __repr__
+
+
+class ReauthStatus(StrEnum):
+    COOKIES = "cookies"  # fresh cookies are in the result
+    WAIT = "wait"  # another worker is logging in: call again after retry_after_s
+
+
+@dataclass(frozen=True)
+class ReauthResult:
+    """What :func:`try_reauthenticate` found; "not ready" is ``status == WAIT``."""
+
+    status: ReauthStatus
+    cookies: Cookies
+    retry_after_s: float = 0.0
+    logged_in: bool = False  # True when THIS call ran login()
+
+    @property
+    def ready(self) -> bool:
+        return self.status is ReauthStatus.COOKIES
+
+    @property
+    def version(self) -> int:
+        return self.cookies.version
+
+
+# -- helpers --------------------------------------------------------------------------
+
+
+def _normal_domain(domain: str) -> str:
+    """Lower-case host name without a leading dot; it becomes part of key names."""
+    if not isinstance(domain, str):
+        raise TypeError("domain must be a str")
+    host = domain.strip().lower().lstrip(".")
+    if not host or len(host) > 253 or not _DOMAIN_RE.match(host):
+        raise ValueError(f"invalid domain {domain[:80]!r}: expected a host name")
+    return host
+
+
+def _ms(seconds: float, what: str) -> int:
+    if not isinstance(seconds, int | float) or seconds <= 0:
+        raise ValueError(f"{what} must be a positive number of seconds")
+    return max(1, round(seconds * 1000))
+
+
+def _checked_cookies(cookies: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``cookies``; errors name the cookie, never its value."""
+    if not isinstance(cookies, Mapping):
+        raise TypeError("cookies must be a mapping of name -> value")
+    if not cookies:
+        raise ValueError("no cookies to save (use clear() to drop a session)")
+    clean: dict[str, str] = {}
+    for name, value in cookies.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError("cookie names must be non-empty strings")
+        if not isinstance(value, str):
+            raise TypeError(f"cookie {name!r}: value must be str, not {type(value).__name__}")
+        clean[name] = value
+    return clean
+
+
+def domain_matches(cookie_domain: str, domain: str) -> bool:
+    """Whether a browser would send a cookie of ``cookie_domain`` to host ``domain``.
+
+    ``.example.com`` (a domain cookie) matches ``example.com`` and its subdomains; a
+    host-only ``example.com`` matches exactly.  A leading dot on ``domain`` is ignored.
+    """
+    cookie_host = cookie_domain.strip().lower()
+    host = domain.strip().lower().lstrip(".")
+    if not cookie_host or not host:
+        return False
+    if cookie_host.startswith("."):
+        base = cookie_host[1:]
+        return host == base or host.endswith("." + base)
+    return cookie_host == host
+
+
+# -- cookie store ---------------------------------------------------------------------
+class CookieStore:
+    """One domain's cookies in a Redis hash with a TTL, plus a version counter.
+
+    Every :meth:`save` bumps the version, so a worker that remembers the version its
+    cookies came from can tell "somebody already logged in again" from "still stale".
+    The version key has no TTL: it must outlive the cookies to keep that comparison valid.
+    """
+
+    def __init__(self, r: redis.Redis, keys: Keys, ttl_s: float = 3600) -> None:
+        self._ttl_ms = _ms(ttl_s, "ttl_s")
+        self.redis = r
+        self.keys = keys
+
+    def __repr__(self) -> str:
+        return f"CookieStore(prefix={self.keys.prefix!r}, ttl_s={self._ttl_ms / 1000:g})"
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None, ttl_s: float = 3600) -> CookieStore:
+        """The deployment's cookie store: ``REDIS_URL`` and ``CAPTCHAAI_KEY_PREFIX``
+        (default: read from the environment)."""
+        settings = settings or get_settings()
+        return cls(redis_client(settings), Keys(settings.key_prefix), ttl_s)
+
+    def save(self, domain: str, cookies: Mapping[str, str], ttl_s: float | None = None) -> int:
+        """Replace the domain's cookies atomically; returns the new version."""
+        host = _normal_domain(domain)
+        ttl_ms = self._ttl_ms if ttl_s is None else _ms(ttl_s, "ttl_s")
+        return self._replace(host, _checked_cookies(cookies), ttl_ms)
+
+    def _replace(self, host: str, cookies: dict[str, str], ttl_ms: int) -> int:
+        # MULTI/EXEC: a reader sees the old hash or the new one, never a mix or a gap.
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self.keys.cookies(host))
+            fields: dict[FieldT, EncodableT] = {k: v for k, v in cookies.items()}
+            pipe.hset(self.keys.cookies(host), mapping=fields)
+            pipe.pexpire(self.keys.cookies(host), ttl_ms)
+            pipe.incr(self.keys.session_version(host))
+            replies = pipe.execute()
+        return int(replies[-1])
+
+    def load(self, domain: str) -> Cookies:
+        """The domain's cookies (empty when none or expired), tagged with their version."""
+        host = _normal_domain(domain)
+        with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.keys.cookies(host))
+            pipe.get(self.keys.session_version(host))
+            raw, version = pipe.execute()
+        cookies = {text(k): text(v) for k, v in raw.items()}
+        return Cookies(cookies, version=int(version or 0))
+
+    def version(self, domain: str) -> int:
+        """How many times the domain's cookies were saved (0 = never)."""
+        return int(self.redis.get(self.keys.session_version(_normal_domain(domain))) or 0)
+
+    def ttl_s(self, domain: str) -> float | None:
+        """Seconds the cookies have left, or None when there are none."""
+        left = int(self.redis.pttl(self.keys.cookies(_normal_domain(domain))))
+        return left / 1000 if left >= 0 else None
+
+    def clear(self, domain: str) -> None:
+        """Drop the cookies.  The version is kept: nobody produced a newer session."""
+        self.redis.delete(self.keys.cookies(_normal_domain(domain)))
+
+
+# -- adapters -------------------------------------------------------------------------
+def to_requests(
+    cookies: Mapping[str, str], jar: RequestsCookieJar, domain: str, path: str = "/"
+) -> RequestsCookieJar:
+    """Put ``cookies`` into a requests jar (e.g. ``session.cookies``) for ``domain``."""
+    for name, value in _checked_cookies(cookies).items():
+        jar.set(name, value, domain=domain, path=path)
+    return jar
+
+
+def from_requests(jar: CookieJar, domain: str) -> Cookies:
+    """The jar's cookies that a browser would send to ``domain`` (later ones win)."""
+    return Cookies(
+        {c.name: c.value for c in jar if c.value is not None and domain_matches(c.domain, domain)}
+    )
+
+
+def to_playwright(cookies: Mapping[str, str], domain: str, path: str = "/") -> list[dict[str, Any]]:
+    """Cookies in ``BrowserContext.add_cookies()`` format (name, value, domain, path)."""
+    return [
+        {"name": name, "value": value, "domain": domain, "path": path}
+        for name, value in _checked_cookies(cookies).items()
+    ]
+
+
+def from_playwright(cookies: Iterable[Mapping[str, Any]], domain: str) -> Cookies:
+    """The ``BrowserContext.cookies()`` entries that belong to ``domain``."""
+    kept: dict[str, str] = {}
+    for index, cookie in enumerate(cookies):
+        name, value = cookie.get("name"), cookie.get("value")
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValueError(f"cookie #{index} has no string name/value")
+        if domain_matches(str(cookie.get("domain", "")), domain):
+            kept[name] = value
+    return Cookies(kept)
+
+
+# -- lock -----------------------------------------------------------------------------
+class SessionLock:
+    """A per-domain lock with a TTL, released or extended only by its holder.
+
+    It is redis-py's :class:`redis.lock.Lock` (a random token per acquire; release and
+    extend compare it in Lua, so a holder whose lock expired cannot delete or extend the
+    next holder's lock) with a non-blocking acquire and ``False`` instead of an exception
+    where the lock is no longer ours.
+    """
+
+    def __init__(self, r: redis.Redis, keys: Keys, domain: str, ttl_ms: int = 30000) -> None:
+        if not isinstance(ttl_ms, int) or ttl_ms <= 0:
+            raise ValueError("ttl_ms must be a positive int")
+        self.domain = _normal_domain(domain)
+        self.ttl_ms = ttl_ms
+        self._lock = Lock(
+            r,
+            keys.session_lock(self.domain),
+            timeout=ttl_ms / 1000,
+            blocking=False,
+            thread_local=False,
+        )
+        self._held = False
+
+    def __repr__(self) -> str:
+        # The token stays out: with it anybody could release our lock.
+        return f"SessionLock(domain={self.domain!r}, ttl_ms={self.ttl_ms}, acquired={self.held})"
+
+    @property
+    def held(self) -> bool:
+        """Whether this instance acquired the lock and has not released it (it may
+        have expired since: :meth:`owned` asks Redis)."""
+        return self._held
+
+    def acquire(self) -> bool:
+        """Take the lock if nobody holds it; never waits."""
+        self._held = bool(self._lock.acquire(blocking=False))
+        return self._held
+
+    def release(self) -> bool:
+        """Delete the lock if it still holds our token; False if it expired meanwhile."""
+        if not self._held:
+            return False
+        self._held = False
+        try:
+            self._lock.release()
+        except LockError:
+            return False
+        return True
+
+    def extend(self, ttl_ms: int | None = None) -> bool:
+        """Reset the lock's TTL to ``ttl_ms`` (default: the original TTL) if it is ours."""
+        ttl = self.ttl_ms if ttl_ms is None else ttl_ms
+        if not isinstance(ttl, int) or ttl <= 0:
+            raise ValueError("ttl_ms must be a positive int")
+        if not self._held:
+            return False
+        try:
+            return bool(self._lock.extend(ttl / 1000, replace_ttl=True))
+        except LockError:
+            return False
+
+    def owned(self) -> bool:
+        """Whether Redis still holds our token under the lock key."""
+        return self._held and bool(self._lock.owned())
+
+    def __enter__(self) -> SessionLock:
+        if not self.acquire():
+            raise SessionBusy(f"session lock for {self.domain} is held by another worker")
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+
+LockFactory = Callable[[str], SessionLock]
+
+
+class _KeepAlive:
+    """Extends a held lock in the background while login() runs: a slow login (it may
+    solve a captcha) must not outlive the lock and let a second worker log in too."""
+
+    def __init__(self, lock: SessionLock) -> None:
+        self._lock = lock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="session-lock-keepalive")
+        self._thread.daemon = True
+
+    def __enter__(self) -> _KeepAlive:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._lock.ttl_ms / 3000):
+            try:
+                if not self._lock.extend():
+                    log.warning("lost the session lock for %s during login", self._lock.domain)
+                    return
+            except redis.RedisError as exc:
+                log.warning("cannot extend the session lock for %s: %s", self._lock.domain, exc)
+                return
+
+
+# -- re-authenticate once ---------------------------------------------------------------
+def _lock_factory(
+    store: CookieStore, locks: LockFactory | tuple[redis.Redis, Keys] | None
+) -> LockFactory:
+    if callable(locks):
+        return locks
+    r, keys = locks if locks is not None else (store.redis, store.keys)
+
+    def make(domain: str) -> SessionLock:
+        return SessionLock(r, keys, domain)
+
+    return make
+
+
+@dataclass(frozen=True)
+class _Reauth:
+    store: CookieStore
+    make_lock: LockFactory
+    domain: str
+    login: Callable[[], Mapping[str, str]]
+    seen_version: int
+
+    def fresh(self, cookies: Cookies) -> bool:
+        # "!=" rather than ">": the counter only grows, and if it was ever deleted a
+        # restart from 0 still counts as "changed".
+        return bool(cookies) and cookies.version != self.seen_version
+
+    def attempt(self, retry_after_s: float) -> ReauthResult:
+        """One non-blocking step: fresh cookies, or log in under the lock, or WAIT."""
+        current = self.store.load(self.domain)
+        if self.fresh(current):
+            return ReauthResult(ReauthStatus.COOKIES, current)
+        lock = self.make_lock(self.domain)
+        if not lock.acquire():
+            return ReauthResult(ReauthStatus.WAIT, Cookies(version=current.version), retry_after_s)
+        try:
+            return self._login_locked(lock)
+        finally:
+            lock.release()
+
+    def _login_locked(self, lock: SessionLock) -> ReauthResult:
+        # Someone may have finished between our read and our acquire: check again.
+        current = self.store.load(self.domain)
+        if self.fresh(current):
+            return ReauthResult(ReauthStatus.COOKIES, current)
+        log.info("re-authenticating %s (stale version %d)", self.domain, self.seen_version)
+        with _KeepAlive(lock):
+            cookies = _checked_cookies(self.login())
+        version = self.store.save(self.domain, cookies)
+        return ReauthResult(ReauthStatus.COOKIES, Cookies(cookies, version), logged_in=True)
+
+
+def try_reauthenticate(
+    store: CookieStore,
+    locks: LockFactory | tuple[redis.Redis, Keys] | None,
+    domain: str,
+    login: Callable[[], Mapping[str, str]],
+    *,
+    seen_version: int,
+    retry_after_s: float = 1.0,
+) -> ReauthResult:
+    """Non-blocking "re-authenticate once", for Celery tasks.
+
+    ``seen_version`` is the version of the cookies found stale (``Cookies.version``).
+    Returns COOKIES when a newer session exists or this call logged in (login() runs
+    here, under the lock), or WAIT while another worker is logging in: reschedule with
+    ``countdown=result.retry_after_s`` and call again.  ``locks`` is a lock factory,
+    an ``(r, keys)`` pair, or None for the store's own connection.
+    """
+    if retry_after_s <= 0:
+        raise ValueError("retry_after_s must be positive")
+    job = _Reauth(store, _lock_factory(store, locks), _normal_domain(domain), login, seen_version)
+    return job.attempt(retry_after_s)
+
+
+def reauthenticate(
+    store: CookieStore,
+    locks: LockFactory | tuple[redis.Redis, Keys] | None,
+    domain: str,
+    login: Callable[[], Mapping[str, str]],
+    *,
+    seen_version: int,
+    wait_s: float = 30.0,
+    poll_s: float = 0.1,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Cookies:
+    """Blocking "re-authenticate once", for plain scraping code (not Celery tasks).
+
+    Returns cookies newer than ``seen_version``: stored ones if another worker already
+    logged in, else the ones this call's login() produced (only the lock holder runs
+    it; the others poll every ``poll_s``).  Raises :class:`ReauthTimeout` after
+    ``wait_s``; a login() error is re-raised after the lock is released.
+    """
+    if wait_s <= 0 or poll_s <= 0:
+        raise ValueError("wait_s and poll_s must be positive")
+    job = _Reauth(store, _lock_factory(store, locks), _normal_domain(domain), login, seen_version)
+    deadline = clock() + wait_s
+    while True:
+        result = job.attempt(poll_s)
+        if result.ready:
+            return result.cookies
+        left = deadline - clock()
+        if left <= 0:
+            raise ReauthTimeout(f"no fresh session for {job.domain} within {wait_s:g}s")
+        sleep(min(poll_s, left))

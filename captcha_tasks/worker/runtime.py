@@ -1,0 +1,85 @@
+"""What one process needs to run captcha-tasks: built in one place, handed to the rest.
+
+A :class:`Runtime` holds the process's settings, its Redis state
+(:class:`~captcha_tasks.state.State`), the API client and the :class:`~.adapter.Runner`
+built on them.  The package's Celery app (:mod:`.app`) builds one per process when it is
+first needed, from the environment; a forked worker child builds its own.  An entry point
+or a test that wants other settings hands the app a runtime of its own
+(:meth:`~.app.App.use`).  Nothing below this module fetches a shared object from a global.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from ..client import CaptchaAIClient, Timeout
+from ..errors import ConfigurationError
+from ..settings import Settings
+from ..state import State
+from .adapter import Runner
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+T = TypeVar("T")
+
+
+def api_client(settings: Settings) -> CaptchaAIClient:
+    """The API client of ``settings``: one pooled HTTP session, the key from settings."""
+    if not settings.api_key:
+        raise ConfigurationError(
+            "CAPTCHAAI_API_KEY is not set: the API calls of workers and of "
+            "`captcha-tasks account` need the account key"
+        )
+    return CaptchaAIClient(
+        settings.base_url,
+        settings.api_key,
+        timeout=Timeout(settings.connect_timeout, settings.read_timeout),
+    )
+
+
+class Runtime:
+    """The settings, Redis state, API client and runner of one process."""
+
+    def __init__(
+        self,
+        app: Celery,
+        settings: Settings,
+        state: State | None = None,
+        api: CaptchaAIClient | None = None,
+    ) -> None:
+        self.app = app
+        self.settings = settings
+        self.state = state if state is not None else State.build(settings)
+        self._api = api
+        self._lock = threading.Lock()
+        self._resources: dict[str, Any] = {}
+        self.runner = Runner(app, settings, self.state, self.api)
+
+    def api(self) -> CaptchaAIClient:
+        """The API client (built on first use: only workers and some commands hold the
+        key; :class:`ConfigurationError` without one)."""
+        if self._api is None:
+            with self._lock:
+                if self._api is None:
+                    self._api = api_client(self.settings)
+        return self._api
+
+    def resource(self, name: str, build: Callable[[], T]) -> T:
+        """An object an upper layer keeps for as long as this runtime lives (the asyncio
+        API's connections, say): built once, on first use.  A new runtime (in a forked
+        child, or after ``app.use``) starts without any."""
+        with self._lock:
+            if name not in self._resources:
+                self._resources[name] = build()
+            return cast(T, self._resources[name])
+
+    def register_configured(self) -> int:
+        """Register the pools of ``CAPTCHAAI_POOLS`` and the proxies of
+        ``CAPTCHAAI_PROXIES`` in Redis (idempotent); returns the pools registered."""
+        self.state.pools.ensure_declared()
+        if self.settings.proxies:
+            self.state.proxies.add(*self.settings.proxies)
+        return len(self.settings.pools)
