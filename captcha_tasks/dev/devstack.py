@@ -28,7 +28,7 @@ import requests
 
 from ..errors import ConfigurationError
 from ..settings import QUEUE_KINDS
-from .sandbox import FIRST_CAPTCHA_ID
+from .sandbox import FIRST_CAPTCHA_ID, journal_path
 
 
 def queue_names(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -287,7 +287,9 @@ class SandboxProcess(_Process):
     Each start numbers its captchas from ``first_id`` + :data:`RESTART_ID_STEP` × the
     restarts so far: a fresh process knows nothing of the captchas of the one it replaces
     (they are ``ERROR_WRONG_CAPTCHA_ID``), and never reissues their ids, as a real provider
-    never does.  ``options`` are more ``captcha-tasks sandbox`` options (``--threads 15``).
+    never does.  Every process of it journals the captchas it accepted to one file, so
+    :meth:`paid` counts them across kills.  ``options`` are more ``captcha-tasks sandbox``
+    options (``--threads 15``).
     """
 
     def __init__(
@@ -310,6 +312,7 @@ class SandboxProcess(_Process):
         self.first_id = first_id
         self.restarts = 0
         self.env = {**os.environ, **(env or {})}
+        self.journal = journal_path(self.log_dir, name)
 
     def argv(self) -> list[str]:
         first_id = self.first_id + self.restarts * RESTART_ID_STEP
@@ -317,6 +320,7 @@ class SandboxProcess(_Process):
             sys.executable, "-m", "captcha_tasks.cli", "sandbox",
             "--provider", f"{self.provider}:{self.port}:{self.api_key}",
             "--first-id", str(first_id),
+            "--journal-dir", str(self.log_dir),
             *self.options,
         ]  # fmt: skip
 
@@ -342,6 +346,14 @@ class SandboxProcess(_Process):
         self.restarts += 1
         self.start(timeout)
         return time.monotonic() - stopped
+
+    def paid(self) -> list[dict[str, Any]]:
+        """Every captcha any process of this provider accepted (``id``, ``method``,
+        ``sitekey``, ``pageurl``, ``at``), in order, the killed ones' included."""
+        if not self.journal.exists():
+            return []
+        lines = self.journal.read_text(encoding="utf-8").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
 
     def stats(self) -> dict[str, Any]:
         """``GET /sandbox/stats``: this process's counters, config and faults."""

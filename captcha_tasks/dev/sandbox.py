@@ -54,8 +54,9 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 from urllib.parse import parse_qs
 
 from cheroot import wsgi
@@ -69,6 +70,7 @@ __all__ = [
     "OUTAGE_MODES",
     "SandboxConfig",
     "SandboxServer",
+    "journal_path",
     "serve",
     "wsgi_app",
 ]
@@ -707,6 +709,18 @@ class _Hang:
     then: _Reply | None
 
 
+def _open_journal(path: Path | None) -> IO[str] | None:
+    # Line-buffered: each line reaches the OS before in.php answers, so it survives a
+    # SIGKILL of this process.
+    return None if path is None else path.open("a", buffering=1, encoding="utf-8")
+
+
+def _journal_line(captcha_id: str, spec: _Submission) -> str:
+    """A paid captcha, as the journal records it: what was solved, not how (no proxy)."""
+    fields = {"id": captcha_id, "method": spec.method, "sitekey": spec.sitekey}
+    return json.dumps({**fields, "pageurl": spec.pageurl, "at": time.time()}) + "\n"
+
+
 def _refusal(fault: _Reply | _Hang) -> str:
     """Why a submit met by ``fault`` created no captcha, for the stats."""
     reply = fault.then if isinstance(fault, _Hang) else fault
@@ -726,7 +740,9 @@ _OUTAGE_FIELDS = frozenset({"outage_s", "outage_in", "outage_mode"})
 class _State:
     """Everything the sandbox knows, behind one lock; independent of HTTP."""
 
-    def __init__(self, config: SandboxConfig, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, config: SandboxConfig, clock: Callable[[], float], journal: Path | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
         self._config = dataclasses.replace(config)
@@ -757,6 +773,13 @@ class _State:
         self._hang_gate = threading.Event()
         #: Set on every config change: wakes the server's outage supervisor.
         self.changed = threading.Event()
+        self._journal = _open_journal(journal)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._journal is not None:
+                self._journal.close()
+                self._journal = None
 
     # -- config and stats --------------------------------------------------------------
     def config(self) -> SandboxConfig:
@@ -1051,6 +1074,8 @@ class _State:
         self._by_method[spec.method] = self._by_method.get(spec.method, 0) + 1
         if self._captchas_left is not None:
             self._captchas_left -= 1
+        if self._journal is not None:
+            self._journal.write(_journal_line(captcha_id, spec))
         return captcha_id
 
     def _solve(self, captcha: _Captcha, spec: _Submission, expires_at: float) -> None:
@@ -1415,6 +1440,8 @@ class SandboxServer:
 
     The socket is bound on construction, so :attr:`url` is known before :meth:`start`.  An
     outage window of mode "refuse" really closes it, and reopens it on the same port.
+    With a ``journal``, every captcha it accepts (and so is paid for) is appended to that
+    file as a JSON line before ``in.php`` answers: the count survives a SIGKILL.
     """
 
     def __init__(
@@ -1423,8 +1450,9 @@ class SandboxServer:
         host: str = "127.0.0.1",
         port: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        journal: Path | None = None,
     ) -> None:
-        self._state = _State(config if config is not None else SandboxConfig(), clock)
+        self._state = _State(config if config is not None else SandboxConfig(), clock, journal)
         self._app = wsgi_app(self._state)
         listener = _Listener(self._app, host, port)
         self._listener: _Listener | None = listener
@@ -1517,6 +1545,7 @@ class SandboxServer:
         if self._listener is not None:
             self._listener.close()
         self._state.caller.stop()
+        self._state.close()
 
     def __enter__(self) -> SandboxServer:
         if self._supervisor is None:
@@ -1554,14 +1583,18 @@ class SandboxServer:
         return config
 
 
-def serve(host: str, providers: Mapping[int, SandboxConfig]) -> None:
+def serve(
+    host: str, providers: Mapping[int, SandboxConfig], journal_dir: Path | None = None
+) -> None:
     """Run one sandbox per ``port: config`` in the foreground until interrupted (Ctrl-C or
-    SIGTERM).  Raises ``OSError`` naming the port when one cannot be bound."""
+    SIGTERM), each journaling its paid captchas to ``journal_dir/<name>.paid.jsonl`` when
+    given.  Raises ``OSError`` naming the port when one cannot be bound."""
     servers: list[SandboxServer] = []
     try:
         for port, config in providers.items():
+            journal = journal_path(journal_dir, config.name) if journal_dir else None
             try:
-                servers.append(SandboxServer(config, host, port))
+                servers.append(SandboxServer(config, host, port, journal=journal))
             except OSError as exc:
                 raise OSError(
                     exc.errno, f"cannot listen on {host}:{port} ({config.name}): {exc.strerror}"
@@ -1576,6 +1609,11 @@ def serve(host: str, providers: Mapping[int, SandboxConfig]) -> None:
     finally:
         for server in servers:
             server.stop()
+
+
+def journal_path(directory: Path, provider: str) -> Path:
+    """Where :func:`serve` journals the captchas ``provider`` accepted."""
+    return directory / f"{provider}.paid.jsonl"
 
 
 def _wait_for_a_stop_signal() -> None:

@@ -70,6 +70,12 @@ changes its faults while it runs.
     type=int,
     help=f"First captcha id (provider n: + n × {PROVIDER_ID_SPAN:,}).",
 )
+@click.option(
+    "--journal-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Append each captcha accepted (paid) to DIR/NAME.paid.jsonl: it survives a SIGKILL.",
+)
 @click.option("--threads", default=15, show_default=True, type=int, help="Provider threads.")
 @click.option("--solve-time", default=1.5, show_default=True, type=float, help="Mean seconds.")
 @click.option("--jitter", default=0.3, show_default=True, type=float, help="± seconds.")
@@ -125,6 +131,7 @@ def sandbox(
     providers_file: Path | None,
     colliding_ids: bool,
     first_id: int,
+    journal_dir: Path | None,
     seed: int | None,
     api_keys: tuple[str, ...],
     token_ttl: float | None,
@@ -142,7 +149,9 @@ def sandbox(
         base, entries, first_id=first_id, seed=seed, colliding_ids=colliding_ids
     )
     try:
-        serve(host, providers)
+        if journal_dir is not None:
+            journal_dir.mkdir(parents=True, exist_ok=True)
+        serve(host, providers, journal_dir)
     except OSError as exc:
         raise click.ClickException(exc.strerror or str(exc)) from None
 

@@ -1121,3 +1121,9 @@ def test_a_killed_sandbox_process_restarts_on_the_same_port(tmp_path: Path) -> N
     assert new.text == f"OK|{FIRST_CAPTCHA_ID + RESTART_ID_STEP}"  # never an id of the dead one
     assert stale.text == "ERROR_WRONG_CAPTCHA_ID"  # a fresh process knows nothing of it
     assert (stats["provider"], stats["submits"]) == ("primary", 1)
+    # What the killed process accepted was paid for: its journal line survived the kill.
+    paid = process.paid()
+    assert [entry["id"] for entry in paid] == [old.text[3:], new.text[3:]]
+    assert {(e["method"], e["sitekey"], e["pageurl"]) for e in paid} == {
+        (TURNSTILE["method"], TURNSTILE["sitekey"], TURNSTILE["pageurl"])
+    }
