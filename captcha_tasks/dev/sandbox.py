@@ -1461,6 +1461,7 @@ class SandboxServer:
         self._lock = threading.Lock()
         self._supervisor: threading.Thread | None = None
         self._stopped = False
+        self._reopen_failed = False
 
     @property
     def port(self) -> int:
@@ -1524,8 +1525,11 @@ class SandboxServer:
                 try:
                     listener = _Listener(self._app, self._host, self._port)
                 except OSError as exc:  # the port was taken meanwhile: try again soon
-                    print(f"sandbox: cannot reopen port {self._port}: {exc}", file=sys.stderr)
+                    if not self._reopen_failed:
+                        print(f"sandbox: cannot reopen port {self._port}: {exc}", file=sys.stderr)
+                    self._reopen_failed = True
                     return True
+                self._reopen_failed = False
                 self._state.listener_opened()
                 if serving:
                     listener.thread.start()
