@@ -1,4 +1,5 @@
-"""Start the local parts of a stack: a Redis-compatible server, Celery workers and beat.
+"""Start the local parts of a stack: a Redis-compatible server, Celery workers and beat, and
+sandbox providers in processes of their own.
 
 Used by ``captcha-tasks quickstart``, the test harness and the benchmark scripts.  Every
 process started here is stopped by its ``stop()`` (or the context manager), never left
@@ -20,12 +21,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import redis
+import requests
 
 from ..errors import ConfigurationError
 from ..settings import QUEUE_KINDS
+from .sandbox import FIRST_CAPTCHA_ID, journal_path
 
 
 def queue_names(env: Mapping[str, str]) -> tuple[str, ...]:
@@ -270,3 +273,94 @@ class CeleryProcess(ChildProcess):
         if not self.alive():
             raise RuntimeError(f"{self.node} exited early:\n{self.log_text()[-3000:]}")
         return marker in self.log_text()
+
+
+#: How much higher a restarted :class:`SandboxProcess` numbers its captchas (well below
+#: ``sandbox_cli.PROVIDER_ID_SPAN``, so restarts stay clear of other providers' ids).
+RESTART_ID_STEP = 1_000_000
+
+
+class SandboxProcess(ChildProcess):
+    """``captcha-tasks sandbox`` as a child process: one provider on its own port, to be
+    SIGKILLed (:meth:`kill`) and started afresh on the same port (:meth:`restart`).
+
+    Each start numbers its captchas from ``first_id`` + :data:`RESTART_ID_STEP` × the
+    restarts so far: a fresh process knows nothing of the captchas of the one it replaces
+    (they are ``ERROR_WRONG_CAPTCHA_ID``), and never reissues their ids, as a real provider
+    never does.  Every process of it journals the captchas it accepted to one file, so
+    :meth:`paid` counts them across kills.  ``options`` are more ``captcha-tasks sandbox``
+    options (``--threads 15``).
+    """
+
+    def __init__(
+        self,
+        name: str = "sandbox",
+        api_key: str = "sandbox-key",
+        *,
+        port: int | None = None,
+        options: Sequence[str] = (),
+        first_id: int = FIRST_CAPTCHA_ID,
+        log_dir: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        super().__init__(f"sandbox-{name}-{self.port}", log_dir)
+        self.provider = name
+        self.api_key = api_key
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.options = list(options)
+        self.first_id = first_id
+        self.restarts = 0
+        self.env = {**os.environ, **(env or {})}
+        self.journal = journal_path(self.log_dir, name)
+
+    def argv(self) -> list[str]:
+        first_id = self.first_id + self.restarts * RESTART_ID_STEP
+        return [
+            sys.executable, "-m", "captcha_tasks.cli", "sandbox",
+            "--provider", f"{self.provider}:{self.port}:{self.api_key}",
+            "--first-id", str(first_id),
+            "--journal-dir", str(self.log_dir),
+            *self.options,
+        ]  # fmt: skip
+
+    def start(self, timeout: float = 30) -> Self:
+        self._spawn(self.argv(), self.env)
+        wait_until(self._serving, timeout, what=f"the sandbox {self.name}")
+        return self
+
+    def _serving(self) -> bool:
+        if not self.alive():
+            raise RuntimeError(f"{self.name} exited early:\n{self.log_text()[-3000:]}")
+        try:
+            return requests.get(f"{self.url}/health", timeout=1).text == "ok"
+        except requests.RequestException:
+            return False
+
+    def restart(self, down_s: float = 0.0, timeout: float = 30) -> float:
+        """SIGKILL it (a crash), stay down ``down_s`` seconds, start a fresh process on the
+        same port.  Returns the seconds it did not answer."""
+        stopped = time.monotonic()
+        self.kill()
+        time.sleep(down_s)  # an outage of a chosen length, not a synchronisation
+        self.restarts += 1
+        self.start(timeout)
+        return time.monotonic() - stopped
+
+    def paid(self) -> list[dict[str, Any]]:
+        """Every captcha any process of this provider accepted (``id``, ``method``,
+        ``sitekey``, ``pageurl``, ``at``), in order, the killed ones' included."""
+        if not self.journal.exists():
+            return []
+        lines = self.journal.read_text(encoding="utf-8").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def stats(self) -> dict[str, Any]:
+        """``GET /sandbox/stats``: this process's counters, config and faults."""
+        return dict(requests.get(f"{self.url}/sandbox/stats", timeout=5).json())
+
+    def configure(self, **changes: Any) -> dict[str, Any]:
+        """``POST /sandbox/config``: faults and settings changed while it runs."""
+        resp = requests.post(f"{self.url}/sandbox/config", json=changes, timeout=5)
+        resp.raise_for_status()
+        return dict(resp.json())

@@ -17,11 +17,17 @@ It is a real HTTP server, not a mock: tests, demos and benchmarks point a client
   and a drop rate (see :mod:`.callbacks`);
 * a ``/siteverify`` endpoint that checks tokens the way a protected site would: single
   use, with a lifetime that starts when the captcha is solved;
-* admin endpoints: ``GET /sandbox/stats``, ``POST /sandbox/reset``, ``POST /sandbox/config``,
-  ``GET /sandbox/ready?ids=...`` (when each answer was ready, for latency benchmarks) and
-  ``GET /health``.
+* an account balance that runs out after ``balance_captchas`` captchas (``ERROR_ZERO_BALANCE``,
+  ``getbalance`` 0) until it is refilled;
+* an outage window: the listener really closed (connections refused) and reopened on the
+  same port, HTTP 503 answers, or requests that hang and are never processed;
+* admin endpoints: ``GET /sandbox/stats``, ``POST /sandbox/reset``, ``POST /sandbox/config``
+  (every fault can be switched there while a batch runs), ``GET /sandbox/ready?ids=...``
+  (when each answer was ready, for latency benchmarks) and ``GET /health``.
 
-Run it with ``captcha-tasks sandbox --port 8765`` or :func:`serve`, or embed it::
+One :class:`SandboxServer` is one provider account: its own port, keys, threads, balance,
+captcha ids and counters.  Run several with ``captcha-tasks sandbox --provider ...`` or
+:func:`serve`, or embed them::
 
     with SandboxServer(SandboxConfig(threads=2, solve_time=0.2)) as sandbox:
         client = CaptchaAIClient(sandbox.url, "sandbox-key")
@@ -31,12 +37,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import dataclasses
 import heapq
 import json
 import math
 import random
 import signal
+import socket
 import string
 import sys
 import threading
@@ -46,8 +54,9 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
+from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 from urllib.parse import parse_qs
 
 from cheroot import wsgi
@@ -56,9 +65,12 @@ from .callbacks import Caller
 
 __all__ = [
     "DEFAULT_TOKEN_TTL",
+    "FIRST_CAPTCHA_ID",
     "METHODS",
+    "OUTAGE_MODES",
     "SandboxConfig",
     "SandboxServer",
+    "journal_path",
     "serve",
     "wsgi_app",
 ]
@@ -89,6 +101,9 @@ DEFAULT_TOKEN_TTL: Mapping[str, float] = {
 DEFAULT_PORT = 8765
 FIRST_CAPTCHA_ID = 70_000_000
 MAX_BULK_IDS = 100
+#: What an outage window does: close the listener (connections refused), answer protocol
+#: requests with HTTP 503, or hang them (never processed; HTTP 504 once the window is over).
+OUTAGE_MODES = ("refuse", "503", "hang")
 
 _TOKEN_PREFIX = {
     "userrecaptcha": "03A",
@@ -121,6 +136,10 @@ SERVER_THREADS = 32
 #: Seconds after a 429 during which other requests were already on their way to us: only
 #: later ones count as ignoring its Retry-After.
 _IN_FLIGHT_GRACE = 1.0
+#: How often (real seconds) the server looks at its clock while an outage window is ahead or
+#: under way: often enough for a test's fake clock, which notifies nobody when it moves.
+_OUTAGE_TICK = 0.05
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
 
 _TEXT = "text/plain"
 _JSON = "application/json"
@@ -133,6 +152,15 @@ _HTML_500 = (
 _HTML_200 = (
     b"<!DOCTYPE html><html><head><title>Just a moment...</title></head><body>"
     b"<h1>Checking your browser before accessing the site.</h1></body></html>"
+)
+_HTML_503 = (
+    b"<html><head><title>503 Service Temporarily Unavailable</title></head><body>"
+    b"<center><h1>503 Service Temporarily Unavailable</h1></center><hr><center>nginx</center>"
+    b"</body></html>"
+)
+_HTML_504 = (
+    b"<html><head><title>504 Gateway Time-out</title></head><body>"
+    b"<center><h1>504 Gateway Time-out</h1></center><hr><center>nginx</center></body></html>"
 )
 
 _COUNTERS = (
@@ -156,6 +184,9 @@ _COUNTERS = (
     "pingbacks_scheduled",
     "pingbacks_dropped",
     "pingbacks_unregistered",
+    "outage_503",
+    "outage_hangs",
+    "listener_closes",
 )
 
 
@@ -198,6 +229,21 @@ class SandboxConfig:
     #: Beyond the plan's threads, accept captchas and let them wait for a free thread (as
     #: CaptchaAI's SDK says its API does), instead of answering ``thread_error``.
     queue_silently: bool = False
+    #: The provider's name, shown in its stats and start-up line.
+    name: str = "sandbox"
+    #: The first captcha id it issues (then +1 each).  Two sandboxes with the same one issue
+    #: colliding ids, as two providers may.  Fixed once it runs.
+    first_id: int = FIRST_CAPTCHA_ID
+    #: Captchas accepted before the balance runs out; then every submit is refused with
+    #: ``ERROR_ZERO_BALANCE`` and ``getbalance`` answers 0.  Counted from when it is set:
+    #: setting it again refills.  None: never runs out.
+    balance_captchas: int | None = None
+    #: An outage window ``outage_s`` seconds long (0: none), starting ``outage_in`` seconds
+    #: after the sandbox starts or after any ``outage_*`` field is set at run time.
+    outage_s: float = 0.0
+    outage_in: float = 0.0
+    #: One of :data:`OUTAGE_MODES`.
+    outage_mode: str = "refuse"
 
     def __post_init__(self) -> None:
         # Values also arrive as JSON from POST /sandbox/config, so check types, not just ranges.
@@ -226,6 +272,19 @@ class SandboxConfig:
         self.pingback_drop_rate = _check_number(
             "pingback_drop_rate", self.pingback_drop_rate, 0.0, 1.0
         )
+        self._check_provider()
+
+    def _check_provider(self) -> None:
+        if not isinstance(self.name, str) or not self.name or set(self.name) - _NAME_CHARS:
+            raise ValueError(f"name must be letters, digits, '_', '.' or '-', got {self.name!r}")
+        self.first_id = _check_int("first_id", self.first_id, minimum=1)
+        if self.balance_captchas is not None:
+            self.balance_captchas = _check_int("balance_captchas", self.balance_captchas, 0)
+        self.outage_s = _check_number("outage_s", self.outage_s, 0.0)
+        self.outage_in = _check_number("outage_in", self.outage_in, 0.0)
+        if self.outage_mode not in OUTAGE_MODES:
+            modes = ", ".join(OUTAGE_MODES)
+            raise ValueError(f"outage_mode must be one of {modes}, got {self.outage_mode!r}")
 
     def ttl_for(self, method: str) -> float:
         """Token lifetime in seconds for a captcha method."""
@@ -621,18 +680,74 @@ class _Token:
     used: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class _Outage:
+    """An outage window on the sandbox's clock."""
+
+    mode: str
+    start: float
+    end: float
+
+    def active(self, now: float) -> bool:
+        return self.start <= now < self.end
+
+
+def _outage_from(config: SandboxConfig, now: float) -> _Outage | None:
+    if config.outage_s <= 0:
+        return None
+    start = now + config.outage_in
+    return _Outage(config.outage_mode, start, start + config.outage_s)
+
+
+@dataclass(frozen=True, slots=True)
+class _Hang:
+    """A request held ``seconds`` (real time) or until ``gate`` opens; then it answers
+    ``then``, or is served after all when ``then`` is None."""
+
+    seconds: float
+    gate: threading.Event
+    then: _Reply | None
+
+
+def _open_journal(path: Path | None) -> IO[str] | None:
+    # Line-buffered: each line reaches the OS before in.php answers, so it survives a
+    # SIGKILL of this process.
+    return None if path is None else path.open("a", buffering=1, encoding="utf-8")
+
+
+def _journal_line(captcha_id: str, spec: _Submission) -> str:
+    """A paid captcha, as the journal records it: what was solved, not how (no proxy)."""
+    fields = {"id": captcha_id, "method": spec.method, "sitekey": spec.sitekey}
+    return json.dumps({**fields, "pageurl": spec.pageurl, "at": time.time()}) + "\n"
+
+
+def _refusal(fault: _Reply | _Hang) -> str:
+    """Why a submit met by ``fault`` created no captcha, for the stats."""
+    reply = fault.then if isinstance(fault, _Hang) else fault
+    if reply is None or reply is _GATEWAY_TIMEOUT:
+        return "hang"
+    return f"HTTP_{reply.status}"
+
+
+_UNAVAILABLE = _Reply(503, _HTML, _HTML_503)
+_GATEWAY_TIMEOUT = _Reply(504, _HTML, _HTML_504)
+_OUTAGE_FIELDS = frozenset({"outage_s", "outage_in", "outage_mode"})
+
+
 # -- state -------------------------------------------------------------------------------
 
 
 class _State:
     """Everything the sandbox knows, behind one lock; independent of HTTP."""
 
-    def __init__(self, config: SandboxConfig, clock: Callable[[], float]) -> None:
+    def __init__(
+        self, config: SandboxConfig, clock: Callable[[], float], journal: Path | None = None
+    ) -> None:
         self._lock = threading.Lock()
         self._clock = clock
         self._config = dataclasses.replace(config)
         self._rng = random.Random(config.seed)
-        self._next_id = FIRST_CAPTCHA_ID
+        self._next_id = config.first_id
         self._captchas: dict[str, _Captcha] = {}
         self._tokens: dict[str, _Token] = {}
         self._by_age: deque[_Captcha] = deque()
@@ -644,11 +759,27 @@ class _State:
         # reset() bumps the epoch so "read at least once" is counted afresh.
         self._epoch = 0
         self._pingback_addrs: set[str] = set()
-        self.stopping = threading.Event()
         # When the last 429's Retry-After window opened and until when it asks clients to
         # stay away.
         self._retry_window = (-math.inf, -math.inf)
         self.caller = Caller(clock)
+        # Submits that created no captcha, by reason (an error code, HTTP_503, ...).
+        self._refusals: dict[str, int] = {}
+        self._captchas_left = config.balance_captchas
+        self._outage = _outage_from(config, clock())
+        # Hangs end when their gate opens: ``_drop`` when the listener closes or the server
+        # stops; ``_hang_gate`` (requests hung by a "hang" window) also when the window ends.
+        self._drop = threading.Event()
+        self._hang_gate = threading.Event()
+        #: Set on every config change: wakes the server's outage supervisor.
+        self.changed = threading.Event()
+        self._journal = _open_journal(journal)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._journal is not None:
+                self._journal.close()
+                self._journal = None
 
     # -- config and stats --------------------------------------------------------------
     def config(self) -> SandboxConfig:
@@ -666,10 +797,19 @@ class _State:
         if unknown:
             raise ValueError(f"unknown config field(s): {', '.join(unknown)}")
         with self._lock:
-            self._config = dataclasses.replace(self._config, **changes)
+            config = dataclasses.replace(self._config, **changes)
+            if config.first_id != self._config.first_id:
+                # Changing it could reissue ids already given out.
+                raise ValueError("first_id can only be set at start")
+            self._config = config
             if "seed" in changes:
-                self._rng.seed(self._config.seed)
-            return dataclasses.replace(self._config)
+                self._rng.seed(config.seed)
+            if "balance_captchas" in changes:
+                self._captchas_left = config.balance_captchas
+            if _OUTAGE_FIELDS & set(changes):
+                self._outage = _outage_from(config, self._clock())
+            self.changed.set()
+            return dataclasses.replace(config)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -690,14 +830,30 @@ class _State:
                 1 for c in orphans if c.error == "ERROR_CAPTCHA_UNSOLVABLE"
             )
             data["submits_by_method"] = dict(self._by_method)
+            data["refused_submits"] = dict(self._refusals)
+            data["provider"] = self._config.name
+            data["balance"] = {"value": self._balance(), "captchas_left": self._captchas_left}
+            data["outage"] = self._outage_status()
             data["config"] = self._config.public_dict()
             data.update(self.caller.counts)
             return data
+
+    def _outage_status(self) -> dict[str, Any] | None:
+        window, now = self._outage, self._clock()
+        if window is None or now >= window.end:
+            return None
+        return {
+            "mode": window.mode,
+            "active": window.active(now),
+            "starts_in": max(0.0, window.start - now),
+            "ends_in": window.end - now,
+        }
 
     def reset(self) -> None:
         with self._lock:
             self._counts = dict.fromkeys(_COUNTERS, 0)
             self._by_method = dict.fromkeys(METHODS, 0)
+            self._refusals = {}
             self._peak = 0
             self._epoch += 1
             self.caller.counts.update(dict.fromkeys(self.caller.counts, 0))
@@ -709,17 +865,13 @@ class _State:
             now = self._clock()
             self._counts["in_php_requests"] += 1
             config = self._config
-            problem = self._key_error(params)
-            if problem is not None:
-                return _fail(problem, json_mode)
-            validator = _VALIDATORS.get(params.get("method", "").strip())
-            if validator is None:
-                return _fail("ERROR_BAD_PARAMETERS", json_mode)
-            spec = validator(params, config)
+            spec = self._submission(params)
             if isinstance(spec, str):
+                self._refused(spec)
                 return _fail(spec, json_mode)
             injected = self._maybe_inject(json_mode)
             if injected is not None:
+                self._refused("injected")
                 return injected
             self._prune(now)
             in_flight = self._release(now)
@@ -727,6 +879,7 @@ class _State:
             if in_flight >= config.threads:
                 if not config.queue_silently:
                     self._counts["thread_rejections"] += 1
+                    self._refused(config.thread_error)
                     return _fail(config.thread_error, json_mode)
                 self._counts["queued_silently"] += 1
                 start = heapq.nsmallest(in_flight - config.threads + 1, self._busy)[-1]
@@ -734,6 +887,24 @@ class _State:
             captcha_id = self._create(spec, start)
             self._call_back(self._captchas[captcha_id], params.get("pingback", "").strip())
             return _api(True, captcha_id, json_mode, f"OK|{captcha_id}")
+
+    def _submission(self, params: Mapping[str, str]) -> _Submission | str:
+        """The captcha an in.php request asks for, or the error code refusing it."""
+        problem = self._key_error(params)
+        if problem is not None:
+            return problem
+        if self._captchas_left == 0:
+            return "ERROR_ZERO_BALANCE"
+        validator = _VALIDATORS.get(params.get("method", "").strip())
+        if validator is None:
+            return "ERROR_BAD_PARAMETERS"
+        return validator(params, self._config)
+
+    def _refused(self, reason: str) -> None:
+        self._refusals[reason] = self._refusals.get(reason, 0) + 1
+
+    def _balance(self) -> float:
+        return 0.0 if self._captchas_left == 0 else self._config.balance
 
     def _call_back(self, captcha: _Captcha, url: str) -> None:
         """Schedule the captcha's callback, as its provider would make it."""
@@ -762,23 +933,82 @@ class _State:
             found = (self._captchas.get(i) for i in ids)
             return {c.captcha_id: c.ready_at + offset for c in found if c is not None}
 
-    def transport_fault(self) -> _Reply | float | None:
-        """An injected hang (seconds to hang) or HTTP 429 for the next protocol request."""
+    def transport_fault(self, submit: bool) -> _Reply | _Hang | None:
+        """What happens to the next protocol request (``submit``: an in.php one) before it
+        is served: an outage's answer or hang, an injected hang or HTTP 429, or nothing."""
         with self._lock:
             config = self._config
             now = self._clock()
             opened, until = self._retry_window
             if opened + _IN_FLIGHT_GRACE <= now < until:  # sent after the 429 was seen
                 self._counts["requests_within_retry_after"] += 1
-            if config.hang_rate > 0 and self._rng.random() < config.hang_rate:
+            fault = self._outage_fault(now)
+            if fault is None and config.hang_rate > 0 and self._rng.random() < config.hang_rate:
                 self._counts["hangs"] += 1
-                return config.hang_s
-            if config.status_429_rate > 0 and self._rng.random() < config.status_429_rate:
-                self._counts["status_429"] += 1
-                self._retry_window = (now, now + config.retry_after)
-                retry = (("Retry-After", str(config.retry_after)),)
-                return _Reply(429, _TEXT, b"Too Many Requests", retry)
+                return _Hang(config.hang_s, self._drop, None)
+            if fault is None and config.status_429_rate > 0:
+                fault = self._maybe_429(now)
+            if fault is not None and submit:
+                self._refused(_refusal(fault))
+            return fault
+
+    def _outage_fault(self, now: float) -> _Reply | _Hang | None:
+        window = self._outage
+        if window is None or not window.active(now):
             return None
+        if window.mode == "503":
+            self._counts["outage_503"] += 1
+            return _UNAVAILABLE
+        if window.mode == "hang":
+            self._counts["outage_hangs"] += 1
+            if self._hang_gate.is_set():  # opened at the end of an earlier window
+                self._hang_gate = threading.Event()
+            return _Hang(self._config.hang_s, self._hang_gate, _GATEWAY_TIMEOUT)
+        # "refuse", and the listener is not closed yet: the connection is about to drop.
+        return _Hang(self._config.hang_s, self._drop, _UNAVAILABLE)
+
+    def _maybe_429(self, now: float) -> _Reply | None:
+        config = self._config
+        if self._rng.random() >= config.status_429_rate:
+            return None
+        self._counts["status_429"] += 1
+        self._retry_window = (now, now + config.retry_after)
+        retry = (("Retry-After", str(config.retry_after)),)
+        return _Reply(429, _TEXT, b"Too Many Requests", retry)
+
+    # -- the listener's side of outages --------------------------------------------------
+    def outage_tick(self) -> tuple[bool, bool]:
+        """Whether the listener must be closed now, and whether a window is still ahead or
+        under way (so the clock must be watched).  Opens the gate of hung requests once
+        their window is over."""
+        with self._lock:
+            window, now = self._outage, self._clock()
+            if window is None or now >= window.end:
+                self._hang_gate.set()
+                return False, False
+            active = window.active(now)
+            if not (active and window.mode == "hang"):
+                self._hang_gate.set()
+            return active and window.mode == "refuse", True
+
+    def listener_closing(self) -> None:
+        """The listener is about to close for an outage: hung requests end now."""
+        with self._lock:
+            self._counts["listener_closes"] += 1
+            self._drop_hangs()
+
+    def drop_hangs(self) -> None:
+        """Every hung request ends now (the server stops)."""
+        with self._lock:
+            self._drop_hangs()
+
+    def _drop_hangs(self) -> None:
+        self._drop.set()
+        self._hang_gate.set()
+
+    def listener_opened(self) -> None:
+        with self._lock:
+            self._drop = threading.Event()
 
     def _key_error(self, params: Mapping[str, str]) -> str | None:
         key = params.get("key", "")
@@ -842,6 +1072,10 @@ class _State:
         heapq.heappush(self._busy, ready_at)
         self._counts["submits"] += 1
         self._by_method[spec.method] = self._by_method.get(spec.method, 0) + 1
+        if self._captchas_left is not None:
+            self._captchas_left -= 1
+        if self._journal is not None:
+            self._journal.write(_journal_line(captcha_id, spec))
         return captcha_id
 
     def _solve(self, captcha: _Captcha, spec: _Submission, expires_at: float) -> None:
@@ -953,7 +1187,7 @@ class _State:
         self, action: str, params: Mapping[str, str], json_mode: bool, now: float
     ) -> _Reply:
         if action == "getbalance":
-            return _api(True, _decimal(self._config.balance), json_mode)
+            return _api(True, _decimal(self._balance()), json_mode)
         if action in ("reportbad", "reportgood"):
             if params.get("id", "").strip() not in self._captchas:
                 return _fail("ERROR_WRONG_CAPTCHA_ID", json_mode)
@@ -1125,11 +1359,13 @@ def _route(state: _State, environ: Mapping[str, Any], body: bytes) -> _Reply:
     verb, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
     protocol = _PROTOCOL_ROUTES.get(path)
     if protocol is not None and path != "/siteverify":
-        fault = state.transport_fault()
+        fault = state.transport_fault(submit=path == "/in.php")
         if isinstance(fault, _Reply):
             return fault
         if fault is not None:
-            state.stopping.wait(fault)  # hangs, then answers (the client gave up by then)
+            fault.gate.wait(fault.seconds)  # the client has given up by then
+            if fault.then is not None:
+                return fault.then
     if protocol is not None:
         params = _query_params(environ.get("QUERY_STRING", ""))
         content_type = (environ.get("CONTENT_TYPE") or "").split(";")[0].strip().lower()
@@ -1149,11 +1385,63 @@ def _route(state: _State, environ: Mapping[str, Any], body: bytes) -> _Reply:
 # -- public server -----------------------------------------------------------------------
 
 
-class SandboxServer:
-    """A CaptchaAI-compatible HTTP server on ``host:port`` (0 picks a free port), served by
-    cheroot (CherryPy's WSGI server) in a background thread.
+class _WsgiServer(wsgi.Server):
+    """cheroot's WSGI server, with SO_REUSEADDR on every listening socket.
 
-    The socket is bound on construction, so :attr:`url` is known before :meth:`start`.
+    cheroot leaves it off for port 0; but the sockets a listener accepts inherit it, and a
+    port is rebound at once despite their TIME_WAIT only if they have it: after an outage
+    (the same port reopened) or a SIGKILL (a fresh process on the same port)."""
+
+    # cheroot closes the listening socket only once its selector loop has noticed the stop:
+    # the loop's timeout bounds how late an outage closes the port (cheroot's is 0.5 s).
+    expiration_interval = 0.1
+
+    @classmethod
+    def prepare_socket(cls, *args: Any, **kwargs: Any) -> socket.socket:
+        sock: socket.socket = super().prepare_socket(*args, **kwargs)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        return sock
+
+
+class _Listener:
+    """One listening socket, served by cheroot (CherryPy's WSGI server) in a thread."""
+
+    def __init__(self, app: Callable[..., list[bytes]], host: str, port: int) -> None:
+        self.server = _WsgiServer(
+            (host, port),
+            app,
+            numthreads=SERVER_THREADS,
+            server_name="CaptchaAISandbox",
+            timeout=_IDLE_CONNECTION_TIMEOUT,
+        )
+        self.server.prepare()
+        self.thread = threading.Thread(
+            target=self.server.serve, name=f"captcha-sandbox-{self.port}", daemon=True
+        )
+
+    @property
+    def host(self) -> str:
+        return str(self.server.bind_addr[0])
+
+    @property
+    def port(self) -> int:
+        return int(self.server.bind_addr[1])
+
+    def close(self) -> None:
+        """Close the socket and drop every connection (answers being written still go out)."""
+        self.server.stop()
+        if self.thread.is_alive():
+            self.thread.join()
+
+
+class SandboxServer:
+    """One provider: a CaptchaAI-compatible HTTP server on ``host:port`` (0 picks a free
+    port), served in background threads.
+
+    The socket is bound on construction, so :attr:`url` is known before :meth:`start`.  An
+    outage window of mode "refuse" really closes it, and reopens it on the same port.
+    With a ``journal``, every captcha it accepts (and so is paid for) is appended to that
+    file as a JSON line before ``in.php`` answers: the count survives a SIGKILL.
     """
 
     def __init__(
@@ -1162,29 +1450,39 @@ class SandboxServer:
         host: str = "127.0.0.1",
         port: int = 0,
         clock: Callable[[], float] = time.monotonic,
+        journal: Path | None = None,
     ) -> None:
-        self._state = _State(config if config is not None else SandboxConfig(), clock)
-        self._server = wsgi.Server(
-            (host, port),
-            wsgi_app(self._state),
-            numthreads=SERVER_THREADS,
-            server_name="CaptchaAISandbox",
-            timeout=_IDLE_CONNECTION_TIMEOUT,
-        )
-        self._server.prepare()
-        self._thread: threading.Thread | None = None
+        self._state = _State(config if config is not None else SandboxConfig(), clock, journal)
+        self._app = wsgi_app(self._state)
+        listener = _Listener(self._app, host, port)
+        self._listener: _Listener | None = listener
+        self._host, self._port = listener.host, listener.port
+        # Held while the listener is closed or reopened.
+        self._lock = threading.Lock()
+        self._supervisor: threading.Thread | None = None
         self._stopped = False
+        self._reopen_failed = False
 
     @property
     def port(self) -> int:
         """The bound TCP port."""
-        return int(self._server.bind_addr[1])
+        return self._port
 
     @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:54321``."""
-        host = str(self._server.bind_addr[0])
+        host = self._host
         return f"http://[{host}]:{self.port}" if ":" in host else f"http://{host}:{self.port}"
+
+    @property
+    def name(self) -> str:
+        """The provider's name (``SandboxConfig.name``)."""
+        return self._state.config().name
+
+    @property
+    def listening(self) -> bool:
+        """False while an outage of mode "refuse" keeps the port closed."""
+        return self._listener is not None
 
     @property
     def config(self) -> SandboxConfig:
@@ -1192,28 +1490,69 @@ class SandboxServer:
         return self._state.config()
 
     def start(self) -> SandboxServer:
-        """Serve in a background daemon thread; returns self."""
-        if self._thread is not None or self._stopped:
+        """Serve in background daemon threads; returns self."""
+        if self._supervisor is not None or self._stopped:
             raise RuntimeError("a SandboxServer can only be started once")
-        self._thread = threading.Thread(
-            target=self._server.serve, name=f"captcha-sandbox-{self.port}", daemon=True
+        # An outage from the start keeps the port closed before anyone can connect.
+        self._apply_outage(serving=False)
+        if self._listener is not None:
+            self._listener.thread.start()
+        self._supervisor = threading.Thread(
+            target=self._supervise, name=f"captcha-sandbox-outages-{self.port}", daemon=True
         )
-        self._thread.start()
+        self._supervisor.start()
         return self
+
+    def _supervise(self) -> None:
+        changed = self._state.changed
+        while not self._stopped:
+            changed.clear()  # before looking, so a change made meanwhile wakes the wait
+            watch = self._apply_outage()
+            changed.wait(_OUTAGE_TICK if watch else None)
+
+    def _apply_outage(self, serving: bool = True) -> bool:
+        """Close or reopen the listener as the outage window says; returns whether to keep
+        watching the clock."""
+        with self._lock:
+            if self._stopped:
+                return False
+            refuse, watch = self._state.outage_tick()
+            if refuse and self._listener is not None:
+                self._state.listener_closing()
+                self._listener.close()
+                self._listener = None
+            elif not refuse and self._listener is None:
+                try:
+                    listener = _Listener(self._app, self._host, self._port)
+                except OSError as exc:  # the port was taken meanwhile: try again soon
+                    if not self._reopen_failed:
+                        print(f"sandbox: cannot reopen port {self._port}: {exc}", file=sys.stderr)
+                    self._reopen_failed = True
+                    return True
+                self._reopen_failed = False
+                self._state.listener_opened()
+                if serving:
+                    listener.thread.start()
+                self._listener = listener
+            return watch
 
     def stop(self) -> None:
         """Stop serving, close the listening socket and drop open connections."""
-        if self._stopped:
-            return
-        self._stopped = True
-        self._state.stopping.set()
-        self._server.stop()
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._state.drop_hangs()
+        self._state.changed.set()
+        if self._supervisor is not None:
+            self._supervisor.join()
+        if self._listener is not None:
+            self._listener.close()
         self._state.caller.stop()
-        if self._thread is not None:
-            self._thread.join()
+        self._state.close()
 
     def __enter__(self) -> SandboxServer:
-        if self._thread is None:
+        if self._supervisor is None:
             self.start()
         return self
 
@@ -1238,23 +1577,51 @@ class SandboxServer:
         self._state.reset()
 
     def update_config(self, **changes: Any) -> SandboxConfig:
-        """Change config fields (validated as in :class:`SandboxConfig`); returns the result."""
-        return self._state.update_config(changes)
+        """Change config fields (validated as in :class:`SandboxConfig`); returns the result.
+
+        Unlike ``POST /sandbox/config``, an outage that starts now has begun on return (a
+        "refuse" one has closed the port)."""
+        config = self._state.update_config(changes)
+        if self._supervisor is not None:
+            self._apply_outage()
+        return config
 
 
-def serve(host: str, port: int, config: SandboxConfig) -> None:
-    """Run a sandbox in the foreground until interrupted (Ctrl-C or SIGTERM)."""
-    server = SandboxServer(config, host, port).start()
-    settings = json.dumps(config.public_dict(), sort_keys=True)
-    print(
-        f"CaptchaAI sandbox on {server.url} ({len(config.api_keys)} API key(s)) config={settings}",
-        flush=True,
-    )
+def serve(
+    host: str, providers: Mapping[int, SandboxConfig], journal_dir: Path | None = None
+) -> None:
+    """Run one sandbox per ``port: config`` in the foreground until interrupted (Ctrl-C or
+    SIGTERM), each journaling its paid captchas to ``journal_dir/<name>.paid.jsonl`` when
+    given.  Raises ``OSError`` naming the port when one cannot be bound."""
+    servers: list[SandboxServer] = []
+    try:
+        for port, config in providers.items():
+            journal = journal_path(journal_dir, config.name) if journal_dir else None
+            try:
+                servers.append(SandboxServer(config, host, port, journal=journal))
+            except OSError as exc:
+                raise OSError(
+                    exc.errno, f"cannot listen on {host}:{port} ({config.name}): {exc.strerror}"
+                ) from None
+        for server in servers:
+            server.start()
+            settings = json.dumps(server.config.public_dict(), sort_keys=True)
+            keys = len(server.config.api_keys)
+            print(f"CaptchaAI sandbox on {server.url} ({keys} API key(s)) config={settings}")
+        print(f"{len(servers)} provider(s) ready", flush=True)
+        _wait_for_a_stop_signal()
+    finally:
+        for server in servers:
+            server.stop()
+
+
+def journal_path(directory: Path, provider: str) -> Path:
+    """Where :func:`serve` journals the captchas ``provider`` accepted."""
+    return directory / f"{provider}.paid.jsonl"
+
+
+def _wait_for_a_stop_signal() -> None:
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         stopping.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.stop()

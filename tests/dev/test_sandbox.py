@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 import pytest
 import requests
 
-from captcha_tasks.dev.devstack import free_port, wait_until
+from captcha_tasks.dev.devstack import RESTART_ID_STEP, SandboxProcess, free_port, wait_until
 from captcha_tasks.dev.sandbox import (
     FIRST_CAPTCHA_ID,
     MAX_BULK_IDS,
@@ -47,9 +49,10 @@ class FakeClock:
 class Api:
     """A client for one sandbox: protocol calls with the test key, plus admin calls."""
 
-    def __init__(self, server: SandboxServer, clock: FakeClock) -> None:
+    def __init__(self, server: SandboxServer, clock: FakeClock, key: str = KEY) -> None:
         self.server = server
         self.clock = clock
+        self.key = key
         self.url = server.url
         self.session = requests.Session()
 
@@ -64,7 +67,7 @@ class Api:
         return self._call("res.php", fields, json)
 
     def _call(self, endpoint: str, fields: dict[str, Any], json: bool) -> Any:
-        data = {"key": KEY, **fields}
+        data = {"key": self.key, **fields}
         if json:
             data["json"] = 1
         resp = self.session.post(f"{self.url}/{endpoint}", data=data, timeout=5)
@@ -104,7 +107,7 @@ def make_api() -> Iterator[Callable[..., Api]]:
         clock = FakeClock()
         config.setdefault("api_keys", (KEY,))
         server = SandboxServer(SandboxConfig(**config), clock=clock).start()
-        api = Api(server, clock)
+        api = Api(server, clock, config["api_keys"][0])
         started.append(api)
         return api
 
@@ -707,6 +710,13 @@ def test_context_manager_serves_and_stops() -> None:
         ({"token_ttl": {"turnstile": -1}}, "token_ttl"),
         ({"api_keys": ()}, "api_keys"),
         ({"max_image_bytes": 0}, "max_image_bytes"),
+        ({"name": "primary one"}, "name"),
+        ({"first_id": 0}, "first_id"),
+        ({"balance_captchas": -1}, "balance_captchas"),
+        ({"balance_captchas": 2.5}, "balance_captchas"),
+        ({"outage_s": -1}, "outage_s"),
+        ({"outage_in": -1}, "outage_in"),
+        ({"outage_mode": "down"}, "outage_mode"),
     ],
 )
 def test_config_validation_names_the_field(changes: dict[str, Any], field: str) -> None:
@@ -743,3 +753,377 @@ def test_cli_sandbox_refuses_a_bad_value_naming_it() -> None:
     assert done.returncode == 2
     assert "threads must be >= 1" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+# -- several providers -----------------------------------------------------------------------
+
+
+def test_two_providers_are_two_accounts(make_api: Callable[..., Api]) -> None:
+    primary = make_api(name="primary", api_keys=("key-primary",), threads=1, solve_time=5.0)
+    backup = make_api(name="backup", api_keys=("key-backup",), threads=2, solve_time=5.0)
+    assert primary.url != backup.url
+    assert primary.in_php(RECAPTCHA, key=backup.key) == "ERROR_WRONG_USER_KEY"
+    assert backup.in_php(RECAPTCHA, key=primary.key) == "ERROR_WRONG_USER_KEY"
+
+    first = primary.submit(RECAPTCHA)
+    assert primary.in_php(RECAPTCHA) == primary.config.thread_error  # its one thread is busy
+    ids = [backup.submit(TURNSTILE) for _ in range(backup.config.threads)]  # not the backup's
+    # Two sandboxes number their captchas alike by default: the ids collide.
+    assert first == ids[0] == str(FIRST_CAPTCHA_ID)
+    primary.solve_all()
+    backup.solve_all()
+    assert primary.get(first)["request"].startswith("03A")  # each id names its own captcha
+    assert backup.get(ids[0])["request"].startswith("0.")
+
+    stats = primary.stats(), backup.stats()
+    assert [s["provider"] for s in stats] == ["primary", "backup"]
+    assert [s["submits"] for s in stats] == [1, backup.config.threads]
+    assert [s["refused_submits"] for s in stats] == [
+        {"ERROR_WRONG_USER_KEY": 1, primary.config.thread_error: 1},
+        {"ERROR_WRONG_USER_KEY": 1},
+    ]
+
+
+def test_first_id_numbers_the_captchas_and_is_fixed_once_running(
+    make_api: Callable[..., Api],
+) -> None:
+    api = make_api(first_id=123)
+    assert [api.submit(IMAGE) for _ in range(2)] == ["123", "124"]
+    with pytest.raises(ValueError, match="first_id"):
+        api.server.update_config(first_id=500)
+    resp = api.session.post(f"{api.url}/sandbox/config", json={"first_id": 9}, timeout=5)
+    assert resp.status_code == 400 and "first_id" in resp.json()["error"]
+    api.server.update_config(**api.config.public_dict())  # the same value is no change
+    assert api.submit(IMAGE) == "125"
+
+
+def _cli(*args: str) -> Any:
+    """``captcha-tasks sandbox`` in this process, for arguments it refuses before serving."""
+    from click.testing import CliRunner
+
+    from captcha_tasks.dev.sandbox_cli import sandbox
+
+    return CliRunner().invoke(sandbox, list(args))
+
+
+class CliSandbox:
+    """``captcha-tasks sandbox ARGS`` in a process of its own, stopped with SIGTERM."""
+
+    def __init__(self, tmp_path: Path, args: list[str], ports: list[int]) -> None:
+        argv = [sys.executable, "-m", "captcha_tasks.cli", "sandbox", *args]
+        self.log = tmp_path / "sandbox.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        self.urls = [f"http://127.0.0.1:{port}" for port in ports]
+        ready = f"{len(ports)} provider(s) ready"
+        wait_until(lambda: self._ready(ready), 30, what="the sandbox's providers")
+
+    def _ready(self, marker: str) -> bool:
+        assert self.proc.poll() is None, self.log.read_text()
+        return marker in self.log.read_text()
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(10)
+
+
+def _submit(url: str, key: str, fields: dict[str, Any] = TURNSTILE) -> str:
+    return requests.post(f"{url}/in.php", data={"key": key, **fields}, timeout=5).text
+
+
+@pytest.mark.parametrize("colliding", [False, True], ids=["own-ids", "colliding-ids"])
+def test_cli_runs_providers_on_their_own_ports_with_their_own_keys(
+    tmp_path: Path, colliding: bool
+) -> None:
+    from captcha_tasks.dev.sandbox_cli import PROVIDER_ID_SPAN
+
+    ports = [free_port(), free_port()]
+    args = ["--provider", f"primary:{ports[0]}:key-a:2", "--provider", f"backup:{ports[1]}:key-b"]
+    args += ["--threads", "7", "--solve-time", "0.2", *(["--colliding-ids"] if colliding else [])]
+    sandbox = CliSandbox(tmp_path, args, ports)
+    try:
+        primary, backup = sandbox.urls
+        configs = [requests.get(f"{url}/sandbox/config", timeout=5).json() for url in sandbox.urls]
+        replies = [_submit(primary, "key-a"), _submit(backup, "key-b"), _submit(backup, "key-a")]
+        stats = [requests.get(f"{url}/sandbox/stats", timeout=5).json() for url in sandbox.urls]
+    finally:
+        assert sandbox.stop() == 0
+    assert [(c["name"], c["threads"]) for c in configs] == [("primary", 2), ("backup", 7)]
+    assert all(c["solve_time"] == 0.2 for c in configs)  # the options apply to both
+    offset = 0 if colliding else PROVIDER_ID_SPAN
+    assert replies == [
+        f"OK|{FIRST_CAPTCHA_ID}",
+        f"OK|{FIRST_CAPTCHA_ID + offset}",
+        "ERROR_WRONG_USER_KEY",
+    ]
+    assert [(s["provider"], s["submits"]) for s in stats] == [("primary", 1), ("backup", 1)]
+    assert "key-a" not in sandbox.log.read_text()
+
+
+def test_cli_providers_file_gives_each_its_own_fields_and_faults(tmp_path: Path) -> None:
+    ports = [free_port(), free_port()]
+    providers = [
+        {"name": "primary", "port": ports[0], "api_keys": ["k1", "k2"], "balance_captchas": 1},
+        {"name": "backup", "port": ports[1], "outage_mode": "503", "outage_s": 600},
+    ]
+    path = tmp_path / "providers.json"
+    path.write_text(json.dumps(providers))
+    sandbox = CliSandbox(tmp_path, ["--providers-file", str(path), "--threads", "3"], ports)
+    try:
+        primary, backup = sandbox.urls
+        replies = [_submit(primary, "k2"), _submit(primary, "k1")]
+        down = requests.post(f"{backup}/in.php", data={"key": "sandbox-key"}, timeout=5)
+        stats = [requests.get(f"{url}/sandbox/stats", timeout=5).json() for url in sandbox.urls]
+    finally:
+        sandbox.stop()
+    assert replies == [f"OK|{FIRST_CAPTCHA_ID}", "ERROR_ZERO_BALANCE"]
+    assert down.status_code == 503
+    assert [s["config"]["threads"] for s in stats] == [3, 3]
+    assert stats[0]["balance"]["captchas_left"] == 0
+    assert stats[1]["outage"]["mode"] == "503" and stats[1]["outage"]["active"]
+    assert stats[1]["refused_submits"] == {"HTTP_503": 1}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--provider", "a:1:secret-key:2:9"], "expected NAME:PORT:KEY[:THREADS], got 5"),
+        (["--provider", "a:http:secret-key"], "port must be a number"),
+        (["--provider", "a:7001:secret-key", "--provider", "b:7001:k"], "name and port"),
+        (["--provider", "a:7001:secret-key", "--provider", "a:7002:k"], "name and port"),
+        (["--provider", "a:7001:secret-key:0"], "provider a: threads must be >= 1"),
+        (["--provider", "a:70000:secret-key"], "port must be 1-65535"),
+        (["--provider", "a:7001:secret-key", "--port", "7002"], "drop --port"),
+        (["--provider", "a:7001:secret-key", "--api-key", "k"], "drop --port/--api-key"),
+        (["--balance-captchas", "-1"], "balance_captchas must be >= 0"),
+    ],
+)
+def test_cli_refuses_bad_providers_in_one_line(args: list[str], message: str) -> None:
+    result = _cli(*args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "secret-key" not in result.output
+
+
+def test_cli_providers_file_errors_name_the_entry(tmp_path: Path) -> None:
+    path = tmp_path / "providers.json"
+    path.write_text(json.dumps([{"name": "a", "port": free_port(), "treads": 3}]))
+    result = _cli("--providers-file", str(path))
+    assert result.exit_code == 2 and "provider 1: unknown field(s) treads" in result.output
+    path.write_text(json.dumps([{"port": free_port()}]))
+    assert 'needs "name" and "port"' in _cli("--providers-file", str(path)).output
+
+
+def test_cli_names_a_port_it_cannot_listen_on() -> None:
+    with SandboxServer() as taken:
+        result = _cli("--provider", f"a:{free_port()}:k", "--provider", f"b:{taken.port}:k")
+    assert result.exit_code == 1
+    assert f"cannot listen on 127.0.0.1:{taken.port} (b)" in result.output
+    assert "Traceback" not in result.output
+
+
+# -- faults: outages, hangs, an empty balance --------------------------------------------------
+
+
+def _answers(url: str) -> bool:
+    """Whether anything accepts a connection on the sandbox's port and answers."""
+    try:
+        return requests.get(f"{url}/health", timeout=2).text == "ok"
+    except requests.ConnectionError:
+        return False
+
+
+def _set(api: Api, how: str, **changes: Any) -> None:
+    if how == "http":
+        resp = api.session.post(f"{api.url}/sandbox/config", json=changes, timeout=5)
+        assert resp.status_code == 200, resp.text
+    else:
+        api.server.update_config(**changes)
+
+
+@pytest.mark.parametrize("how", ["start", "http", "python"])
+def test_refuse_outage_closes_the_port_and_reopens_it(
+    make_api: Callable[..., Api], how: str
+) -> None:
+    window = {"outage_mode": "refuse", "outage_in": 2.0, "outage_s": 10.0}
+    api = make_api(solve_time=1.0, jitter=0.0, **(window if how == "start" else {}))
+    if how != "start":
+        _set(api, how, **window)
+    captcha_id = api.submit(RECAPTCHA)  # before the window
+    api.clock.advance(window["outage_in"])
+    wait_until(lambda: not _answers(api.url), 5, what="the port to close")
+    with pytest.raises(requests.ConnectionError):  # a kept-alive connection is dropped too
+        api.get(captcha_id)
+    assert not api.server.listening
+
+    api.clock.advance(window["outage_s"] - 0.5)
+    api.server.update_config(jitter=0.0)  # wakes the outage watcher: still closed
+    assert not _answers(api.url)
+    api.clock.advance(0.5)
+    wait_until(lambda: _answers(api.url), 5, what="the port to reopen")
+    assert api.get(captcha_id)["status"] == 1  # an outage, not a new account
+    stats = api.stats()
+    assert (stats["listener_closes"], stats["outage"]) == (1, None)
+
+
+def test_refuse_outage_set_from_python_has_closed_the_port_on_return(
+    make_api: Callable[..., Api],
+) -> None:
+    api = make_api()
+    api.server.update_config(outage_s=5.0)
+    assert not api.server.listening
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{api.url}/health", timeout=2)
+    api.server.update_config(outage_s=0.0)  # ended early, through the Python API
+    assert api.server.listening and _answers(api.url)
+
+
+@pytest.mark.parametrize("how", ["start", "http"])
+def test_503_outage_answers_protocol_requests_but_not_admin(
+    make_api: Callable[..., Api], how: str
+) -> None:
+    window = {"outage_mode": "503", "outage_s": 5.0}
+    api = make_api(**(window if how == "start" else {}))
+    if how != "start":
+        _set(api, how, **window)
+    replies = [
+        api.session.post(f"{api.url}/{endpoint}", data={"key": KEY, **RECAPTCHA}, timeout=5)
+        for endpoint in ("in.php", "res.php", "in.php")
+    ]
+    assert [r.status_code for r in replies] == [503, 503, 503]
+    assert replies[0].text.lstrip().startswith("<html>")  # as a proxy in front would say
+    stats = api.stats()  # admin endpoints answer throughout
+    assert stats["outage"] == {"mode": "503", "active": True, "starts_in": 0.0, "ends_in": 5.0}
+    assert (stats["outage_503"], stats["refused_submits"]) == (3, {"HTTP_503": 2})
+    assert stats["submits"] == 0
+
+    api.clock.advance(window["outage_s"])
+    assert api.in_php(RECAPTCHA).startswith("OK|")
+
+
+@pytest.mark.parametrize("how", ["start", "http"])
+def test_hang_outage_never_answers_and_processes_nothing(
+    make_api: Callable[..., Api], how: str
+) -> None:
+    window = {"outage_mode": "hang", "outage_s": 30.0}
+    api = make_api(**(window if how == "start" else {}))
+    if how != "start":
+        _set(api, how, **window)
+    url, data = f"{api.url}/in.php", {"key": KEY, **RECAPTCHA}
+    with pytest.raises(requests.ReadTimeout):  # the client's read timeout passes
+        requests.post(url, data=data, timeout=(5, 0.3))
+    late: list[requests.Response] = []
+
+    def wait_for_an_answer() -> None:
+        late.append(requests.post(url, data=data, timeout=30))
+
+    waiting = threading.Thread(target=wait_for_an_answer)
+    waiting.start()
+    wait_until(lambda: api.stats()["outage_hangs"] == 2, 5, what="the second request to hang")
+    assert waiting.is_alive()  # admin endpoints answer meanwhile
+
+    api.clock.advance(window["outage_s"])  # the window ends: hung requests are let go
+    waiting.join(5)
+    assert [r.status_code for r in late] == [504]
+    assert api.in_php(RECAPTCHA).startswith("OK|")
+    stats = api.stats()
+    assert stats["submits"] == 1  # a hung submit never became a captcha
+    assert stats["refused_submits"] == {"hang": 2}
+
+
+def test_balance_runs_out_and_is_refilled(make_api: Callable[..., Api]) -> None:
+    api = make_api(balance_captchas=2, balance=7.5)
+    ids = [api.submit(RECAPTCHA)]
+    assert float(api.res_php(action="getbalance")) == api.config.balance
+    ids.append(api.in_php(TURNSTILE).split("|")[1])
+    assert api.in_php(RECAPTCHA) == "ERROR_ZERO_BALANCE"
+    assert api.in_php(TURNSTILE, json=True) == {"status": 0, "request": "ERROR_ZERO_BALANCE"}
+    assert float(api.res_php(action="getbalance")) == 0.0
+    assert api.res_php(json=True, action="getbalance")["request"] in ("0", "0.0")
+    api.solve_all()
+    assert all(api.get(i)["status"] == 1 for i in ids)  # captchas paid for are still answered
+    stats = api.stats()
+    assert stats["refused_submits"] == {"ERROR_ZERO_BALANCE": 2}
+    assert stats["balance"] == {"value": 0.0, "captchas_left": 0}
+
+    _set(api, "http", balance_captchas=1)  # refilled through the admin endpoint
+    assert float(api.res_php(action="getbalance")) == api.config.balance
+    api.submit(IMAGE)
+    assert api.in_php(IMAGE) == "ERROR_ZERO_BALANCE"
+    _set(api, "http", balance_captchas=None)  # never runs out
+    api.submit(IMAGE)
+    assert api.stats()["balance"]["captchas_left"] is None
+
+
+def test_balance_emptied_at_run_time(api: Api) -> None:
+    api.submit(RECAPTCHA)
+    _set(api, "http", balance_captchas=0)
+    assert api.in_php(RECAPTCHA) == "ERROR_ZERO_BALANCE"
+    # The key is checked first: a wrong key is still told so.
+    assert api.in_php(RECAPTCHA, key="wrong") == "ERROR_WRONG_USER_KEY"
+
+
+def test_refused_submits_are_counted_by_reason_and_reset(make_api: Callable[..., Api]) -> None:
+    api = make_api(threads=1, solve_time=5.0)
+    api.submit(RECAPTCHA)
+    assert api.in_php(RECAPTCHA) == api.config.thread_error
+    assert api.in_php(RECAPTCHA, key="wrong") == "ERROR_WRONG_USER_KEY"
+    assert api.in_php({"method": "nope"}) == "ERROR_BAD_PARAMETERS"
+    api.res_php(action="get", id="1", key="wrong")  # not a submit
+    api.server.update_config(status_429_rate=1.0)
+    resp = api.session.post(f"{api.url}/in.php", data={"key": KEY, **RECAPTCHA}, timeout=5)
+    assert resp.status_code == 429
+    assert api.stats()["refused_submits"] == {
+        api.config.thread_error: 1,
+        "ERROR_WRONG_USER_KEY": 1,
+        "ERROR_BAD_PARAMETERS": 1,
+        "HTTP_429": 1,
+    }
+    api.server.reset()
+    assert api.stats()["refused_submits"] == {}
+
+
+# -- a sandbox process, killed and restarted -----------------------------------------------------
+
+
+def _lingering_sockets(port: int) -> int:
+    """Sockets on ``port`` other than a listener (TIME_WAIT, FIN_WAIT...), from /proc."""
+    count = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if int(local.split(":")[1], 16) == port and state != "0A":  # 0A: LISTEN
+            count += 1
+    return count
+
+
+def test_a_killed_sandbox_process_restarts_on_the_same_port(tmp_path: Path) -> None:
+    process = SandboxProcess("primary", "key-p", options=["--solve-time", "0"], log_dir=tmp_path)
+    with process.start():
+        session = requests.Session()
+        old = session.post(f"{process.url}/in.php", data={"key": "key-p", **TURNSTILE}, timeout=5)
+        assert old.text == f"OK|{FIRST_CAPTCHA_ID}"
+        process.kill()
+        assert process.proc is not None and process.proc.returncode == -signal.SIGKILL
+        assert not _answers(process.url)
+        # The dead server's sockets linger on the port; SO_REUSEADDR lets a fresh one bind.
+        assert _lingering_sockets(process.port) > 0
+
+        process.restart()
+        new = session.post(f"{process.url}/in.php", data={"key": "key-p", **TURNSTILE}, timeout=5)
+        stale = session.get(
+            f"{process.url}/res.php",
+            params={"key": "key-p", "action": "get", "id": old.text[3:]},
+            timeout=5,
+        )
+        stats = process.stats()
+        session.close()
+    assert not process.alive()
+    assert new.text == f"OK|{FIRST_CAPTCHA_ID + RESTART_ID_STEP}"  # never an id of the dead one
+    assert stale.text == "ERROR_WRONG_CAPTCHA_ID"  # a fresh process knows nothing of it
+    assert (stats["provider"], stats["submits"]) == ("primary", 1)
+    # What the killed process accepted was paid for: its journal line survived the kill.
+    paid = process.paid()
+    assert [entry["id"] for entry in paid] == [old.text[3:], new.text[3:]]
+    assert {(e["method"], e["sitekey"], e["pageurl"]) for e in paid} == {
+        (TURNSTILE["method"], TURNSTILE["sitekey"], TURNSTILE["pageurl"])
+    }
