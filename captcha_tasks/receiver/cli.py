@@ -38,8 +38,3 @@ def register(url: str | None) -> None:
         raise ConfigurationError("CAPTCHAAI_PINGBACK_URL is not set (or pass --url)")
     store.api_client().add_pingback(address)
     click.echo(f"registered {address}")
-
-
-def register_commands(cli: click.Group) -> None:
-    cli.add_command(pingback_server)
-    cli.add_command(pingback)

@@ -7,11 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
+import captcha_tasks
+from captcha_tasks.cli import COMMANDS, load_command
+from captcha_tasks.cli import cli as cli_group
 from captcha_tasks.dev.devstack import free_port
 from captcha_tasks.dev.sandbox import SandboxConfig
 from captcha_tasks.settings import mask_url
@@ -207,3 +213,53 @@ def test_an_app_calling_solve_registers_its_pools(
         assert [row["name"] for row in _status()] == [POOL["name"]]
     finally:
         redis_conn.delete(f"{isolated_module}.solve")  # the message no worker will take
+
+
+# -- the command itself: lazy sub-commands, --help and --version ----------------------------
+
+HEAVY = ("celery", "captcha_tasks.dev", "captcha_tasks.kafka", "captcha_tasks.metrics",
+         "captcha_tasks.worker", "captcha_tasks.stream", "requests")  # fmt: skip
+IMPORTED_BY_HELP = """
+import sys
+from captcha_tasks.cli import main
+sys.argv = ["captcha-tasks", "--help"]
+main()
+heavy = {HEAVY!r}
+print("heavy:", sorted(m for m in sys.modules if m.startswith(heavy)))
+"""
+
+
+def test_help_lists_every_command_without_importing_any() -> None:
+    done = run([sys.executable, "-c", IMPORTED_BY_HELP.format(HEAVY=HEAVY)], dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "heavy: []"
+    listed = done.stdout.split("Commands:", 1)[1].split()
+    for name in COMMANDS:
+        assert name in listed, name
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_lazy_command_is_where_the_list_says_with_its_help(name: str) -> None:
+    where, summary = COMMANDS[name]
+    command = load_command(where)
+    assert command.name == name
+    assert command.get_short_help_str(1000) == summary
+
+
+def test_a_command_runs_from_its_lazy_entry() -> None:
+    assert cli_group.get_command(click.Context(cli_group), "no-such-command") is None
+    done = cli("pool", "--help")
+    assert done.returncode == 0
+    assert "status" in done.stdout and "declare" in done.stdout
+    done = cli("no-such-command")
+    assert done.returncode == 2
+    assert "No such command 'no-such-command'" in done.stderr
+
+
+def test_version_is_the_packages() -> None:
+    done = cli("--version")
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"captcha-tasks, version {version('captcha-tasks')}"
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert version("captcha-tasks") == project["project"]["version"]
+    assert captcha_tasks.__version__ == project["project"]["version"]
