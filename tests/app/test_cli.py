@@ -263,3 +263,28 @@ def test_version_is_the_packages() -> None:
     project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
     assert version("captcha-tasks") == project["project"]["version"]
     assert captcha_tasks.__version__ == project["project"]["version"]
+
+
+# -- a misspelt argument ------------------------------------------------------------------------
+
+MISSPELT = f"""
+from captcha_tasks import solve
+from captcha_tasks.errors import ValidationError
+try:
+    solve.delay(method="turnstile", site_key="0x4AAA", pageurl="{PAGE}")
+except ValidationError as exc:
+    print(exc)
+"""
+
+
+def test_site_key_is_named_as_the_unknown_argument(clean_state: None) -> None:
+    done = run([sys.executable, "-c", MISSPELT], dict(os.environ))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "unknown parameter(s) for method 'turnstile': site_key (did you mean sitekey?)" in (
+        done.stdout
+    )
+    assert "sitekey is required" not in done.stdout
+    done = cli("solve", "--method", "turnstile", "--param", "site_key=0x4AAA", "--pageurl", PAGE)
+    assert done.returncode == 1
+    [line] = lines(done.stderr)
+    assert "site_key (did you mean sitekey?)" in line
