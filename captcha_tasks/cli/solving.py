@@ -107,6 +107,9 @@ def batch(
         sys.exit(2)
     output = output or resume
     skip = solved_indexes(resume) if resume else set()
+    if resume is not None and not set(range(count)) - skip:
+        click.echo(f"all {count} tasks of {input_path} are already solved in {resume}", err=True)
+        sys.exit(0)
     store.ping()  # Redis down: one line and exit 1, and no empty output file
     try:
         writer = ResultWriter(output, sys.stdout)

@@ -3,6 +3,7 @@ running, its settings for another shell; stopped by Ctrl-C, SIGTERM or SIGHUP al
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -115,9 +116,20 @@ class KeptStack:
         return found
 
     def stop(self) -> None:
+        """Ctrl-C; whatever still runs after it (the quickstart, or a child it left) is
+        killed, so a failed test leaks no process."""
+        children = self.children()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
-            self.proc.wait(60)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for pid in children:  # each leads a session of its own (Redis, a worker, beat)
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.fixture
