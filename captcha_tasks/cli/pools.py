@@ -31,13 +31,25 @@ def pool_status(as_json: bool) -> None:
         click.echo(NO_POOLS)
         return
     click.echo(
-        f"{'pool':<20} {'target':>6} {'live':>5} {'refills':>7} {'hit rate':>8} {'waste':>6}"
+        f"{'pool':<20} {'size':>5} {'target':>6} {'live':>5} {'refills':>7} "
+        f"{'takes/s':>7} {'hit rate':>8} {'waste':>6}"
     )
     for row in rows:
         click.echo(
-            f"{row['name']:<20} {row['target']:>6} {row['live']:>5} {row['inflight']:>7} "
-            f"{_pct(row['hit_rate']):>8} {_pct(row['waste']):>6}"
+            f"{row['name']:<20} {row['size']:>5} {row['target']:>6} {row['live']:>5} "
+            f"{row['inflight']:>7} {row['take_rate']:>7.2f} {_pct(row['hit_rate']):>8} "
+            f"{_pct(row['waste']):>6}"
         )
+    if any(row["taken"] + row["misses"] for row in rows):
+        click.echo(DEMAND_AWARE)
+
+
+#: Why a pool's target may be below its size: said under the table once any pool was used.
+DEMAND_AWARE = (
+    "target: a pool is filled to its size until its first take; from then on it keeps the "
+    "tokens its measured demand needs (takes/s x (solve time + margin)), at least 1 and at "
+    "most its size, so unused tokens do not expire. Demand rising raises it again."
+)
 
 
 NO_POOLS = (

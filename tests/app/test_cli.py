@@ -16,6 +16,7 @@ import click
 import pytest
 
 import captcha_tasks
+from captcha_tasks import store
 from captcha_tasks.cli import COMMANDS, load_command
 from captcha_tasks.cli import cli as cli_group
 from captcha_tasks.dev.devstack import free_port
@@ -288,3 +289,23 @@ def test_site_key_is_named_as_the_unknown_argument(clean_state: None) -> None:
     assert done.returncode == 1
     [line] = lines(done.stderr)
     assert "site_key (did you mean sitekey?)" in line
+
+
+def test_pool_status_explains_the_demand_aware_target(clean_state: None) -> None:
+    shell = {**os.environ, "CAPTCHAAI_POOLS": json.dumps([{**POOL, "size": 10}])}
+    before = cli("pool", "status", env=shell)
+    assert before.returncode == 0, before.stderr
+    [row] = [line.split() for line in lines(before.stdout) if line.startswith(POOL["name"])]
+    assert row[1:3] == ["10", "10"]  # size, target: filled to its size until the first take
+    assert "first take" not in before.stdout
+    store.pools().add(POOL["name"], {"token": "pooled-token"}, 100)  # as a refill would
+    took = run([sys.executable, "-c", f"from captcha_tasks import take_token; "
+                f"print(take_token({POOL['name']!r}))"], shell)  # fmt: skip
+    assert took.returncode == 0, took.stderr
+    assert "pooled-token" in took.stdout
+    after = cli("pool", "status", env=shell)
+    [row] = [line.split() for line in lines(after.stdout) if line.startswith(POOL["name"])]
+    assert row[1] == "10" and 1 <= int(row[2]) <= 10  # the target follows the demand now
+    assert float(row[5]) > 0  # takes/s
+    assert "filled to its size until its first take" in after.stdout
+    assert "takes/s x (solve time + margin)" in after.stdout
