@@ -55,3 +55,15 @@ def test_task_names() -> None:
         "captcha_tasks.report",
         "captcha_tasks.check_threads",
     }
+
+
+def test_every_error_class_says_what_to_do_and_every_code_has_a_class() -> None:
+    from captcha_tasks import errors
+
+    codes = errors.codes()
+    for cls in set(codes.values()):
+        assert cls.__doc__ and cls.__doc__.strip(), cls.__name__
+        assert cls.__module__ == "captcha_tasks.errors", cls.__name__
+    assert codes["ERROR_WRONG_USER_KEY"] is errors.AuthError
+    assert codes["ERROR_SOLVE_TIMEOUT"] is errors.SolveTimeout
+    assert codes["ERROR_CAPTCHA_TASKS"] is errors.CaptchaTasksError
