@@ -3,19 +3,29 @@
 from captcha_tasks import solve
 result = solve.delay(method="turnstile", sitekey="0x4AAA...", pageurl="https://example.com")
 result.get(timeout=120)["token"]
+
+The names below load on first use, all together (Celery and the tasks with them), so that
+``import captcha_tasks.cli`` or ``captcha_tasks.settings`` does not pay for Celery: the
+``captcha-tasks`` command imports only what the sub-command it runs needs.
 """
 
 from __future__ import annotations
 
-from . import errors
-from .client import NOT_READY, CaptchaAIClient
-from .errors import CaptchaTasksError, ValidationError
-from .methods import METHODS, SolveRequest, build_request
-from .outcome import Failed, Solved, outcome_from_dict
-from .settings import Settings, get_settings
-from .stream import stream
-from .worker.app import app
-from .worker.tasks import create_pool, poll, report, solve, submit, take_token
+import importlib
+import sys
+import types
+import typing
+
+if typing.TYPE_CHECKING:
+    from . import errors
+    from .client import NOT_READY, CaptchaAIClient
+    from .errors import CaptchaTasksError, ValidationError
+    from .methods import METHODS, SolveRequest, build_request
+    from .outcome import Failed, Solved, outcome_from_dict
+    from .settings import Settings, get_settings
+    from .stream import stream
+    from .worker.app import app
+    from .worker.tasks import create_pool, poll, report, solve, submit, take_token
 
 __all__ = [
     "METHODS",
@@ -41,20 +51,89 @@ __all__ = [
     "take_token",
 ]
 
+#: Where each public name lives: (module, attribute; None for the module itself).
+_SOURCES: dict[str, tuple[str, str | None]] = {
+    "errors": (".errors", None),
+    "NOT_READY": (".client", "NOT_READY"),
+    "CaptchaAIClient": (".client", "CaptchaAIClient"),
+    "CaptchaTasksError": (".errors", "CaptchaTasksError"),
+    "ValidationError": (".errors", "ValidationError"),
+    "METHODS": (".methods", "METHODS"),
+    "SolveRequest": (".methods", "SolveRequest"),
+    "build_request": (".methods", "build_request"),
+    "Failed": (".outcome", "Failed"),
+    "Solved": (".outcome", "Solved"),
+    "outcome_from_dict": (".outcome", "outcome_from_dict"),
+    "Settings": (".settings", "Settings"),
+    "get_settings": (".settings", "get_settings"),
+    "stream": (".stream", "stream"),
+    "app": (".worker.app", "app"),
+    "create_pool": (".worker.tasks", "create_pool"),
+    "poll": (".worker.tasks", "poll"),
+    "report": (".worker.tasks", "report"),
+    "solve": (".worker.tasks", "solve"),
+    "submit": (".worker.tasks", "submit"),
+    "take_token": (".worker.tasks", "take_token"),
+}
+_loading = False
 
-def __getattr__(name: str) -> object:
-    # Deprecated: ``captcha_tasks.store`` (handles fetched from globals) goes away in the
-    # next release; the state is one value now (captcha_tasks.state.State).
+
+def __getattr__(name: str) -> typing.Any:
+    # Any public name loads them all: `celery -A captcha_tasks` finds `app` with its tasks
+    # registered, exactly as when this module imported them eagerly.
+    if name == "__version__":
+        from importlib.metadata import version
+
+        return version("captcha-tasks")
     if name == "store":
-        import warnings
+        return _deprecated_store()
+    if name not in _SOURCES or _loading:
+        # While loading, a submodule's `from .. import errors` must see "no such attribute
+        # yet" and import the submodule itself, not start a second load.
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _load()
+    return globals()[name]
 
-        from .state import store
 
-        warnings.warn(
-            "captcha_tasks.store is deprecated: build captcha_tasks.state.State from the "
-            "settings, or use captcha_tasks.toolkit",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return store
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _load() -> None:
+    global _loading
+    _loading = True
+    try:
+        found = {}
+        for public, (module, attribute) in _SOURCES.items():
+            loaded = importlib.import_module(module, __name__)
+            found[public] = loaded if attribute is None else getattr(loaded, attribute)
+        # Last: importing the submodule `captcha_tasks.stream` bound its name to the module.
+        globals().update(found)
+    finally:
+        _loading = False
+
+
+def _deprecated_store() -> types.ModuleType:
+    # ``captcha_tasks.store`` (handles fetched from globals) goes away in the next release;
+    # the state is one value now (captcha_tasks.state.State).
+    import warnings
+
+    warnings.warn(
+        "captcha_tasks.store is deprecated: build captcha_tasks.state.State from the "
+        "settings, or use captcha_tasks.toolkit",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    return importlib.import_module(".state.store", __name__)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value: typing.Any) -> None:
+        # Importing the submodule `captcha_tasks.stream` binds its name here; the public
+        # name `stream` is that module's function, whichever was imported first.
+        if name == "stream" and isinstance(value, types.ModuleType):
+            value = value.stream
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -67,10 +67,16 @@ class CaptchaTasksError(Exception):
 
 
 class ConfigurationError(CaptchaTasksError, ValueError):
+    """A setting is wrong: fix the environment variable the message names (a process stops
+    at its start, exit code 78)."""
+
     default_code = "ERROR_CONFIGURATION"
 
 
 class ValidationError(CaptchaTasksError, ValueError):
+    """The solve request is wrong (unknown method or argument, a missing or bad value): fix the
+    call; nothing was queued."""
+
     default_code = "ERROR_VALIDATION"
 
 
@@ -98,19 +104,28 @@ class BadMessage(ValidationError):
 
 
 class RetryableError(CaptchaTasksError):
+    """A passing condition: the workers back off and try the same request again for you; a caller
+    sees it only when it happened before anything was queued."""
+
     default_code = "ERROR_RETRYABLE"
 
 
 class NoSlotError(RetryableError):
+    """The provider has no free thread for the account (or the balance is zero): the submit waits
+    and is tried again; check the plan and `captcha-tasks account` if it lasts."""
+
     default_code = "ERROR_NO_SLOT_AVAILABLE"
 
 
 class TransportError(RetryableError):
+    """A timeout, a connection error, HTTP 5xx, or an HTML or empty reply: retried with back-off."""
+
     default_code = "ERROR_TRANSPORT"
 
 
 class RateLimited(RetryableError):
-    """HTTP 429: the API asks every client of the key to wait ``retry_after`` seconds."""
+    """HTTP 429: the API asks every client of the key to wait ``retry_after`` seconds; the
+    whole account holds its requests that long, without spending a retry."""
 
     default_code = "ERROR_RATE_LIMITED"
 
@@ -126,14 +141,22 @@ class RateLimited(RetryableError):
 
 
 class ServerError(RetryableError):
+    """The API said it failed (`ERROR_SERVER_ERROR`, `MAX_USER_TURN`): retried with back-off."""
+
     default_code = "ERROR_SERVER_ERROR"
 
 
 class StoreUnavailable(RetryableError):
+    """Redis is down or `REDIS_URL` is wrong (the message shows it, password masked): nothing is
+    submitted until Redis answers; restore Redis or fix `REDIS_URL`."""
+
     default_code = "ERROR_REDIS_UNAVAILABLE"
 
 
 class NoProxyAvailable(RetryableError):
+    """Every proxy of the shared pool is taken or cooling off: retried; add proxies to
+    `CAPTCHAAI_PROXIES` if it lasts."""
+
     default_code = "ERROR_NO_PROXY_AVAILABLE"
 
 
@@ -168,46 +191,74 @@ class KafkaUnavailable(RetryableError):
 
 
 class ResubmitError(CaptchaTasksError):
+    """This captcha failed: a new one is submitted for you, within `CAPTCHAAI_MAX_RESUBMITS`."""
+
     default_code = "ERROR_RESUBMIT"
 
 
 class UnsolvableError(ResubmitError):
+    """The provider could not solve the captcha: a new one is submitted for you (bounded)."""
+
     default_code = "ERROR_CAPTCHA_UNSOLVABLE"
 
 
 class TokenExpired(ResubmitError):
+    """The answer's life ran out before it could be delivered: solved again within the deadline."""
+
     default_code = "ERROR_TOKEN_EXPIRED"
 
 
 class FatalError(CaptchaTasksError):
+    """Never retried: the request or the account is wrong; fix what the message says."""
+
     default_code = "ERROR_FATAL"
 
 
 class AuthError(FatalError):
+    """The API rejects the key or this host (`ERROR_WRONG_USER_KEY`, `ERROR_KEY_DOES_NOT_EXIST`,
+    `IP_BANNED`, `ERROR_IP_NOT_ALLOWED`): check `CAPTCHAAI_API_KEY`, `CAPTCHAAI_BASE_URL` and the
+    account's IP list."""
+
     default_code = "ERROR_WRONG_USER_KEY"
 
 
 class BadRequestError(FatalError):
+    """The API refused the parameters (bad sitekey, pageurl, image or parameters): fix the call."""
+
     default_code = "ERROR_BAD_PARAMETERS"
 
 
 class ProxyError(FatalError):
+    """The proxy you passed could not be used by the provider: fix or replace it (a pooled proxy is
+    quarantined and the solve resubmitted instead)."""
+
     default_code = "ERROR_BAD_PROXY"
 
 
 class UnknownAPIError(FatalError):
+    """An `ERROR_*` code this package does not know (kept on `code`): not retried; look the code up
+    in the provider's documentation."""
+
     default_code = "ERROR_UNKNOWN"
 
 
 class GaveUpError(CaptchaTasksError):
+    """A budget ran out; the last cause is in the message."""
+
     default_code = "ERROR_GAVE_UP"
 
 
 class SolveTimeout(GaveUpError):
+    """The solve's deadline (`CAPTCHAAI_SOLVE_TIMEOUT`) passed: try again later, or raise the
+    deadline if solves are slow."""
+
     default_code = "ERROR_SOLVE_TIMEOUT"
 
 
 class RetriesExhausted(GaveUpError):
+    """The transport or resubmit budget was used up (`CAPTCHAAI_TRANSPORT_RETRIES`,
+    `CAPTCHAAI_MAX_RESUBMITS`): the API kept failing; look at the cause in the message."""
+
     default_code = "ERROR_RETRIES_EXHAUSTED"
 
 
@@ -258,6 +309,20 @@ HINTS = {
     "account's IP list",
     "IP_BANNED": "the API banned this host's IP address for a while (too many bad requests)",
 }
+
+
+def codes() -> dict[str, type[CaptchaTasksError]]:
+    """Every error code this package raises or maps: the API's codes and our own."""
+    found = dict(_BY_CODE)
+    for cls in _tree(CaptchaTasksError):
+        found.setdefault(cls.default_code, cls)
+    return found
+
+
+def _tree(cls: type[CaptchaTasksError]) -> list[type[CaptchaTasksError]]:
+    # Only this module's classes: what other modules subclass is theirs to document.
+    below = (c for sub in cls.__subclasses__() if sub.__module__ == __name__ for c in _tree(sub))
+    return [cls, *below]
 
 
 def from_api_code(

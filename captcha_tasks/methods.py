@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -319,13 +320,15 @@ def build_request(
     spec = METHODS.get(method)
     if spec is None:
         raise ValidationError(f"unknown method {method!r}; use one of {', '.join(sorted(METHODS))}")
+    params = _renamed(params)
+    _check_unknown(spec, params)  # first: `site_key=` must be named, not read as no sitekey
     if spec.sitekey_field is not None:
         sitekey = _required_text("sitekey", sitekey, method)
     elif sitekey is not None:
         raise ValidationError(f"method {method!r} takes no sitekey")
     if spec.needs_pageurl or pageurl is not None:
         pageurl = _check_pageurl(_required_text("pageurl", pageurl, method))
-    clean = _check_params(spec, _renamed(params))
+    clean = _check_params(spec, params)
     return SolveRequest(method, sitekey, pageurl, clean)
 
 
@@ -360,15 +363,25 @@ def _check_pageurl(url: str) -> str:
     return url
 
 
-def _check_names(spec: MethodSpec, params: Mapping[str, Any]) -> None:
+def _check_unknown(spec: MethodSpec, params: Mapping[str, Any]) -> None:
     unknown = set(params) - spec.optional - spec.required
-    if unknown:
-        hint = ""
-        if spec.sitekey_field in unknown:
-            hint = f" (method {spec.name!r} takes its {spec.sitekey_field} as sitekey)"
-        raise ValidationError(
-            f"unknown parameter(s) for method {spec.name!r}: {', '.join(sorted(unknown))}{hint}"
-        )
+    if not unknown:
+        return
+    hint = ""
+    if spec.sitekey_field in unknown:
+        hint = f" (method {spec.name!r} takes its {spec.sitekey_field} as sitekey)"
+    known = sorted({"sitekey", "pageurl", *spec.optional, *spec.required})
+    named = ", ".join(_with_guess(name, known) for name in sorted(unknown))
+    raise ValidationError(f"unknown parameter(s) for method {spec.name!r}: {named}{hint}")
+
+
+def _with_guess(name: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+    return f"{name} (did you mean {close[0]}?)" if close else name
+
+
+def _check_names(spec: MethodSpec, params: Mapping[str, Any]) -> None:
+    _check_unknown(spec, params)
     missing = spec.required - {k for k, v in params.items() if v not in (None, "")}
     if missing:
         raise ValidationError(

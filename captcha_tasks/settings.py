@@ -7,11 +7,12 @@ its settings with :func:`get_settings`.  A wrong value raises
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from functools import lru_cache
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -48,8 +49,9 @@ class Settings:
     initial_wait: float | None = None
     #: CAPTCHAAI_SOLVE_TIMEOUT: overall deadline of one solve, resubmits included.
     solve_timeout: float = 300.0
-    #: CAPTCHAAI_CONNECT_TIMEOUT / CAPTCHAAI_READ_TIMEOUT: HTTP timeouts in seconds.
+    #: CAPTCHAAI_CONNECT_TIMEOUT: seconds to connect to the API.
     connect_timeout: float = 5.0
+    #: CAPTCHAAI_READ_TIMEOUT: seconds to wait for each reply of the API.
     read_timeout: float = 30.0
     #: CAPTCHAAI_TRANSPORT_RETRIES: retries of one HTTP step after transient errors.
     transport_retries: int = 5
@@ -79,7 +81,8 @@ class Settings:
     pool_reserve: int | None = None
     #: CAPTCHAAI_PREWARM_EVERY: seconds between beat's pool pre-warm ticks.
     prewarm_every: float = 10.0
-    #: CAPTCHAAI_POOLS: token pools, a JSON list (see the README).
+    #: CAPTCHAAI_POOLS: token pools, a JSON list of ``{name, method, sitekey, pageurl, size,
+    #: ttl, min_remaining, ...extra solve parameters}``.
     pools: tuple[Any, ...] = ()
     #: CAPTCHAAI_PROXIES: proxies for the shared pool, comma or newline separated.
     proxies: tuple[str, ...] = field(default=(), repr=False)
@@ -393,6 +396,50 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
 
 #: Every environment variable the settings read (used by the compose-file check).
 ENVIRONMENT_VARIABLES = frozenset(var for var, _ in _ENV.values())
+
+
+@dataclass(frozen=True)
+class SettingDoc:
+    """One setting as the documentation shows it."""
+
+    variable: str
+    field: str
+    default: Any
+    meaning: str
+
+
+def documented() -> list[SettingDoc]:
+    """Every setting in the order of :class:`Settings`: its environment variable, field,
+    default and meaning, read from the ``#: VARIABLE: meaning`` comment above its field.
+    The reference in the documentation is built from this, so it cannot drift."""
+    comments = _field_comments()
+    docs = []
+    for f in fields(Settings):
+        variable, _ = _ENV[f.name]
+        named, _, meaning = comments.get(f.name, "").partition(": ")
+        if named != variable:
+            raise ConfigurationError(f"Settings.{f.name} needs a '#: {variable}: ...' comment")
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        docs.append(SettingDoc(variable, f.name, default, meaning))
+    return docs
+
+
+def _field_comments() -> dict[str, str]:
+    comments: dict[str, str] = {}
+    pending: list[str] = []
+    for line in inspect.getsource(Settings).splitlines():
+        text = line.strip()
+        if text.startswith("#:"):
+            pending.append(text.removeprefix("#:").strip())
+            continue
+        annotated = _FIELD_LINE.match(text)
+        if annotated and pending:
+            comments[annotated.group(1)] = " ".join(pending)
+        pending = []
+    return comments
+
+
+_FIELD_LINE = re.compile(r"(\w+): [^=]+(=|$)")
 
 
 @lru_cache(maxsize=1)

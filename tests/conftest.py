@@ -9,6 +9,7 @@ inherit the same environment.
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -56,6 +57,12 @@ SANDBOX_DEFAULTS = {
 
 def pytest_configure(config: pytest.Config) -> None:
     from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+
+    # Tests stop the processes they start with SIGINT, as Ctrl-C would.  Started in the
+    # background (`./scripts/test &`, nohup), this process inherits SIGINT *ignored*, and so
+    # would every child (an ignored signal stays ignored across exec).  A handler here
+    # becomes the default disposition in each child instead.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
     out = Path(os.environ.get("TEST_OUTPUT_DIR") or tempfile.mkdtemp(prefix="ct-tests-"))
     out.mkdir(parents=True, exist_ok=True)

@@ -1,28 +1,23 @@
-"""The JSON Schema files of ``schemas/``, loaded for tests (``validate("outcome", data)``)."""
+"""The JSON Schema files of ``captcha_tasks/schemas/``, loaded for tests
+(``validate("outcome", data)``)."""
 
 from __future__ import annotations
 
-import json
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
-
-
-def load(name: str) -> dict[str, Any]:
-    return dict(json.loads((SCHEMAS / f"{name}.schema.json").read_text()))
+from captcha_tasks.schemas import load, names
 
 
 @cache
 def registry() -> Registry:
     """Every schema file under its ``$id``, so they can refer to each other."""
     resources = []
-    for path in sorted(SCHEMAS.glob("*.schema.json")):
-        schema = json.loads(path.read_text())
+    for name in names():
+        schema = load(name)
         resources.append((schema["$id"], Resource.from_contents(schema)))
     return Registry().with_resources(resources)
 

@@ -68,6 +68,9 @@ def _jsonl_rows(fh: IO[str]) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
 
 def check_input(path: Path) -> tuple[int, list[BadLine]]:
     """Validate every row; returns the row count and every bad line."""
+    disguised = _csv_named_otherwise(path)
+    if disguised is not None:
+        return 0, [disguised]
     count, bad = 0, []
     for line, row in read_rows(path):
         count += 1
@@ -79,6 +82,22 @@ def check_input(path: Path) -> tuple[int, list[BadLine]]:
         except (ValidationError, TypeError) as exc:
             bad.append(BadLine(line, str(exc)))
     return count, bad
+
+
+def _csv_named_otherwise(path: Path) -> BadLine | None:
+    """A CSV file under another name (``tasks.txt``) is read as JSON lines, so every line
+    would be "invalid JSON": say once what it is instead."""
+    if _is_csv(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        first = next((text for text in fh if text.strip()), "")
+    if first.lstrip().startswith("{") or "," not in first or "method" not in first:
+        return None
+    return BadLine(
+        1,
+        f"this looks like a CSV header, but {path.name} is read as JSON lines: the format is "
+        "chosen by the file name, so rename it to .csv (JSON lines: any other name)",
+    )
 
 
 def _solve_args(row: dict[str, Any]) -> dict[str, Any]:

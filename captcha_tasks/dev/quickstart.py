@@ -107,6 +107,15 @@ class Stack:
         if self.sandbox is not None:
             self.sandbox.stop()
 
+    def dead(self) -> str | None:
+        """The first process of the stack that exited on its own, said in a few words (its
+        log path included); None while all run.  Asking reaps it: no zombie is left."""
+        for proc in self.processes:
+            if not proc.alive():
+                code = proc.proc.returncode if proc.proc is not None else None
+                return f"{proc.name} exited (code {code}; log: {proc.log_path})"
+        return None
+
     def exports(self) -> list[str]:
         """What another shell needs to use this stack, as ``export`` lines; secrets of
         the user's own environment (an API key, a Redis password) are not repeated."""

@@ -2,9 +2,8 @@
 :mod:`captcha_tasks.kafka.bridge` and :mod:`captcha_tasks.kafka.client`.
 
 They need the ``kafka`` extra; without confluent-kafka they stop with one line saying how
-to install it.  This module imports neither at import time, so ``captcha_tasks.cli`` can
-always :func:`register` them: the imports inside the commands are of the optional
-dependency, the only reason an import sits inside a function in this package.
+to install it.  This module imports neither at import time, so ``captcha-tasks --help``
+lists them without it: the imports inside the commands are of the optional dependency.
 """
 
 from __future__ import annotations
@@ -97,12 +96,6 @@ def create_topics(partitions: int, replication_factor: int) -> None:
 
     created = create(partitions=partitions, replication_factor=replication_factor)
     click.echo(f"created: {', '.join(created)}" if created else "all topics exist already")
-
-
-def register(cli_group: click.Group) -> None:
-    """Add ``kafka-bridge`` and the ``kafka`` group to the ``captcha-tasks`` command."""
-    cli_group.add_command(kafka_bridge)
-    cli_group.add_command(kafka)
 
 
 def _configure_logging(level: str) -> None:

@@ -37,8 +37,3 @@ def register(url: str | None) -> None:
         raise ConfigurationError("CAPTCHAAI_PINGBACK_URL is not set (or pass --url)")
     runtime.api().add_pingback(address)
     click.echo(f"registered {address}")
-
-
-def register_commands(cli: click.Group) -> None:
-    cli.add_command(pingback_server)
-    cli.add_command(pingback)

@@ -1,6 +1,6 @@
 "use strict";
 /**
- * A Node.js client of captcha-tasks' Kafka contract (see ../../schemas/):
+ * A Node.js client of captcha-tasks' Kafka contract (see ../../captcha_tasks/schemas/):
  * it produces tasks on `captcha-tasks` (key: task_id) and reads their outcomes from
  * `captcha-results` (key: task_id), answered by `captcha-tasks kafka-bridge` and the
  * Celery workers.

@@ -277,3 +277,32 @@ def test_ctrl_c_keeps_lines_and_prints_how_to_resume(
     limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
     assert sandbox.stats()["submits"] == stopped_at
+
+
+# -- what a new user's input looks like ------------------------------------------------------
+
+
+def test_a_csv_file_with_another_name_is_explained_in_one_line(
+    sandbox: Any, tmp_path: Path
+) -> None:
+    source = tmp_path / "tasks.txt"  # CSV content, saved under a name that means JSON lines
+    source.write_text("method,sitekey,pageurl\n" + f"turnstile,k,{PAGE}\n" * 20)
+    proc = run_cli("batch", str(source), "-o", str(tmp_path / "out.jsonl"))
+    assert proc.returncode == 2
+    first, summary = proc.stderr.strip().splitlines()
+    assert "looks like a CSV header" in first and "rename it to .csv" in first
+    assert summary == "1 bad line(s); nothing was submitted"
+    assert sandbox.stats()["submits"] == 0
+
+
+def test_resume_with_everything_solved_says_so(sandbox: Any, tmp_path: Path) -> None:
+    source = write_jsonl(tmp_path / "in.jsonl", [task(sitekey=f"k{i}") for i in range(3)])
+    out = write_jsonl(
+        tmp_path / "out.jsonl",
+        [{"index": i, "status": "solved", "token": f"t{i}"} for i in range(3)],
+    )
+    proc = run_cli("batch", str(source), "--resume", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == f"all 3 tasks of {source} are already solved in {out}"
+    assert len(read_jsonl(out)) == 3
+    assert sandbox.stats()["submits"] == 0

@@ -7,11 +7,17 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 
+import captcha_tasks
+from captcha_tasks.cli import COMMANDS, load_command
+from captcha_tasks.cli import cli as cli_group
 from captcha_tasks.dev.devstack import free_port
 from captcha_tasks.dev.sandbox import SandboxConfig
 from captcha_tasks.settings import mask_url
@@ -211,3 +217,102 @@ def test_an_app_calling_solve_registers_its_pools(
         assert [row["name"] for row in _status(env)] == [POOL["name"]]
     finally:
         redis_conn.delete(f"{isolated_module}.solve")  # the message no worker will take
+
+
+# -- the command itself: lazy sub-commands, --help and --version ----------------------------
+
+HEAVY = ("celery", "captcha_tasks.dev", "captcha_tasks.kafka", "captcha_tasks.metrics",
+         "captcha_tasks.worker", "captcha_tasks.stream", "requests")  # fmt: skip
+IMPORTED_BY_HELP = """
+import sys
+from captcha_tasks.cli import main
+sys.argv = ["captcha-tasks", "--help"]
+main()
+heavy = {HEAVY!r}
+print("heavy:", sorted(m for m in sys.modules if m.startswith(heavy)))
+"""
+
+
+def test_help_lists_every_command_without_importing_any() -> None:
+    done = run([sys.executable, "-c", IMPORTED_BY_HELP.format(HEAVY=HEAVY)], dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "heavy: []"
+    listed = done.stdout.split("Commands:", 1)[1].split()
+    for name in COMMANDS:
+        assert name in listed, name
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_each_lazy_command_is_where_the_list_says_with_its_help(name: str) -> None:
+    where, summary = COMMANDS[name]
+    command = load_command(where)
+    assert command.name == name
+    assert command.get_short_help_str(1000) == summary
+
+
+def test_a_command_runs_from_its_lazy_entry(env: dict[str, str]) -> None:
+    assert cli_group.get_command(click.Context(cli_group), "no-such-command") is None
+    done = cli("pool", "--help", env=env)
+    assert done.returncode == 0
+    assert "status" in done.stdout and "declare" in done.stdout
+    done = cli("no-such-command", env=env)
+    assert done.returncode == 2
+    assert "No such command 'no-such-command'" in done.stderr
+
+
+def test_version_is_the_packages(env: dict[str, str]) -> None:
+    done = cli("--version", env=env)
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"captcha-tasks, version {version('captcha-tasks')}"
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    assert version("captcha-tasks") == project["project"]["version"]
+    assert captcha_tasks.__version__ == project["project"]["version"]
+
+
+# -- a misspelt argument ------------------------------------------------------------------------
+
+MISSPELT = f"""
+from captcha_tasks import solve
+from captcha_tasks.errors import ValidationError
+try:
+    solve.delay(method="turnstile", site_key="0x4AAA", pageurl="{PAGE}")
+except ValidationError as exc:
+    print(exc)
+"""
+
+
+def test_site_key_is_named_as_the_unknown_argument(clean_state: None, env: dict[str, str]) -> None:
+    done = run([sys.executable, "-c", MISSPELT], env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "unknown parameter(s) for method 'turnstile': site_key (did you mean sitekey?)" in (
+        done.stdout
+    )
+    assert "sitekey is required" not in done.stdout
+    done = cli(
+        "solve", "--method", "turnstile", "--param", "site_key=0x4AAA", "--pageurl", PAGE, env=env
+    )
+    assert done.returncode == 1
+    [line] = lines(done.stderr)
+    assert "site_key (did you mean sitekey?)" in line
+
+
+def test_pool_status_explains_the_demand_aware_target(
+    clean_state: None, env: dict[str, str], state: Any
+) -> None:
+    shell = {**env, "CAPTCHAAI_POOLS": json.dumps([{**POOL, "size": 10}])}
+    before = cli("pool", "status", env=shell)
+    assert before.returncode == 0, before.stderr
+    [row] = [line.split() for line in lines(before.stdout) if line.startswith(POOL["name"])]
+    assert row[1:3] == ["10", "10"]  # size, target: filled to its size until the first take
+    assert "first take" not in before.stdout
+    state.pools.add(POOL["name"], {"token": "pooled-token"}, 100)  # as a refill would
+    took = run([sys.executable, "-c", f"from captcha_tasks import take_token; "
+                f"print(take_token({POOL['name']!r}))"], shell)  # fmt: skip
+    assert took.returncode == 0, took.stderr
+    assert "pooled-token" in took.stdout
+    after = cli("pool", "status", env=shell)
+    [row] = [line.split() for line in lines(after.stdout) if line.startswith(POOL["name"])]
+    assert row[1] == "10" and 1 <= int(row[2]) <= 10  # the target follows the demand now
+    assert float(row[5]) > 0  # takes/s
+    assert "filled to its size until its first take" in after.stdout
+    assert "takes/s x (solve time + margin)" in after.stdout

@@ -1,6 +1,6 @@
-"""The contract in ``schemas/``: the files are valid JSON Schema, the request schema says
-what ``build_request`` says, and real outcomes and batch stream entries from real runs (a
-real worker, Redis and the sandbox) match them.  The Kafka messages are checked against
+"""The contract in ``captcha_tasks/schemas/``: the files are valid JSON Schema, the request
+schema says what ``build_request`` says, and real outcomes and batch stream entries from real
+runs (a real worker, Redis and the sandbox) match them.  The Kafka messages are checked against
 theirs in ``tests/kafka/test_node_client.py``, against a real broker."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ import uuid
 from typing import Any
 
 import pytest
-from contract import SCHEMAS, load, problems, registry, validate
+from contract import load, problems, registry, validate
 from image_files import png_b64
 from jsonschema import Draft202012Validator
 
-from captcha_tasks import errors, solve
+from captcha_tasks import errors, schemas, solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.methods import METHODS, build_request
 from captcha_tasks.stream import stream
@@ -23,7 +23,7 @@ from captcha_tasks.worker.app import app
 PAGE = "https://example.com/schemas"
 IMAGE = png_b64(2048)
 
-NAMES = sorted(p.name.removesuffix(".schema.json") for p in SCHEMAS.glob("*.schema.json"))
+NAMES = schemas.names()
 
 
 def test_the_six_schemas_are_valid_json_schema() -> None:

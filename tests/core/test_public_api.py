@@ -10,32 +10,9 @@ import types
 
 import pytest
 from celery import Celery, Task
+from public_api import DOCUMENTED, EXPORTED
 
 import captcha_tasks
-
-EXPORTED = {
-    "METHODS",
-    "NOT_READY",
-    "CaptchaAIClient",
-    "CaptchaTasksError",
-    "Failed",
-    "Settings",
-    "SolveRequest",
-    "Solved",
-    "ValidationError",
-    "app",
-    "build_request",
-    "create_pool",
-    "errors",
-    "get_settings",
-    "outcome_from_dict",
-    "poll",
-    "report",
-    "solve",
-    "stream",
-    "submit",
-    "take_token",
-}
 
 
 def test_exported_members() -> None:
@@ -63,16 +40,9 @@ def test_each_export_is_what_it_says() -> None:
 
 
 def test_documented_import_paths() -> None:
-    for module, name in [
-        ("captcha_tasks.stream", "stream"),
-        ("captcha_tasks.errors", "FatalError"),
-        ("captcha_tasks.toolkit.sessions", "CookieStore"),
-        ("captcha_tasks.toolkit.sessions", "reauthenticate"),
-        ("captcha_tasks.toolkit.proxies", "ProxyPool"),
-        ("captcha_tasks.state", "State"),
-        ("captcha_tasks.kafka.client", "TaskProducer"),
-    ]:
-        assert hasattr(importlib.import_module(module), name), f"{module}.{name}"
+    for path in DOCUMENTED:
+        module, _, name = path.rpartition(".")
+        assert hasattr(importlib.import_module(module), name), path
     assert captcha_tasks.stream is importlib.import_module("captcha_tasks.stream").stream
 
 
@@ -112,3 +82,15 @@ def test_moved_names_keep_their_old_path_with_a_warning() -> None:
         store = captcha_tasks.store
     with pytest.warns(DeprecationWarning, match="store.keys"):
         assert store.keys().prefix == captcha_tasks.get_settings().key_prefix
+
+
+def test_every_error_class_says_what_to_do_and_every_code_has_a_class() -> None:
+    from captcha_tasks import errors
+
+    codes = errors.codes()
+    for cls in set(codes.values()):
+        assert cls.__doc__ and cls.__doc__.strip(), cls.__name__
+        assert cls.__module__ == "captcha_tasks.errors", cls.__name__
+    assert codes["ERROR_WRONG_USER_KEY"] is errors.AuthError
+    assert codes["ERROR_SOLVE_TIMEOUT"] is errors.SolveTimeout
+    assert codes["ERROR_CAPTCHA_TASKS"] is errors.CaptchaTasksError

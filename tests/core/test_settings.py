@@ -67,3 +67,14 @@ def test_every_setting_has_its_environment_variable() -> None:
 
     assert {f.name for f in fields(Settings)} == set(_ENV)
     assert len(ENVIRONMENT_VARIABLES) == len(_ENV)
+
+
+def test_every_setting_documents_its_variable_default_and_meaning() -> None:
+    from captcha_tasks.settings import documented
+
+    docs = documented()
+    assert {doc.variable for doc in docs} == ENVIRONMENT_VARIABLES
+    defaults = Settings()
+    for doc in docs:
+        assert doc.meaning.strip(), doc.variable
+        assert doc.default == getattr(defaults, doc.field), doc.variable

@@ -3,6 +3,7 @@ running, its settings for another shell; stopped by Ctrl-C, SIGTERM or SIGHUP al
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -19,6 +20,7 @@ from captcha_tasks.dev.devstack import free_port, redis_reachable, wait_until
 
 pytestmark = pytest.mark.slow
 
+ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = [sys.executable, "-m", "captcha_tasks.cli", "quickstart"]
 CLI = [sys.executable, "-m", "captcha_tasks.cli"]
 
@@ -61,6 +63,25 @@ def test_quickstart_solves_a_demo_batch_and_cleans_up(tmp_path: Path) -> None:
     logs = quickstart_dir(tmp_path)
     assert f"logs in {logs}" in out
     assert (logs / "worker1.log").exists()
+    assert "captcha-tasks quickstart --keep-running" in out.split("solved in", 1)[1]  # next
+
+
+def test_the_script_says_only_what_the_quickstart_says(tmp_path: Path) -> None:
+    # ./scripts/quickstart as a new user runs it: the install is quiet (no build backend
+    # warnings), the demo runs, the last lines say what to do next.
+    env = user_env(tmp_path)
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "quickstart"), "--count", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stderr == "", done.stderr[-3000:]
+    assert done.stdout.startswith("logs in "), done.stdout[:500]
+    assert "2/2 solved" in done.stdout
+    assert done.stdout.rstrip().splitlines()[-4].startswith("next:")
 
 
 def test_a_failed_run_leaves_no_temporary_folder(tmp_path: Path) -> None:
@@ -115,9 +136,20 @@ class KeptStack:
         return found
 
     def stop(self) -> None:
+        """Ctrl-C; whatever still runs after it (the quickstart, or a child it left) is
+        killed, so a failed test leaks no process."""
+        children = self.children()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
-            self.proc.wait(60)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        for pid in children:  # each leads a session of its own (Redis, a worker, beat)
+            if alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -197,6 +229,20 @@ def test_kept_stack_prints_its_settings_for_another_shell(
     # Another shell: the user's environment plus the file, as `source` gives it.
     shell = {**kept_stack.env, **exports}
     check_commands_work(shell, int(exports["CAPTCHAAI_THREADS"]), tmp_path)
+
+
+def test_a_process_that_dies_stops_the_kept_stack_and_says_which(
+    kept_stack: KeptStack,
+) -> None:
+    kept_stack.wait_running()
+    children = kept_stack.children()
+    [redis] = [pid for pid in children if b"-server" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    os.kill(redis, signal.SIGKILL)
+    assert kept_stack.proc.wait(30) == 1
+    said = kept_stack.text().rsplit("Ctrl-C, SIGTERM", 1)[1]
+    assert "redis exited (code -9; log: " in said
+    assert "stopping the stack" in said
+    assert [pid for pid in children if alive(pid)] == []  # the worker and beat too
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])

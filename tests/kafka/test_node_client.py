@@ -1,5 +1,6 @@
 """The Node.js client example against the real Kafka broker, bridge, Celery worker and
-sandbox; every message on the three topics of the run is checked against ``schemas/``."""
+sandbox; every message on the three topics of the run is checked against
+``captcha_tasks/schemas/``."""
 
 from __future__ import annotations
 

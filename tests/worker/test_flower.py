@@ -5,19 +5,15 @@ failed instead on CI)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
-from system_parts import missing
+from browser import chromium
 
 from captcha_tasks.dev.devstack import CeleryProcess, free_port, wait_until
 from captcha_tasks.worker.app import app
@@ -161,28 +157,9 @@ def test_credentials_are_required_but_metrics_stay_open(output_dir: Path) -> Non
 # -- the task list in a real browser -------------------------------------------------------
 
 
-def _browser() -> Any:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_path = shutil.which("chromedriver")
-    if not (chromium and driver_path):
-        missing("headless browser", "apt-get install -y chromium chromium-driver")
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (
-        "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        "--window-size=1600,1000",
-        f"--user-data-dir={tempfile.mkdtemp(prefix='ct-chromium-')}",
-    ):  # fmt: skip
-        options.add_argument(flag)
-    # An explicit driver path: Selenium Manager must not try to download one.
-    return webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-
-
 @pytest.fixture
 def browser() -> Iterator[Any]:
-    driver = _browser()
+    driver = chromium()
     try:
         yield driver
     finally:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from captcha_tasks.dev.devstack import free_port
 from captcha_tasks.worker.startup import EXIT_CONFIG
 
 CELERY = [sys.executable, "-m", "celery", "-A", "captcha_tasks"]
@@ -92,3 +93,23 @@ def test_an_app_process_gets_the_exception_not_an_exit() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "raised CAPTCHAAI_THREADS must be at least 1"
+
+
+def test_a_worker_with_a_key_the_api_rejects_refuses_to_start(sandbox: Any) -> None:
+    done = celery(*ROLES["worker"], env=without(CAPTCHAAI_API_KEY="not-the-accounts-key"))
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    [line] = output_lines(done)
+    assert line.startswith("celery worker: ConfigurationError: ERROR_WRONG_USER_KEY")
+    assert "check CAPTCHAAI_API_KEY" in line
+    assert "not-the-accounts-key" not in line  # the key itself is never shown
+
+
+def test_an_unreachable_api_does_not_keep_a_worker_from_starting(tmp_path: Any) -> None:
+    # Nothing listens at the base URL: the balance check fails fast and the worker starts
+    # (its tasks retry); it runs until the timeout stops it.
+    env = without(CAPTCHAAI_BASE_URL=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(subprocess.TimeoutExpired) as running:
+        subprocess.run([*CELERY, *ROLES["worker"], "-Q", "startup-unreachable", "-l", "INFO"],
+                       env=env, capture_output=True, timeout=12)  # fmt: skip
+    logged = running.value.stderr or b""
+    assert b" ready." in (logged if isinstance(logged, bytes) else logged.encode()), logged

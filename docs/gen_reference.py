@@ -1,0 +1,222 @@
+"""The reference pages, written from the code at every ``mkdocs build`` (mkdocs-gen-files),
+so they cannot drift from it: settings from ``captcha_tasks.settings.documented()``, error
+codes from ``captcha_tasks.errors``, the JSON Schemas from ``captcha_tasks.schemas`` and the
+public import paths from the package itself (tests/docs/test_site.py checks them against
+the ones tests/public_api.py pins)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import mkdocs_gen_files
+
+import captcha_tasks
+from captcha_tasks import errors, schemas
+from captcha_tasks.settings import documented
+
+#: Public import paths beyond the package's top level, with what each is for.
+MODULE_PATHS = {
+    "captcha_tasks.stream.stream": "a batch, in completion order (also `captcha_tasks.stream`)",
+    "captcha_tasks.aio.solve": "await a solve from an asyncio event loop",
+    "captcha_tasks.aio.stream": "async for over a batch, in completion order",
+    "captcha_tasks.errors.FatalError": "every error class, split by what to do next",
+    "captcha_tasks.toolkit.sessions.CookieStore": "cookies shared by every worker",
+    "captcha_tasks.toolkit.sessions.SessionLock": "one login at a time across workers",
+    "captcha_tasks.toolkit.sessions.reauthenticate": "exactly one worker logs in again",
+    "captcha_tasks.toolkit.proxies.ProxyPool": "sticky proxies with quarantine",
+    "captcha_tasks.state.State": "the Redis state of a deployment, built from its settings",
+    "captcha_tasks.kafka.client.TaskProducer": "put tasks on the Kafka tasks topic",
+    "captcha_tasks.receiver.default_receiver": "mount the pingback receiver in your app",
+    "captcha_tasks.schemas.load": "the JSON Schemas of the contract",
+}
+
+
+def markdown(text: str) -> str:
+    """Docstrings and field comments use reStructuredText literals; the site, Markdown."""
+    return text.replace("``", "`")
+
+
+def shown(default: Any) -> str:
+    if default is None:
+        return "unset"
+    if default in ("", (), {}):
+        return "—"
+    if isinstance(default, bool):
+        return "`1`" if default else "`0`"
+    if isinstance(default, float) and default.is_integer():
+        default = int(default)
+    if isinstance(default, dict):
+        return f"`{json.dumps(default)}`"
+    return f"`{default}`"
+
+
+def settings_page() -> str:
+    rows = "\n".join(
+        f"| `{s.variable}` | {shown(s.default)} | {markdown(s.meaning)} |" for s in documented()
+    )
+    return f"""# Settings reference
+
+Every environment variable captcha-tasks reads, with its default and meaning, generated from
+`captcha_tasks.settings.Settings` when this site was built. How settings are read and checked:
+[Settings](../operations/settings.md).
+
+| variable | default | meaning |
+|---|---|---|
+{rows}
+
+Flower reads its own `FLOWER_BASIC_AUTH` (`user:password[,user2:password2]`); captcha-tasks
+refuses to start Flower without credentials unless `CAPTCHAAI_FLOWER_NO_AUTH=1`.
+"""
+
+
+def _tree_lines(cls: type[errors.CaptchaTasksError], depth: int = 0) -> list[str]:
+    lines = [f"{'    ' * depth}{cls.__name__} ({cls.default_code})"]
+    for sub in cls.__subclasses__():
+        if sub.__module__ == errors.__name__:
+            lines += _tree_lines(sub, depth + 1)
+    return lines
+
+
+def _doc(cls: type) -> str:
+    return markdown(" ".join((cls.__doc__ or "").split()))
+
+
+def errors_page() -> str:
+    codes = errors.codes()
+    classes = sorted({cls for cls in codes.values()}, key=lambda c: _tree_order().index(c))
+    sections = []
+    for cls in classes:
+        own = [code for code, c in codes.items() if c is cls]
+        hints = [f"`{code}`: {errors.HINTS[code]}." for code in own if code in errors.HINTS]
+        parent = cls.__mro__[1].__name__
+        sections.append(
+            f"### {cls.__name__}\n\n"
+            f"`captcha_tasks.errors.{cls.__name__}`, a `{parent}`. "
+            f"Codes: {', '.join(f'`{c}`' for c in own)}.\n\n{_doc(cls)}\n\n"
+            + "".join(f"- {hint}\n" for hint in hints)
+        )
+    table = "\n".join(
+        f"| `{code}` | [`{cls.__name__}`](#{cls.__name__.lower()}) | {_kind(cls)} |"
+        for code, cls in sorted(codes.items())
+    )
+    tree = "\n".join(_tree_lines(errors.CaptchaTasksError))
+    return f"""# Error codes
+
+Every exception captcha-tasks raises carries `code` (the API's error code, or one of ours)
+and `captcha_id` when one is known; a failed outcome has the same code in `error`. Generated
+from `captcha_tasks/errors.py` when this site was built.
+
+```
+{tree}
+```
+
+## Every code
+
+| code | exception | what happens |
+|---|---|---|
+{table}
+
+## What to do, by exception
+
+{"".join(sections)}"""
+
+
+def _tree_order() -> list[type[errors.CaptchaTasksError]]:
+    order: list[type[errors.CaptchaTasksError]] = []
+
+    def walk(cls: type[errors.CaptchaTasksError]) -> None:
+        order.append(cls)
+        for sub in cls.__subclasses__():
+            walk(sub)
+
+    walk(errors.CaptchaTasksError)
+    return order
+
+
+def _kind(cls: type) -> str:
+    for family, what in (
+        (errors.ConfigurationError, "fix the environment"),
+        (errors.ValidationError, "fix the call; nothing queued"),
+        (errors.RetryableError, "retried for you"),
+        (errors.ResubmitError, "a new captcha is submitted for you"),
+        (errors.FatalError, "fails at once"),
+        (errors.GaveUpError, "a budget ran out"),
+    ):
+        if issubclass(cls, family):
+            return what
+    return "the root of every error"
+
+
+def schemas_page() -> str:
+    parts = []
+    for name in schemas.names():
+        schema = schemas.load(name)
+        about = schema.get("description") or schema.get("title") or ""
+        parts.append(
+            f"## {name}\n\n`captcha_tasks/schemas/{name}.schema.json`, `$id` "
+            f"`{schema['$id']}`. {about}\n\n```json\n{json.dumps(schema, indent=2)}\n```\n"
+        )
+    return f"""# JSON Schemas
+
+The contract is plain JSON, written down as JSON Schema (2020-12). The files ship inside the
+package (`captcha_tasks/schemas/`, read with `captcha_tasks.schemas.load(name)`), refer to
+each other by their `$id`, and are checked by the tests against real messages from real
+runs. Clients in other languages validate against the same files.
+
+{chr(10).join(parts)}"""
+
+
+def public_paths() -> list[str]:
+    """Every public import path: the package's top-level names, then :data:`MODULE_PATHS`."""
+    return [f"captcha_tasks.{name}" for name in captcha_tasks.__all__] + list(MODULE_PATHS)
+
+
+def api_page() -> str:
+    sources = captcha_tasks._SOURCES  # where each top-level name is defined
+    top = []
+    for name in captcha_tasks.__all__:
+        module, attribute = sources[name]
+        target = "captcha_tasks" + module + (f".{attribute}" if attribute else "")
+        top.append((f"captcha_tasks.{name}", target))
+    table = "\n".join(f"| `{path}` | `{target}` |" for path, target in top)
+    deeper = "\n".join(f"| `{path}` | {what} |" for path, what in MODULE_PATHS.items())
+    blocks = "\n".join(f"::: {target}\n    options:\n      heading_level: 3\n" for _, target in top)
+    blocks += "\n".join(
+        f"::: {path}\n    options:\n      heading_level: 3\n" for path in MODULE_PATHS
+    )
+    return f"""# Python API
+
+These are the public import paths: a removal or rename of any of them is a breaking change
+(the test suite pins them). Anything else is internal and may change between versions.
+
+## From the top level
+
+`from captcha_tasks import solve, stream, ...`:
+
+| import path | defined in |
+|---|---|
+{table}
+
+## From their modules
+
+| import path | for |
+|---|---|
+{deeper}
+
+## Reference
+
+{blocks}
+"""
+
+
+PAGES = {
+    "reference/settings.md": settings_page,
+    "reference/errors.md": errors_page,
+    "reference/schemas.md": schemas_page,
+    "reference/api.md": api_page,
+}
+
+for path, page in PAGES.items():
+    with mkdocs_gen_files.open(path, "w") as out:
+        out.write(page())

@@ -1,0 +1,31 @@
+"""Every Celery setting of captcha-tasks is one the installed Celery knows: an older Celery
+ignores a setting it lacks without a word (5.5 and ``worker_eta_task_limit``), so this
+holds the ``celery`` lower bound in pyproject.toml (scripts/test-lowest runs it there)."""
+
+from __future__ import annotations
+import __future__
+
+from celery.app.defaults import NAMESPACES, flatten
+
+import captcha_tasks.worker.config as config
+
+#: Read by celery-redbeat (the ``redbeat`` extra), not by Celery.
+REDBEAT = "redbeat_"
+
+
+def our_settings() -> set[str]:
+    return {
+        name
+        for name, value in vars(config).items()
+        if name.islower()
+        and not name.startswith(("_", REDBEAT))
+        and not callable(value)
+        and not isinstance(value, __future__._Feature)
+    }
+
+
+def test_celery_knows_every_setting_we_give_it() -> None:
+    known = {name for name, _ in flatten(NAMESPACES)}
+    ours = our_settings()
+    assert {"worker_eta_task_limit", "task_acks_late", "broker_url"} <= ours
+    assert sorted(ours - known) == [], "settings this Celery ignores"
