@@ -23,9 +23,10 @@ from typing import Any, Literal, TypeVar, cast
 
 import redis
 
+from ..connections import UNREACHABLE
 from ..keys import Keys
 from ..settings import Settings
-from ..state.lua import UNREACHABLE, unavailable
+from ..state.lua import unavailable
 
 log = logging.getLogger(__name__)
 

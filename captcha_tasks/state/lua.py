@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import redis
 from redis.commands.core import Script
 
+from ..connections import UNREACHABLE
 from ..errors import StoreUnavailable
 from ..settings import get_settings, mask_url
 
@@ -54,11 +55,6 @@ def guard(call: Callable[[], T], what: str = "") -> T:
         return call()
     except UNREACHABLE as exc:
         raise unavailable(exc, what) from None
-
-
-#: What redis-py raises when nothing (or no Redis) answers at the URL, or it refuses the
-#: password: not answering, timing out, or a server that does not speak the protocol.
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.InvalidResponse)
 
 
 def unavailable(exc: BaseException, what: str = "") -> StoreUnavailable:
