@@ -33,7 +33,6 @@ import contextlib
 import ssl
 import threading
 import time
-import weakref
 from typing import Any
 
 import redis
@@ -41,8 +40,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelManagedConnection
+from redis.backoff import NoBackoff
 from redis.connection import SSLConnection
 from redis.exceptions import InvalidResponse, ReadOnlyError
+from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from .settings import RedisSentinel, Settings
@@ -57,7 +58,7 @@ SENTINEL_TIMEOUT_S = 2
 #: Seconds RedBeat retries a Redis call before its tick fails (a failover takes a few).
 REDBEAT_RETRY_S = 30
 #: Seconds between two looks of one client at where the sentinels say the master is.
-FOLLOW_S = 1.0
+FOLLOW_S = 0.5
 
 #: What redis-py raises when nothing (or no Redis) answers at the URL, it refuses the
 #: password, or a demoted master refuses a write (``READONLY``: the master moved):
@@ -142,8 +143,9 @@ class AsyncMasterFollowingSSLConnection(AsyncMasterFollowingConnection, AsyncSSL
     pass
 
 
-_LOOKS: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 _LOOKS_LOCK = threading.Lock()
+#: Attribute of a Sentinel pool: when its connections may next ask the sentinels.
+_NEXT_LOOK = "_captcha_tasks_next_master_look"
 
 
 def _look_due(pool: Any) -> bool:
@@ -151,9 +153,9 @@ def _look_due(pool: Any) -> bool:
     connections."""
     now = time.monotonic()
     with _LOOKS_LOCK:
-        if _LOOKS.get(pool, 0.0) > now:
+        if getattr(pool, _NEXT_LOOK, 0.0) > now:
             return False
-        _LOOKS[pool] = now + FOLLOW_S
+        setattr(pool, _NEXT_LOOK, now + FOLLOW_S)
         return True
 
 
@@ -281,6 +283,9 @@ def _celery_sentinel_options(
         socket_timeout=SOCKET_TIMEOUT_S,
         socket_connect_timeout=CONNECT_TIMEOUT_S,
         socket_keepalive=True,
+        # One retry of a command (an ack, a publish) that failed on a connection whose
+        # master moved: it reconnects to the new master (see MasterFollowingConnection).
+        retry_on_timeout=True,
     )
     backend_options.update(located)
     first_host, first_port = where.sentinels[0]
@@ -316,6 +321,9 @@ def _sentinel_kwargs(where: RedisSentinel) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "socket_connect_timeout": SENTINEL_TIMEOUT_S,
         "socket_timeout": SENTINEL_TIMEOUT_S,
+        # No retries: discovery asks the next sentinel at once (redis-py's default, ten
+        # with back-off, holds it up for most of a minute on one silent sentinel).
+        "retry": Retry(NoBackoff(), 0),
         **_tls(where),
     }
     if where.sentinel_password is not None:
