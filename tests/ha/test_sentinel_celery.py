@@ -1,7 +1,7 @@
 """Celery behind real sentinels: a worker, beat and an app process calling
 ``solve.delay(...).get()`` ride out a graceful switch and a kill -9 of the master without a
 restart.  After each event the worker consumes from the new master, results reach the
-caller through it, beat keeps ticking, and every process is still alive."""
+caller through it, beat (and RedBeat) keeps ticking, and every process is still alive."""
 
 from __future__ import annotations
 
@@ -19,7 +19,14 @@ import pytest
 from conftest import EVENTS, happen  # tests/ha/conftest.py
 
 from captcha_tasks.connections import FOLLOW_S
-from captcha_tasks.dev.devstack import CeleryProcess, SentinelCluster, redis_client, wait_until
+from captcha_tasks.dev.devstack import (
+    CeleryProcess,
+    SentinelCluster,
+    redis_client,
+    role,
+    wait_until,
+)
+from captcha_tasks.keys import Keys
 
 pytestmark = pytest.mark.slow
 
@@ -153,3 +160,47 @@ def test_worker_beat_and_results_ride_out_the_event(
         calls_refused=len(refused),
         calls_lost=len([c for c in around if not through_new(c) and c not in refused]),
     )
+
+
+@pytest.mark.parametrize("event", EVENTS)
+def test_redbeat_keeps_ticking_on_the_new_master(
+    cluster: SentinelCluster, output_dir: Path, event: str, request: pytest.FixtureRequest
+) -> None:
+    """RedBeat keeps its schedule and lock in Redis: behind Sentinel it reaches them
+    through the ``redis-sentinel://`` URL and the sentinels in its options."""
+    tag = request.node.name.replace("[", "-").rstrip("]")
+    env = {**FAST, **cluster.env(), "CAPTCHAAI_KEY_PREFIX": tag, "CAPTCHAAI_QUEUE_PREFIX": tag}
+    beat = CeleryProcess(
+        "beat",
+        env=env,
+        log_dir=output_dir / "sentinel" / tag,
+        name=f"{tag}-redbeat",
+        extra_args=["-S", "captcha_tasks.worker.beat:RedBeatScheduler"],
+    )
+    entry = f"{Keys(tag).redbeat_prefix()}captcha-tasks-prewarm"
+    with beat.start():
+        wait_until(lambda: ticks(beat, "Sending due task captcha-tasks-prewarm", 0) >= 2, 30)
+        mark = len(beat.log_text())
+        old, new = happen(cluster, event)
+        on_new = redis_client(new.url)
+        last_run = lambda: json.loads(on_new.hget(entry, "meta") or "{}").get("last_run_at")  # noqa: E731
+        seen = last_run()
+        wait_until(
+            lambda: (
+                ticks(beat, "Sending due task captcha-tasks-prewarm", mark) >= 3
+                and last_run() != seen
+            ),
+            RECOVER_S,
+            what="RedBeat ticking on the new master",
+        )
+        if event == "switch":
+            # The sentinels demote the old master some ten seconds on and cut its clients
+            # (RedBeat's lock holds one): beat goes on.
+            wait_until(lambda: role(old) == "slave", RECOVER_S, what="the old master demoted")
+            mark = len(beat.log_text())
+            wait_until(
+                lambda: ticks(beat, "Sending due task captcha-tasks-prewarm", mark) >= 2,
+                RECOVER_S,
+                what="RedBeat ticking after the old master's demotion",
+            )
+        assert beat.alive()
