@@ -17,14 +17,13 @@ and every process gets it.
 
 Behind Sentinel every client asks the sentinels where the master is when it connects,
 and, through :class:`MasterFollowingConnection`, again at most every :data:`FOLLOW_S`
-while it sends: a connection whose master moved fails its next command with a
-``ConnectionError`` before anything is sent, and the client's retry reaches the new
-master.  Without that, a graceful ``SENTINEL FAILOVER`` leaves every open connection on
-the old master, which keeps accepting writes (later thrown away) until the sentinels
-demote it some ten seconds on.  A connection still open to a demoted master gets
-``READONLY`` for a write; redis-py's Sentinel connections turn that into a
-``ConnectionError`` and reconnect, and :data:`UNREACHABLE` counts it as an outage for
-clients that reach a fixed address.
+while it sends: a connection whose master moved reconnects to the new one before it sends
+(kombu's broker connections fail the command instead, and kombu reconnects).  Without
+that, a graceful ``SENTINEL FAILOVER`` leaves every open connection on the old master,
+which keeps accepting writes (later thrown away) until the sentinels demote it some ten
+seconds on.  A connection still open to a demoted master gets ``READONLY`` for a write;
+redis-py's Sentinel connections turn that into a ``ConnectionError`` and reconnect, and
+:data:`UNREACHABLE` counts it as an outage for clients that reach a fixed address.
 """
 
 from __future__ import annotations
@@ -91,12 +90,10 @@ class MasterFollowingConnection(SentinelManagedConnection):
     #: the connection's socket, like kombu's poller).
     raise_on_move = False
 
-    def connect_check_health(
-        self, check_health: bool = True, retry_socket_connect: bool = True
-    ) -> None:
+    def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
         if self._sock is None and self.connection_pool.is_master:
             self.host, self.port = self.connection_pool.get_master_address()
-        super().connect_check_health(check_health, retry_socket_connect)
+        super().connect_check_health(*args, **kwargs)
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         pool = self.connection_pool
@@ -121,12 +118,10 @@ class MasterFollowingSSLConnection(MasterFollowingConnection, SSLConnection):
 class AsyncMasterFollowingConnection(AsyncSentinelManagedConnection):
     """:class:`MasterFollowingConnection` for ``redis.asyncio``."""
 
-    async def connect_check_health(
-        self, check_health: bool = True, retry_socket_connect: bool = True
-    ) -> None:
+    async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
         if not self.is_connected and self.connection_pool.is_master:
             self.host, self.port = await self.connection_pool.get_master_address()
-        await super().connect_check_health(check_health, retry_socket_connect)
+        await super().connect_check_health(*args, **kwargs)
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         pool = self.connection_pool
@@ -230,31 +225,30 @@ def reachable(settings: Settings) -> bool:
         return False
     finally:
         client.close()
-        manager = getattr(client.connection_pool, "sentinel_manager", None)
-        if manager is not None:
-            manager.close()
+        # The sentinels' own connections (Sentinel.close: redis-py 8.1+).
+        close = getattr(getattr(client.connection_pool, "sentinel_manager", None), "close", None)
+        if close is not None:
+            close()
 
 
 def celery_options(settings: Settings) -> dict[str, Any]:
     """Celery's settings that say where Redis is: the broker and result backend URLs and
     the transport options of each, their TLS, and RedBeat's URL and options."""
     visibility = settings.visibility_timeout
-    broker_options: dict[str, Any] = {
-        "visibility_timeout": visibility,
-        "unacked_restore_interval": max(1, int(visibility / 12)),
-        "unacked_restore_throttle": 1,
-    }
-    backend_options: dict[str, Any] = {
-        "retry_policy": {"timeout": 5.0},
-        # A demoted master answers writes with READONLY: reconnect and retry, as for a
-        # dropped connection (celery #10119).
-        "additional_connection_errors": (ReadOnlyError,),
-    }
     options: dict[str, Any] = {
         "broker_url": settings.redis_url,
         "result_backend": settings.redis_url,
-        "broker_transport_options": broker_options,
-        "result_backend_transport_options": backend_options,
+        "broker_transport_options": {
+            "visibility_timeout": visibility,
+            "unacked_restore_interval": max(1, int(visibility / 12)),
+            "unacked_restore_throttle": 1,
+        },
+        "result_backend_transport_options": {
+            "retry_policy": {"timeout": 5.0},
+            # A demoted master answers writes with READONLY: reconnect and retry, as for
+            # a dropped connection (celery #10119).
+            "additional_connection_errors": (ReadOnlyError,),
+        },
         # The consumer reconnects after a Redis error reply too (READONLY from a demoted
         # master: celery #7946) instead of stopping the worker.
         "broker_channel_error_retry": True,
@@ -264,33 +258,35 @@ def celery_options(settings: Settings) -> dict[str, Any]:
         "redbeat_redis_options": {},
     }
     where = settings.redis_sentinel
-    if where is not None:
-        options.update(_celery_sentinel_options(where, broker_options, backend_options))
-    return options
+    return options if where is None else {**options, **_celery_sentinel(where, options)}
 
 
-def _celery_sentinel_options(
-    where: RedisSentinel, broker_options: dict[str, Any], backend_options: dict[str, Any]
-) -> dict[str, Any]:
+def _celery_sentinel(where: RedisSentinel, plain: dict[str, Any]) -> dict[str, Any]:
+    """What changes in :func:`celery_options` behind Sentinel."""
     # The broker and the result backend each read their own transport options: without
     # master_name in the backend's, every result (and beat's every tick) fails with
     # "No master found for None".
     located = {"master_name": where.master, "sentinel_kwargs": _sentinel_kwargs(where)}
-    broker_options.update(
-        located,
+    broker = {
+        **plain["broker_transport_options"],
+        **located,
         # A master that vanishes without closing its sockets (a frozen host, a network
         # partition) must not hold a publish or a consumer forever (celery #6348).
-        socket_timeout=SOCKET_TIMEOUT_S,
-        socket_connect_timeout=CONNECT_TIMEOUT_S,
-        socket_keepalive=True,
+        "socket_timeout": SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_keepalive": True,
         # One retry of a command (an ack, a publish) that failed on a connection whose
         # master moved: it reconnects to the new master (see MasterFollowingConnection).
-        retry_on_timeout=True,
-    )
-    backend_options.update(located)
+        "retry_on_timeout": True,
+    }
     first_host, first_port = where.sentinels[0]
     tls = _ssl_options(where) if where.tls else None
     return {
+        "broker_transport_options": broker,
+        "result_backend_transport_options": {
+            **plain["result_backend_transport_options"],
+            **located,
+        },
         "broker_use_ssl": tls or False,
         "redis_backend_use_ssl": tls,
         # RedBeat reads only the scheme of its URL; the sentinels come from its options.
