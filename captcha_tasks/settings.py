@@ -401,8 +401,8 @@ def _sentinel_part(chunk: str) -> SplitResult:
         not parts.query and not parts.fragment,
         "takes no options in a sentinel:// URL (use the REDIS_SENTINEL_* settings)",
     )
-    # RedBeat's Sentinel client passes no user name: an ACL user would reach only some
-    # of the clients.
+    # ACL users are not wired through every client yet: refuse one rather than have only
+    # some clients (kombu's, Celery's) log in as it.
     _check(
         "REDIS_URL",
         not parts.username,
@@ -413,7 +413,7 @@ def _sentinel_part(chunk: str) -> SplitResult:
 
 def _db(parts: SplitResult) -> int:
     raw = parts.path.strip("/")
-    _check("REDIS_URL", raw.isdigit(), "must end in /<database number> if in anything")
+    _check("REDIS_URL", raw.isdigit(), "must name its database as /<number> (or not at all)")
     return int(raw)
 
 
