@@ -13,9 +13,10 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from .errors import ConfigurationError
 from .poolspec import parse_pools
@@ -25,6 +26,8 @@ T = TypeVar("T")
 
 DEFAULT_BASE_URL = "https://ocr.captchaai.com"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+#: Port of a sentinel whose address in REDIS_URL names none (Redis Sentinel's own default).
+DEFAULT_SENTINEL_PORT = 26379
 #: The Celery queues, one per kind of task, so a flood of one cannot starve the others.
 QUEUE_KINDS = ("solve", "submit", "poll", "housekeeping")
 _QUEUE_PREFIX = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -38,8 +41,21 @@ class Settings:
     api_key: str = field(default="", repr=False)
     #: CAPTCHAAI_BASE_URL: the API's base URL (the sandbox's URL in development).
     base_url: str = DEFAULT_BASE_URL
-    #: REDIS_URL: broker, result backend and state store (``redis://`` or ``rediss://``).
+    #: REDIS_URL: broker, result backend and state store (``redis://``, ``rediss://``, or
+    #: Celery's Sentinel form ``sentinel://[:password@]host:port[/db];sentinel://...``).
     redis_url: str = field(default=DEFAULT_REDIS_URL, repr=False)
+    #: REDIS_SENTINEL_MASTER: the master's name the sentinels monitor (required with a
+    #: ``sentinel://`` REDIS_URL, read only with one).
+    redis_sentinel_master: str | None = None
+    #: REDIS_SENTINEL_PASSWORD: the sentinels' own password (their ``requirepass``), not the
+    #: master's (that one is in REDIS_URL).
+    redis_sentinel_password: str = field(default="", repr=False)
+    #: REDIS_SENTINEL_TLS: TLS to the sentinels and to the Redis servers they name, both or
+    #: neither (certificates verified).
+    redis_sentinel_tls: bool = False
+    #: REDIS_SENTINEL_TLS_CA_FILE: PEM file of the CA that signed the sentinels' and the
+    #: servers' certificates (unset: the system's trusted CAs).
+    redis_sentinel_tls_ca_file: str | None = None
     #: CAPTCHAAI_THREADS: the plan's concurrent thread count.
     threads: int = 10
     #: CAPTCHAAI_POLL_INTERVAL: seconds between polls of one captcha.
@@ -132,7 +148,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         _check_url("CAPTCHAAI_BASE_URL", self.base_url, ("http", "https"))
-        _check_url("REDIS_URL", self.redis_url, ("redis", "rediss", "unix"))
+        self._check_redis()
         _check("CAPTCHAAI_THREADS", self.threads >= 1, "must be at least 1")
         _check("CAPTCHAAI_POLL_INTERVAL", self.poll_interval > 0, "must be > 0")
         _check(
@@ -190,6 +206,33 @@ class Settings:
         for method, life in self.token_lifetimes.items():
             _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
         self._check_kafka()
+
+    def _check_redis(self) -> None:
+        if self.redis_url.startswith(SENTINEL_SCHEME + "://"):
+            self.redis_sentinel  # noqa: B018  (parsed once here: a bad URL fails at start-up)
+            return
+        _check_url("REDIS_URL", self.redis_url, ("redis", "rediss", "unix"))
+        for var, value in (
+            ("REDIS_SENTINEL_MASTER", self.redis_sentinel_master),
+            ("REDIS_SENTINEL_PASSWORD", self.redis_sentinel_password),
+            ("REDIS_SENTINEL_TLS", self.redis_sentinel_tls),
+            ("REDIS_SENTINEL_TLS_CA_FILE", self.redis_sentinel_tls_ca_file),
+        ):
+            _check(var, not value, "is read only with a sentinel:// REDIS_URL")
+
+    @cached_property
+    def redis_sentinel(self) -> RedisSentinel | None:
+        """REDIS_URL and the REDIS_SENTINEL_* settings as one value, when REDIS_URL names
+        sentinels (None otherwise)."""
+        if not self.redis_url.startswith(SENTINEL_SCHEME + "://"):
+            return None
+        return parse_sentinel(
+            self.redis_url,
+            master=self.redis_sentinel_master,
+            sentinel_password=self.redis_sentinel_password or None,
+            tls=self.redis_sentinel_tls,
+            tls_ca_file=self.redis_sentinel_tls_ca_file,
+        )
 
     def _check_pingback(self) -> None:
         _check("CAPTCHAAI_PINGBACK_FALLBACK_POLL", self.pingback_fallback_poll > 0, "must be > 0")
@@ -280,8 +323,108 @@ class Settings:
         return Settings(**data)
 
 
+#: REDIS_URL's scheme for sentinels (Celery's and kombu's).
+SENTINEL_SCHEME = "sentinel"
+
+
+@dataclass(frozen=True)
+class RedisSentinel:
+    """A Redis deployment behind Sentinel: where the sentinels are, which master they
+    watch, and how to talk to both (read from REDIS_URL and REDIS_SENTINEL_*)."""
+
+    #: The sentinels' addresses, in REDIS_URL's order.
+    sentinels: tuple[tuple[str, int], ...]
+    #: The master's name (the sentinels' ``sentinel monitor <name> ...``).
+    master: str
+    db: int = 0
+    #: The Redis servers' password (REDIS_URL's).
+    password: str | None = field(default=None, repr=False)
+    #: The sentinels' own password (REDIS_SENTINEL_PASSWORD).
+    sentinel_password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    tls_ca_file: str | None = None
+
+
+def parse_sentinel(
+    url: str,
+    *,
+    master: str | None,
+    sentinel_password: str | None = None,
+    tls: bool = False,
+    tls_ca_file: str | None = None,
+) -> RedisSentinel:
+    """``sentinel://[:password@]host:port[/db];sentinel://...`` and its companions as one
+    value; :class:`ConfigurationError` names the variable that is wrong."""
+    parts = [_sentinel_part(chunk) for chunk in url.split(";") if chunk.strip()]
+    _check("REDIS_URL", bool(parts), "names no sentinel")
+    passwords = {unquote(p.password) for p in parts if p.password is not None}
+    _check(
+        "REDIS_URL",
+        len(passwords) <= 1,
+        "gives different passwords to its sentinel:// parts (the Redis password is one)",
+    )
+    dbs = {_db(p) for p in parts if p.path.strip("/")}
+    _check("REDIS_URL", len(dbs) <= 1, "gives different databases to its sentinel:// parts")
+    if not master or not master.strip():
+        raise ConfigurationError(
+            "REDIS_SENTINEL_MASTER must name the master when REDIS_URL is a sentinel:// URL"
+        )
+    _check("REDIS_SENTINEL_MASTER", not re.search(r"\s", master), "must not contain spaces")
+    _check(
+        "REDIS_SENTINEL_TLS_CA_FILE",
+        tls_ca_file is None or tls,
+        "is read only with REDIS_SENTINEL_TLS=1",
+    )
+    _check(
+        "REDIS_SENTINEL_TLS_CA_FILE",
+        tls_ca_file is None or Path(tls_ca_file).is_file(),
+        "must be a readable PEM file",
+    )
+    return RedisSentinel(
+        sentinels=tuple((str(p.hostname), p.port or DEFAULT_SENTINEL_PORT) for p in parts),
+        master=master,
+        db=dbs.pop() if dbs else 0,
+        password=passwords.pop() if passwords else None,
+        sentinel_password=sentinel_password,
+        tls=tls,
+        tls_ca_file=tls_ca_file,
+    )
+
+
+def _sentinel_part(chunk: str) -> SplitResult:
+    why = "must be sentinel://[:password@]host:port[/db] parts joined by ';'"
+    parts = urlsplit(chunk.strip())
+    try:
+        parts.port  # noqa: B018  (raises ValueError on a port that is not a number)
+    except ValueError:
+        raise ConfigurationError(f"REDIS_URL {why}") from None
+    _check("REDIS_URL", parts.scheme == SENTINEL_SCHEME and bool(parts.hostname), why)
+    _check(
+        "REDIS_URL",
+        not parts.query and not parts.fragment,
+        "takes no options in a sentinel:// URL (use the REDIS_SENTINEL_* settings)",
+    )
+    # ACL users are not wired through every client yet: refuse one rather than have only
+    # some clients (kombu's, Celery's) log in as it.
+    _check(
+        "REDIS_URL",
+        not parts.username,
+        "takes a password only in a sentinel:// URL (sentinel://:password@host), no user",
+    )
+    return parts
+
+
+def _db(parts: SplitResult) -> int:
+    raw = parts.path.strip("/")
+    _check("REDIS_URL", raw.isdigit(), "must name its database as /<number> (or not at all)")
+    return int(raw)
+
+
 def mask_url(url: str) -> str:
-    """``url`` with its password (if any) shown as ``***``: safe for messages and logs."""
+    """``url`` with its password (if any) shown as ``***``: safe for messages and logs.
+    A ``sentinel://...;sentinel://...`` URL is masked part by part."""
+    if ";" in url:
+        return ";".join(mask_url(part) for part in url.split(";"))
     parts = urlsplit(url)
     if not parts.password:
         return url
@@ -355,6 +498,10 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "api_key": ("CAPTCHAAI_API_KEY", str),
     "base_url": ("CAPTCHAAI_BASE_URL", lambda s: s.rstrip("/")),
     "redis_url": ("REDIS_URL", str),
+    "redis_sentinel_master": ("REDIS_SENTINEL_MASTER", str),
+    "redis_sentinel_password": ("REDIS_SENTINEL_PASSWORD", str),
+    "redis_sentinel_tls": ("REDIS_SENTINEL_TLS", _flag),
+    "redis_sentinel_tls_ca_file": ("REDIS_SENTINEL_TLS_CA_FILE", str),
     "threads": ("CAPTCHAAI_THREADS", int),
     "poll_interval": ("CAPTCHAAI_POLL_INTERVAL", float),
     "initial_wait": ("CAPTCHAAI_INITIAL_WAIT", float),

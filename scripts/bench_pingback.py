@@ -37,13 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 import requests
 
 from captcha_tasks.dev.devstack import (
     CeleryProcess,
     RedisServer,
     free_port,
+    redis_client,
     wait_until,
     write_tasks,
 )
@@ -83,7 +83,7 @@ class Stack:
         self.procs: list[Any] = []
 
     def __enter__(self) -> Stack:
-        redis.Redis.from_url(self.env["REDIS_URL"]).flushall()
+        redis_client(self.env["REDIS_URL"]).flushall()
         for n in range(2):
             worker = CeleryProcess(
                 "worker", env=self.env, log_dir=self.log_dir, name=f"{self.name}-w{n}"
@@ -184,7 +184,7 @@ def run(
     result.res_per_solved = stats["res_php_requests"] / max(1, result.solved)
     with Stack(env, log_dir, f"{slug}-get", receiver):
         delays, outcomes, stats = through_get(sandbox, count)
-        r = redis.Redis.from_url(env["REDIS_URL"], decode_responses=True)
+        r = redis_client(env["REDIS_URL"])
         prefix = env["CAPTCHAAI_KEY_PREFIX"]
         result.samples = [
             float(x) for x in r.lrange(f"{prefix}:stats:solve-times:turnstile", 0, -1)

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from captcha_tasks.errors import ConfigurationError
-from captcha_tasks.settings import DEFAULT_BASE_URL, ENVIRONMENT_VARIABLES, Settings
+from captcha_tasks.settings import DEFAULT_BASE_URL, ENVIRONMENT_VARIABLES, Settings, mask_url
 
 
 def test_defaults() -> None:
@@ -78,3 +80,84 @@ def test_every_setting_documents_its_variable_default_and_meaning() -> None:
     for doc in docs:
         assert doc.meaning.strip(), doc.variable
         assert doc.default == getattr(defaults, doc.field), doc.variable
+
+
+# -- Redis behind Sentinel -----------------------------------------------------------------
+
+SENTINELS = "sentinel://:p%40ss@10.0.0.1:26379/2;sentinel://10.0.0.2:26380/2;sentinel://10.0.0.3"
+
+
+def test_a_sentinel_url_is_parsed_once_into_one_value(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    s = Settings.from_env(
+        {
+            "REDIS_URL": SENTINELS,
+            "REDIS_SENTINEL_MASTER": "main",
+            "REDIS_SENTINEL_PASSWORD": "sentinel-secret",
+            "REDIS_SENTINEL_TLS": "1",
+            "REDIS_SENTINEL_TLS_CA_FILE": str(ca),
+        }
+    )
+    where = s.redis_sentinel
+    assert where is not None and where is s.redis_sentinel  # parsed once
+    assert where.sentinels == (("10.0.0.1", 26379), ("10.0.0.2", 26380), ("10.0.0.3", 26379))
+    assert (where.master, where.db, where.password) == ("main", 2, "p@ss")
+    assert where.sentinel_password == "sentinel-secret"
+    assert (where.tls, where.tls_ca_file) == (True, str(ca))
+    shown = repr(s) + repr(where)
+    assert "p@ss" not in shown and "p%40ss" not in shown and "sentinel-secret" not in shown
+
+
+def test_a_plain_url_has_no_sentinels() -> None:
+    assert Settings.from_env({"REDIS_URL": "redis://h:6379/0"}).redis_sentinel is None
+
+
+def _sentinel_env(url: str, **extra: str) -> dict[str, str]:
+    return {"REDIS_URL": url, "REDIS_SENTINEL_MASTER": "m", **extra}
+
+
+@pytest.mark.parametrize(
+    ("env", "var"),
+    [
+        ({"REDIS_URL": "sentinel://h:26379"}, "REDIS_SENTINEL_MASTER"),
+        (_sentinel_env("sentinel://h", REDIS_SENTINEL_MASTER="a b"), "REDIS_SENTINEL_MASTER"),
+        ({"REDIS_SENTINEL_MASTER": "main"}, "REDIS_SENTINEL_MASTER"),
+        ({"REDIS_SENTINEL_PASSWORD": "x"}, "REDIS_SENTINEL_PASSWORD"),
+        ({"REDIS_SENTINEL_TLS": "1"}, "REDIS_SENTINEL_TLS"),
+        (_sentinel_env("sentinel://h;redis://h2:6379"), "REDIS_URL"),
+        (_sentinel_env("sentinel://:a@h1;sentinel://:b@h2"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h1/1;sentinel://h2/2"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h1/zero"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h1:port"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h1?ssl=1"), "REDIS_URL"),
+        (_sentinel_env("sentinel://user:pw@h1"), "REDIS_URL"),
+        (_sentinel_env("sentinel://"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h", REDIS_SENTINEL_TLS="maybe"), "REDIS_SENTINEL_TLS"),
+        (
+            _sentinel_env("sentinel://h", REDIS_SENTINEL_TLS_CA_FILE="/etc/hosts"),
+            "REDIS_SENTINEL_TLS_CA_FILE",
+        ),
+        (
+            _sentinel_env(
+                "sentinel://h", REDIS_SENTINEL_TLS="1", REDIS_SENTINEL_TLS_CA_FILE="/no/ca.pem"
+            ),
+            "REDIS_SENTINEL_TLS_CA_FILE",
+        ),
+    ],
+)
+def test_a_bad_sentinel_combination_is_one_line_naming_the_variable(
+    env: dict[str, str], var: str
+) -> None:
+    assert var in ENVIRONMENT_VARIABLES
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env(env)
+    message = str(info.value)
+    assert message.split(":", 1)[1].split()[0] == var, message  # the variable comes first
+    assert "\n" not in message
+    assert "pw" not in message and ":a@" not in message  # no password echoed
+
+
+def test_mask_url_masks_every_sentinel_part() -> None:
+    masked = mask_url("sentinel://:one@h1:26379/0;sentinel://:one@h2:26379/0")
+    assert masked == "sentinel://:***@h1:26379/0;sentinel://:***@h2:26379/0"

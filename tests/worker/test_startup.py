@@ -50,6 +50,7 @@ BAD = [
     ("CAPTCHAAI_POLL_INTERVAL", "soon"),
     ("REDIS_URL", "http://localhost:6379"),
     ("CAPTCHAAI_POOLS", "[{"),
+    ("REDIS_SENTINEL_MASTER", "main"),  # read only with a sentinel:// REDIS_URL
 ]
 
 
