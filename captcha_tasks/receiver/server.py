@@ -239,6 +239,10 @@ class _Connection(asyncio.Protocol):
 
     def _on_request(self, request: h11.Request) -> None:
         self.request = request
+        if _head_size(request) > self.limits.max_header_bytes:
+            # h11 bounds a head that is still arriving; this bounds one that came at once
+            self._bad_request(431)
+            return
         self._arm(self.limits.body_timeout, "body_timeout")
         if self.hub.is_proxy(self.peer):
             forwarded = [v.decode("latin-1") for k, v in request.headers if k == b"x-forwarded-for"]
@@ -382,6 +386,10 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         self._disarm()
         self.hub.leave(self)
+
+
+def _head_size(request: h11.Request) -> int:
+    return len(request.target) + sum(len(k) + len(v) + 4 for k, v in request.headers)
 
 
 def _content_length(request: h11.Request) -> int:
