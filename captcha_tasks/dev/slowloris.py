@@ -24,9 +24,12 @@ import asyncio
 import contextlib
 import json
 import signal
+import subprocess
 import sys
+import threading
 from dataclasses import asdict, dataclass
 from ipaddress import IPv4Address
+from typing import Any
 
 HEAD = b"GET /captcha/pingback/slow HTTP/1.1\r\nHost: receiver\r\n"
 DRIP = b"X-Slow: 1\r\n"
@@ -60,41 +63,49 @@ def parse_crowd(text: str) -> Crowd:
     return Crowd(spec, sources, int(count))
 
 
+@dataclass(frozen=True)
+class Pace:
+    drip: float
+    pause: float
+    silent: bool
+
+
 async def hold(
-    host: str, port: int, source: str, counts: Counts, drip: float, pause: float, silent: bool
+    host: str, port: int, source: str, counts: Counts, pace: Pace, stop: asyncio.Event
 ) -> None:
     """Keep one slow connection from ``source`` open, opening it again when closed."""
-    while True:
+    while not stop.is_set():
         try:
             reader, writer = await asyncio.open_connection(host, port, local_addr=(source, 0))
         except OSError:
             counts.failed += 1
-            await asyncio.sleep(pause)
+            await asyncio.sleep(pace.pause)
             continue
         counts.opened += 1
         counts.open += 1
         counts.max_open = max(counts.max_open, counts.open)
         try:
-            await _linger(reader, writer, drip, silent)
+            await _linger(reader, writer, pace, stop)
         finally:
             counts.open -= 1
             counts.closed += 1
             writer.transport.abort()
-        await asyncio.sleep(pause)
+        await asyncio.sleep(pace.pause)
 
 
 async def _linger(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, drip: float, silent: bool
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, pace: Pace, stop: asyncio.Event
 ) -> None:
-    if not silent:
+    if not pace.silent:
         writer.write(HEAD)
-    while True:
+    while not stop.is_set():
         try:
-            # whatever the server sends (an answer, EOF) ends this connection
-            await asyncio.wait_for(reader.read(4096), drip)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancel
+            async with asyncio.timeout(pace.drip):
+                await reader.read(4096)  # whatever comes (an answer, EOF) ends it
             return
         except TimeoutError:
-            if not silent:
+            if not pace.silent:
                 writer.write(DRIP)
         except OSError:
             return
@@ -115,15 +126,14 @@ async def run(args: argparse.Namespace) -> None:
     crowds = [parse_crowd(c) for c in args.crowd]
     _raise_open_files(sum(len(c.sources) * c.count for c in crowds) + 256)
     counts = {c.label: Counts() for c in crowds}
+    pace = Pace(args.drip, args.pause, args.silent)
+    stop = asyncio.Event()
     tasks = [
-        asyncio.create_task(
-            hold(host, int(port), source, counts[c.label], args.drip, args.pause, args.silent)
-        )
+        asyncio.create_task(hold(host, int(port), source, counts[c.label], pace, stop))
         for c in crowds
         for source in c.sources
         for _ in range(c.count)
     ]
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -133,11 +143,44 @@ async def run(args: argparse.Namespace) -> None:
 
     while not stop.is_set():
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), args.every)
+            async with asyncio.timeout(args.every):
+                await stop.wait()
         report()
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.wait(tasks)
+
+
+class Attack:
+    """This module's attack in a process of its own (so its work does not slow the caller),
+    with its latest counts in :attr:`last`: ``Attack(port, "127.0.0.2=600", ...)``."""
+
+    def __init__(self, port: int, *crowds: str, host: str = "127.0.0.1") -> None:
+        argv = [sys.executable, "-m", __name__, f"{host}:{port}"]
+        for crowd in crowds:
+            argv += ["--crowd", crowd]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        self.last: dict[str, Any] = {}
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.last = json.loads(line)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the attack; its last counts."""
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise
+        finally:
+            self._reader.join(5)
+        return self.last
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -152,4 +195,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

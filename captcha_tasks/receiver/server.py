@@ -8,7 +8,9 @@ that connect and never finish, or flood it with connections:
   a few KiB, never a thread;
 * a connection is let in or closed the moment it is accepted, before a byte is read
   (:func:`.limits.admit`: the allowlist, a cap per address, a cap overall; when full, the
-  connection that has waited longest for its request makes room);
+  connection that has waited longest for its request makes room).  The server accepts
+  connections itself, so a refused one costs an ``accept()`` and a ``close()``, not an
+  asyncio transport: a flood of them cannot crowd out the rest of the loop's work;
 * a request has a deadline for its headers and one for its body, however slowly it drips;
 * ``/health`` is answered on the loop at once;
 * the judge (:meth:`.Receiver.handle_request`: Redis calls and a Celery publish) runs on a
@@ -20,8 +22,11 @@ The paths are the WSGI app's (:mod:`.wsgi`): any path ending in a ticket is a ca
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import signal
+import socket
+import struct
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Coroutine
@@ -47,6 +52,14 @@ FD_RESERVE = 128
 TALLY_EVERY = 60.0
 #: Seconds a stopping server waits for the callbacks being judged to be answered.
 DRAIN_S = 5.0
+#: Connections accepted per turn of the event loop (the rest wait for the next turn, so a
+#: flood shares the loop with requests in progress).
+ACCEPT_BATCH = 64
+#: Seconds the server stops accepting when the process is out of open files.
+ACCEPT_PAUSE_S = 0.5
+#: ``SO_LINGER`` on, zero seconds: ``close()`` resets the connection at once, so a refused
+#: flood leaves no sockets closing in the kernel.
+_RESET = struct.pack("ii", 1, 0)
 #: Tally counts that mean someone misbehaved (worth a warning); the rest are routine.
 HOSTILE = (
     "refused_not_allowed",
@@ -58,6 +71,7 @@ HOSTILE = (
     "bad_request",
     "busy",
     "unread_responses",
+    "accept_errors",
 )
 
 
@@ -67,7 +81,10 @@ class _Hub:
     def __init__(self, receiver: Receiver, limits: Limits, loop: asyncio.AbstractEventLoop):
         self.receiver, self.limits, self.loop = receiver, limits, loop
         self.executor = ThreadPoolExecutor(limits.judge_threads, "pingback-judge")
+        #: Connections set up (``held``, ``by_address``: those accepted, set up or not).
         self.connections: set[_Connection] = set()
+        self.held = 0
+        self.closing = False
         self.by_address: Counter[str] = Counter()
         #: Connections waiting for (the rest of) a request, longest waiting first.
         self.waiting: OrderedDict[_Connection, None] = OrderedDict()
@@ -81,36 +98,78 @@ class _Hub:
     def is_proxy(self, address: str) -> bool:
         return addresses.within(address, self.receiver.settings.pingback_trusted_proxies)
 
-    def enter(self, conn: _Connection) -> bool:
+    def accept(self, listener: socket.socket) -> None:
+        """Accept what is waiting on ``listener`` (a batch per turn of the loop)."""
+        for _ in range(ACCEPT_BATCH):
+            try:
+                sock, peername = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                self._accept_failed(listener, exc)
+                return
+            peer = addresses.normalized(str(peername[0]) if isinstance(peername, tuple) else "")
+            if self.enter(peer):
+                sock.setblocking(False)
+                self.loop.create_task(self._set_up(sock, peer))
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+                sock.close()  # nothing read
+
+    def _accept_failed(self, listener: socket.socket, exc: OSError) -> None:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            return  # the client gave up before we accepted (ECONNABORTED and kin)
+        self.tally["accept_errors"] += 1
+        log.warning("pingback server cannot accept: %s; pausing %.1f s", exc, ACCEPT_PAUSE_S)
+        self.loop.remove_reader(listener)
+        self.loop.call_later(ACCEPT_PAUSE_S, self._resume, listener)
+
+    def _resume(self, listener: socket.socket) -> None:
+        if not self.closing:
+            self.loop.add_reader(listener, self.accept, listener)
+
+    async def _set_up(self, sock: socket.socket, peer: str) -> None:
+        try:
+            await self.loop.connect_accepted_socket(lambda: _Connection(self, peer), sock)
+        except OSError:
+            self.release(peer)
+            sock.close()
+
+    def enter(self, peer: str) -> bool:
+        """Count a connection from ``peer`` in, or refuse it (see :func:`.limits.admit`)."""
         decision = admit(
             self.limits,
-            allowed=self.receiver.allows(conn.peer),
-            proxy=self.is_proxy(conn.peer),
-            from_address=self.by_address[conn.peer],
-            total=len(self.connections),
+            allowed=self.receiver.allows(peer),
+            proxy=self.is_proxy(peer),
+            from_address=self.by_address[peer],
+            total=self.held,
             evictable=len(self.waiting),
         )
         if not isinstance(decision, Admit):
             self.tally[f"refused_{decision}"] += 1
-            log.debug("connection from %s refused: %s", conn.peer, decision)
+            log.debug("connection from %s refused: %s", peer, decision)
             return False
         if decision.evict:
             oldest = next(iter(self.waiting))
             self.tally["evicted"] += 1
             log.debug("connection from %s closed to make room", oldest.peer)
             oldest.drop()
-        self.connections.add(conn)
-        self.by_address[conn.peer] += 1
+        self.held += 1
+        self.by_address[peer] += 1
         return True
+
+    def release(self, peer: str) -> None:
+        self.held -= 1
+        self.by_address[peer] -= 1
+        if self.by_address[peer] <= 0:
+            del self.by_address[peer]
 
     def leave(self, conn: _Connection) -> None:
         if conn not in self.connections:
             return
         self.connections.discard(conn)
         self.waiting.pop(conn, None)
-        self.by_address[conn.peer] -= 1
-        if self.by_address[conn.peer] <= 0:
-            del self.by_address[conn.peer]
+        self.release(conn.peer)
 
     def judging(self, started: bool) -> None:
         self.pending += 1 if started else -1
@@ -121,7 +180,7 @@ class _Hub:
 
     def stats(self) -> dict[str, Any]:
         return {
-            "open": len(self.connections),
+            "open": self.held,
             "by_address": dict(self.by_address),
             "waiting": len(self.waiting),
             "pending": self.pending,
@@ -149,6 +208,7 @@ class _Hub:
 
     async def close(self) -> None:
         """Drop idle connections, give those being judged DRAIN_S to be answered."""
+        self.closing = True
         if self._tally_timer is not None:
             self._tally_timer.cancel()
         for conn in list(self.waiting):
@@ -165,12 +225,12 @@ class _Hub:
 class _Connection(asyncio.Protocol):
     """One client connection: bytes in, h11 events, one request judged at a time."""
 
-    def __init__(self, hub: _Hub) -> None:
+    def __init__(self, hub: _Hub, peer: str) -> None:
         self.hub = hub
         self.limits = hub.limits
         self.transport: asyncio.Transport | None = None
-        self.peer = ""
-        self.address = ""  # the client's, once the headers name it behind a proxy
+        self.peer = peer
+        self.address = peer  # the client's, once the headers name it behind a proxy
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=hub.limits.max_header_bytes)
         self.timer: asyncio.TimerHandle | None = None
         self.request: h11.Request | None = None
@@ -186,12 +246,9 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        peer = transport.get_extra_info("peername")
-        self.peer = addresses.normalized(str(peer[0]) if isinstance(peer, tuple) else "")
-        self.address = self.peer
-        if not self.hub.enter(self):
-            self.closed = True
-            transport.abort()  # before the transport ever reads: nothing is read
+        self.hub.connections.add(self)  # counted in when accepted (Hub.enter)
+        if self.hub.closing:
+            self.drop()
             return
         self._await_request()
 
@@ -447,7 +504,7 @@ class PingbackServer:
         self.receiver, self.host, self._port = receiver, host, port
         self.limits = limits or Limits()
         self._hub: _Hub | None = None
-        self._server: asyncio.Server | None = None
+        self._listener: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -460,21 +517,24 @@ class PingbackServer:
         loop = asyncio.get_running_loop()
         self.limits = fit_to_open_files(self.limits)
         hub = _Hub(self.receiver, self.limits, loop)
-        self._server = await loop.create_server(
-            lambda: _Connection(hub), self.host, self._port, backlog=self.limits.backlog
-        )
-        self._port = int(self._server.sockets[0].getsockname()[1])
-        self._hub = hub
+        family, _, _, _, address = (
+            await loop.getaddrinfo(self.host, self._port, type=socket.SOCK_STREAM)
+        )[0]
+        listener = socket.create_server(address, family=family, backlog=self.limits.backlog)
+        listener.setblocking(False)
+        loop.add_reader(listener, hub.accept, listener)
+        self._port = int(listener.getsockname()[1])
+        self._hub, self._listener = hub, listener
         hub.start()
 
     async def close(self) -> None:
         """Stop listening, answer the callbacks being judged, close every connection."""
-        if self._server is not None:
-            self._server.close()
+        if self._listener is not None:
+            asyncio.get_running_loop().remove_reader(self._listener)
+            self._listener.close()
+            self._listener = None
         if self._hub is not None:
             await self._hub.close()
-        if self._server is not None:
-            await self._server.wait_closed()
 
     def start(self) -> PingbackServer:
         """Serve from a thread of its own until :meth:`stop`."""

@@ -3,19 +3,17 @@ and loopback addresses (every 127.0.0.x is the loopback on Linux) as distinct cl
 
 The sandbox, which plays the provider, calls back from 127.0.0.1; attackers come from
 127.0.0.2 and up.  The thousand-connection attack runs in a process of its own
-(:mod:`captcha_tasks.dev.slowloris`), so its work does not slow this process's probes.
+(:class:`captcha_tasks.dev.slowloris.Attack`), so its work does not slow this process's
+probes.
 """
 
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import re
 import resource
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +25,7 @@ from cheroot import wsgi
 
 from captcha_tasks import solve, store
 from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.dev.slowloris import Attack
 from captcha_tasks.receiver import Limits, PingbackServer, Receiver, make_wsgi_app
 from captcha_tasks.receiver.callbacks import STRIKES_BURST
 from captcha_tasks.settings import get_settings
@@ -112,30 +111,6 @@ def tally(server: PingbackServer) -> dict[str, int]:
 
 
 # -- a thousand slow connections ------------------------------------------------------------
-
-
-class Attack:
-    """:mod:`captcha_tasks.dev.slowloris` in a process of its own."""
-
-    def __init__(self, port: int, *crowds: str) -> None:
-        argv = [sys.executable, "-m", "captcha_tasks.dev.slowloris", f"127.0.0.1:{port}"]
-        for crowd in crowds:
-            argv += ["--crowd", crowd]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
-        self.last: dict[str, Any] = {}
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.last = json.loads(line)
-
-    def stop(self) -> dict[str, Any]:
-        self.proc.terminate()
-        self.proc.wait(15)
-        self._reader.join(5)
-        return self.last
 
 
 def worker_env(port: int) -> dict[str, str]:
