@@ -243,11 +243,11 @@ def attacked(env: dict[str, str], sandbox: SandboxServer, count: int, log_dir: P
 
             def in_place() -> bool:
                 crowds = attack.last
-                return (
-                    bool(crowds)
-                    and crowds["127.0.0.3-42"]["open"] == 400
-                    and (crowds["127.0.0.2"]["opened"] >= 600)
-                )
+                if not crowds:
+                    return False
+                one = crowds["127.0.0.2"]
+                tried = one["opened"] + one["failed"]
+                return bool(crowds["127.0.0.3-42"]["open"] == 400 and tried >= 600)
 
             wait_until(in_place, 60, what="the attack in place")
             probe.start()
@@ -345,8 +345,9 @@ def print_attacked(r: Run, ideal: float) -> None:
     )
     for crowd, c in r.attack.items():
         print(
-            f"  attackers {crowd}: at most {c['max_open']} open at once (client's count),"
-            f" {c['opened']} connections opened, {c['closed']} closed by the receiver"
+            f"  attackers {crowd}: {c['opened'] + c['failed']} connections made, of which"
+            f" {c['failed']} reset before the attacker saw them open and {c['closed']} closed"
+            f" later by the receiver; at most {c['max_open']} open at once (attacker's count)"
         )
 
 

@@ -14,7 +14,8 @@ steady flood of new ones::
 
 Prints a JSON line of counts per crowd every ``--every`` seconds and a last one when
 stopped (SIGTERM or Ctrl-C): ``open`` now, ``max_open``, ``opened``, ``closed`` (by the
-server) and ``failed`` (connects that failed).
+server) and ``failed`` (connects that failed: refused, or reset by the server before the
+attacker saw them complete).
 """
 
 from __future__ import annotations

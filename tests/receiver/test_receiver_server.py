@@ -162,7 +162,7 @@ def test_health_and_callbacks_hold_under_a_thousand_slow_connections(
     # the one address was capped; its flood of further connections refused at accept
     assert most_held == limits.max_per_address
     assert under_attack["tally"]["refused_per_address"] > 0
-    assert counts["127.0.0.2"]["opened"] > 600
+    assert counts["127.0.0.2"]["opened"] + counts["127.0.0.2"]["failed"] > 600
     assert counts["127.0.0.3-42"]["max_open"] == 400
 
 
