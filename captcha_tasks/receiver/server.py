@@ -94,6 +94,7 @@ class _Hub:
         self.tally: Counter[str] = Counter()
         self._logged: Counter[str] = Counter()
         self._tally_timer: asyncio.TimerHandle | None = None
+        self._setting_up: set[asyncio.Task[None]] = set()
 
     def is_proxy(self, address: str) -> bool:
         return addresses.within(address, self.receiver.settings.pingback_trusted_proxies)
@@ -111,7 +112,9 @@ class _Hub:
             peer = addresses.normalized(str(peername[0]) if isinstance(peername, tuple) else "")
             if self.enter(peer):
                 sock.setblocking(False)
-                self.loop.create_task(self._set_up(sock, peer))
+                task = self.loop.create_task(self._set_up(sock, peer))
+                self._setting_up.add(task)  # the loop keeps only a weak reference
+                task.add_done_callback(self._setting_up.discard)
             else:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
                 sock.close()  # nothing read
@@ -198,7 +201,7 @@ class _Hub:
                 "pingback server, last %.0f s: %s; open now %d (most from %s)",
                 TALLY_EVERY,
                 ", ".join(f"{k} {v}" for k, v in fresh.items()),
-                len(self.connections),
+                self.held,
                 top or "nobody",
             )
         self._tally_timer = self.loop.call_later(TALLY_EVERY, self.log_tally)
@@ -214,7 +217,8 @@ class _Hub:
         for conn in list(self.waiting):
             conn.drop()
         try:
-            await asyncio.wait_for(self.drained.wait(), DRAIN_S)
+            async with asyncio.timeout(DRAIN_S):
+                await self.drained.wait()
         except TimeoutError:
             log.warning("stopping with %d callbacks still being judged", self.pending)
         for conn in list(self.connections):

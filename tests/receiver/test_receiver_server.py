@@ -28,6 +28,7 @@ from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.dev.slowloris import Attack
 from captcha_tasks.receiver import Limits, PingbackServer, Receiver, make_wsgi_app
 from captcha_tasks.receiver.callbacks import STRIKES_BURST
+from captcha_tasks.receiver.server import FD_RESERVE, fit_to_open_files
 from captcha_tasks.settings import get_settings
 from captcha_tasks.worker.app import app
 
@@ -388,3 +389,18 @@ def test_malformed_and_oversized_requests(serve: Any) -> None:
     assert huge.recv(4096).startswith(b"HTTP/1.1 431 ")
     huge.close()
     assert tally(server) == {"bad_request": 2}
+
+
+def test_no_more_connections_are_promised_than_open_files_allow(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        wanted = Limits(max_connections=100_000)
+        assert fit_to_open_files(wanted) == wanted
+        assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] >= 100_000 + FD_RESERVE
+        return
+    fitted = fit_to_open_files(Limits(max_connections=hard))  # needs FD_RESERVE more
+    assert fitted.max_connections == hard - FD_RESERVE
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[0] == hard  # raised as far as it goes
+    assert f"takes {hard - FD_RESERVE} connections, not {hard}" in caplog.text
