@@ -13,8 +13,9 @@ the address is the client's (see :meth:`Receiver.client_address`).
 An accepted callback goes through the one completion path
 (:class:`~captcha_tasks.worker.completion.Completer`), as if a poll had read its answer.
 
-:meth:`Receiver.handle` knows no HTTP framework: :func:`~.wsgi.make_wsgi_app` serves it,
-and a Flask or Django view can call :meth:`Receiver.handle_request` (see the README).
+:meth:`Receiver.handle` knows no HTTP framework: :mod:`.server` (``captcha-tasks
+pingback-server``) and :func:`~.wsgi.make_wsgi_app` serve it, and a Flask or Django view
+can call :meth:`Receiver.handle_request` (see the README).
 """
 
 from __future__ import annotations
