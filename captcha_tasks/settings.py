@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property, lru_cache
+from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
@@ -23,6 +24,8 @@ from .poolspec import parse_pools
 from .proxyspec import mask, split
 
 T = TypeVar("T")
+#: An IPv4 or IPv6 network, as CAPTCHAAI_PINGBACK_ALLOW and ..._TRUSTED_PROXIES list them.
+Network = IPv4Network | IPv6Network
 
 DEFAULT_BASE_URL = "https://ocr.captchaai.com"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -125,6 +128,13 @@ class Settings:
     #: CAPTCHAAI_PINGBACK_FALLBACK_POLL: with callbacks on, a captcha still waiting this many
     #: seconds after its expected solve time is polled (a lost callback costs latency only).
     pingback_fallback_poll: float = 10.0
+    #: CAPTCHAAI_PINGBACK_TRUSTED_PROXIES: networks (CIDRs) of the reverse proxies in front
+    #: of the receiver; a request from one of them is judged by the client address its
+    #: ``X-Forwarded-For`` names (the right-most one outside these networks).
+    pingback_trusted_proxies: tuple[Network, ...] = ()
+    #: CAPTCHAAI_PINGBACK_ALLOW: networks (CIDRs) the receiver takes requests from (empty:
+    #: any); a connection from elsewhere is closed before anything is read.
+    pingback_allow: tuple[Network, ...] = ()
     #: KAFKA_BOOTSTRAP_SERVERS: the Kafka brokers of the bridge and the producer helper.
     kafka_bootstrap_servers: str = "localhost:9092"
     #: KAFKA_TASKS_TOPIC: tasks to solve (JSON with task_id, method, sitekey, pageurl, ...).
@@ -236,6 +246,15 @@ class Settings:
 
     def _check_pingback(self) -> None:
         _check("CAPTCHAAI_PINGBACK_FALLBACK_POLL", self.pingback_fallback_poll > 0, "must be > 0")
+        for var, networks in (
+            ("CAPTCHAAI_PINGBACK_TRUSTED_PROXIES", self.pingback_trusted_proxies),
+            ("CAPTCHAAI_PINGBACK_ALLOW", self.pingback_allow),
+        ):
+            _check(
+                var,
+                all(isinstance(n, IPv4Network | IPv6Network) for n in networks),
+                "must be a list of networks (ipaddress.ip_network values)",
+            )
         if self.pingback_url is None:
             return
         _check_url("CAPTCHAAI_PINGBACK_URL", self.pingback_url, ("http", "https"))
@@ -474,6 +493,20 @@ def _proxies(raw: str) -> tuple[str, ...]:
     return items
 
 
+def _networks(raw: str) -> tuple[Network, ...]:
+    found = []
+    for item in raw.replace(",", " ").split():
+        try:
+            # strict=False: 10.1.2.3/8 means the /8 it lies in, as firewalls read it
+            found.append(ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"{item!r} is not an address or a CIDR network (like 203.0.113.0/24 or"
+                " 2001:db8::/32)"
+            ) from None
+    return tuple(found)
+
+
 def _flag(raw: str) -> bool:
     value = raw.lower()
     if value in ("1", "true", "yes", "on"):
@@ -531,6 +564,8 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pingback_url": ("CAPTCHAAI_PINGBACK_URL", lambda s: s.rstrip("/")),
     "pingback_secret": ("CAPTCHAAI_PINGBACK_SECRET", str),
     "pingback_fallback_poll": ("CAPTCHAAI_PINGBACK_FALLBACK_POLL", float),
+    "pingback_trusted_proxies": ("CAPTCHAAI_PINGBACK_TRUSTED_PROXIES", _networks),
+    "pingback_allow": ("CAPTCHAAI_PINGBACK_ALLOW", _networks),
     "kafka_bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS", str),
     "kafka_tasks_topic": ("KAFKA_TASKS_TOPIC", str),
     "kafka_results_topic": ("KAFKA_RESULTS_TOPIC", str),

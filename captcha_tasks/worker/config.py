@@ -11,8 +11,8 @@ from kombu import Queue  # type: ignore[attr-defined]
 from ..connections import celery_options
 from ..keys import Keys
 from ..settings import get_settings
-from .names import PREWARM
 from .broker import backend_url, transport
+from .names import PREWARM
 
 _settings = get_settings()
 _where = celery_options(_settings)

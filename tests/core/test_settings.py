@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from ipaddress import ip_network
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,8 @@ def test_reads_environment() -> None:
         ("CAPTCHAAI_TOKEN_LIFETIMES", '{"turnstile": -5}'),
         ("CAPTCHAAI_VISIBILITY_TIMEOUT", "30"),  # not longer than the HTTP timeouts (35 s)
         ("CAPTCHAAI_QUEUE_PREFIX", "two words"),
+        ("CAPTCHAAI_PINGBACK_ALLOW", "10.0.0.0/33"),
+        ("CAPTCHAAI_PINGBACK_TRUSTED_PROXIES", "10.0.0.1, proxy.internal"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str) -> None:
@@ -161,3 +164,30 @@ def test_a_bad_sentinel_combination_is_one_line_naming_the_variable(
 def test_mask_url_masks_every_sentinel_part() -> None:
     masked = mask_url("sentinel://:one@h1:26379/0;sentinel://:one@h2:26379/0")
     assert masked == "sentinel://:***@h1:26379/0;sentinel://:***@h2:26379/0"
+
+
+def test_pingback_networks() -> None:
+    s = Settings.from_env(
+        {
+            "CAPTCHAAI_PINGBACK_ALLOW": "203.0.113.0/24, 198.51.100.7 2001:db8::/32",
+            "CAPTCHAAI_PINGBACK_TRUSTED_PROXIES": "10.1.2.3/8",
+        }
+    )
+    assert s.pingback_allow == (
+        ip_network("203.0.113.0/24"),
+        ip_network("198.51.100.7/32"),
+        ip_network("2001:db8::/32"),
+    )
+    assert s.pingback_trusted_proxies == (ip_network("10.0.0.0/8"),)
+    assert Settings.from_env({}).pingback_allow == ()
+
+
+@pytest.mark.parametrize("var", ["CAPTCHAAI_PINGBACK_ALLOW", "CAPTCHAAI_PINGBACK_TRUSTED_PROXIES"])
+def test_a_bad_network_is_one_line_naming_it(var: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env({var: "203.0.113.0/24,203.0.113.300"})
+    message = str(info.value)
+    assert f"{var} has an invalid value: '203.0.113.300' is not an address" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigurationError, match=var):
+        Settings().replace(**{var.lower().removeprefix("captchaai_"): ("10.0.0.0/8",)})
