@@ -49,7 +49,6 @@ from functools import partial
 from typing import Any
 
 import redis.asyncio as aioredis
-from celery import states
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -61,6 +60,7 @@ from .state.batches import CANCEL_TTL, entries
 from .state.lua import text
 from .stream import Batch, rejected
 from .worker.app import app
+from .worker.results import Results
 from .worker.tasks import normalize_solve_args
 from .worker.tasks import solve as solve_task
 
@@ -189,13 +189,12 @@ def _result_key(task_id: str) -> str:
 
 def _outcome(record: str) -> dict[str, Any]:
     """The outcome in a stored result record, or its error raised (as ``get()`` does)."""
-    meta = app.backend.decode_result(record)
-    if meta["status"] == states.SUCCESS:
-        return dict(meta["result"])
-    result = meta["result"]
-    if isinstance(result, BaseException):
-        raise result
-    raise errors.CaptchaTasksError(f"solve ended in state {meta['status']}: {result!r}")
+    return Results(app).read(record).outcome()
+
+
+def _ready(record: str) -> bool:
+    """Whether a record ends the wait (a solve in flight also says where it is)."""
+    return Results(app).read(record).ready
 
 
 # -- one Redis client and pub/sub reader per event loop -----------------------------------
@@ -265,7 +264,7 @@ class _Hub:
         waiter = self.waiters.get(text(message["channel"]))
         if waiter is None:
             return
-        if message["type"] == "message":
+        if message["type"] == "message" and _ready(text(message["data"])):
             _settle(waiter.record, text(message["data"]))
         elif message["type"] == "subscribe":
             if waiter.confirmed.done():  # subscribed again after a reconnect
@@ -277,7 +276,7 @@ class _Hub:
         with contextlib.suppress(RedisError):
             record = await self.redis.get(channel)
             waiter = self.waiters.get(channel)
-            if record is not None and waiter is not None:
+            if record is not None and waiter is not None and _ready(text(record)):
                 _settle(waiter.record, text(record))
 
     async def close(self) -> None:

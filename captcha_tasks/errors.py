@@ -27,10 +27,13 @@
     │   ├── AuthError                  ERROR_WRONG_USER_KEY, ERROR_KEY_DOES_NOT_EXIST, IP_BANNED
     │   ├── BadRequestError            ERROR_GOOGLEKEY, ERROR_PAGEURL, ERROR_BAD_PARAMETERS, ...
     │   ├── ProxyError                 ERROR_PROXY_CONNECTION_FAILED, ERROR_BAD_PROXY
-    │   └── UnknownAPIError            any other ERROR_* code (kept on ``code``)
+    │   ├── UnknownAPIError            any other ERROR_* code (kept on ``code``)
+    │   └── InternalError              ERROR_INTERNAL: a failure inside captcha-tasks ended
+    │                                  the solve (the message names the exception's type)
     └── GaveUpError                    a budget ran out; the last cause is kept
         ├── SolveTimeout               the solve deadline passed
-        └── RetriesExhausted           transport / resubmit budget used up
+        ├── RetriesExhausted           transport / resubmit budget used up
+        └── Revoked                    ERROR_REVOKED: revoked, or expired before its submit
 
 "Not ready yet" is a value (``captcha_tasks.client.NOT_READY``), never an exception.
 
@@ -242,6 +245,14 @@ class UnknownAPIError(FatalError):
     default_code = "ERROR_UNKNOWN"
 
 
+class InternalError(FatalError):
+    """Something inside captcha-tasks failed while the solve was worked (a bug, or a reply
+    nothing expected): the solve ended, its thread was freed.  The message names the
+    exception's type and where; the worker's log has the traceback.  Report it."""
+
+    default_code = "ERROR_INTERNAL"
+
+
 class GaveUpError(CaptchaTasksError):
     """A budget ran out; the last cause is in the message."""
 
@@ -260,6 +271,14 @@ class RetriesExhausted(GaveUpError):
     `CAPTCHAAI_MAX_RESUBMITS`): the API kept failing; look at the cause in the message."""
 
     default_code = "ERROR_RETRIES_EXHAUSTED"
+
+
+class Revoked(GaveUpError):
+    """The solve was revoked (``AsyncResult.revoke()``), or its ``expires`` passed before it
+    was submitted: no captcha was sent for it, or its answer was discarded.  From
+    ``AsyncResult.get()`` it is Celery's ``TaskRevokedError``, as for any revoked task."""
+
+    default_code = "ERROR_REVOKED"
 
 
 _BY_CODE: dict[str, type[CaptchaTasksError]] = {
@@ -295,6 +314,8 @@ for _cls in (
     SolveTimeout,
     RetriesExhausted,
     UnknownAPIError,
+    InternalError,
+    Revoked,
 ):
     _BY_CODE.setdefault(_cls.default_code, _cls)
 

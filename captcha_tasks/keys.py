@@ -26,6 +26,23 @@ class Keys:
         """String with a TTL: one copy of a solve's submit is calling ``in.php`` right now."""
         return self._k("solve", solve_id, "claim")
 
+    def revoked(self, solve_id: str) -> str:
+        """String with a TTL: the caller revoked the solve (``AsyncResult.revoke()``)."""
+        return self._k("solve", solve_id, "revoked")
+
+    def followup(self, solve_id: str) -> str:
+        """String with a TTL: what runs when the solve ends (Celery's callbacks, chain and
+        chord part, JSON), until the completion takes it."""
+        return self._k("solve", solve_id, "followup")
+
+    def followups_owed(self) -> str:
+        """Hash: solve id -> the follow-up of a solve that ended, until it has been run."""
+        return self._k("followups", "owed")
+
+    def followups_due(self) -> str:
+        """Sorted set: solve id -> when its owed follow-up counts as lost (ms)."""
+        return self._k("followups", "due")
+
     def request_secrets(self, solve_id: str) -> str:
         """Hash with a TTL: a solve's proxy and cookies, kept out of task messages."""
         return self._k("solve", solve_id, "secrets")

@@ -30,6 +30,10 @@ captcha, and the worst /health latency.
 Not a timed test: the targets are printed as MET / MISSED.
 
     python scripts/bench_pingback.py [--count 200] [--only on|lossy|off|attacked ...]
+        [--solve-time 1.5 --jitter 0.3]
+
+At real time scale (the issue's polling latency): ``--only off --count 60 --solve-time 15
+--jitter 3``.
 """
 
 from __future__ import annotations
@@ -388,29 +392,40 @@ def print_table(runs: list[Run], ideal: float) -> None:
 
 
 def checks(runs: dict[str, Run], count: int, ideal: float) -> list[tuple[str, bool]]:
-    on, lossy, off = runs["on"], runs["lossy"], runs["off"]
-    ms = [d * 1000 for d in on.delays]
-    off_ms = [d for d in off.delays]
-    return [
-        (
-            f"pingback wall <= 1.07 x ideal + 0.5 = {1.07 * ideal + 0.5:.1f} s",
-            on.wall_s <= 1.07 * ideal + 0.5,
-        ),
-        ("pingback <= 0.2 res.php per solved captcha", on.res_per_solved <= 0.2),
-        ("pingback ready -> get() p50 <= 30 ms", pct(ms, 50) <= 30),
-        ("pingback ready -> get() p99 <= 150 ms", pct(ms, 99) <= 150),
-        (
-            "20% of callbacks lost: every captcha solved",
-            lossy.solved == count and len(lossy.delays) == count,
-        ),
-        ("no pingback: mean delay <= 0.3 s", bool(off_ms) and statistics.fmean(off_ms) <= 0.3),
-        ("no pingback: p90 delay <= 0.6 s", pct(off_ms, 90) <= 0.6),
-        (
-            "no pingback: <= 4 res.php per solved captcha",
-            off.res_per_solved <= 4 and off.get_res_per_solved <= 4,
-        ),
-        ("every run solved every captcha", all(r.failed == 0 for r in runs.values())),
-    ]
+    found: list[tuple[str, bool]] = []
+    if "on" in runs:
+        on = runs["on"]
+        ms = [d * 1000 for d in on.delays]
+        found += [
+            (
+                f"pingback wall <= 1.07 x ideal + 0.5 = {1.07 * ideal + 0.5:.1f} s",
+                on.wall_s <= 1.07 * ideal + 0.5,
+            ),
+            ("pingback <= 0.2 res.php per solved captcha", on.res_per_solved <= 0.2),
+            ("pingback ready -> get() p50 <= 30 ms", pct(ms, 50) <= 30),
+            ("pingback ready -> get() p99 <= 150 ms", pct(ms, 99) <= 150),
+        ]
+    if "lossy" in runs:
+        lossy = runs["lossy"]
+        found.append(
+            (
+                "20% of callbacks lost: every captcha solved",
+                lossy.solved == count and len(lossy.delays) == count,
+            )
+        )
+    if "off" in runs:
+        off = runs["off"]
+        off_s = list(off.delays)
+        found += [
+            ("no pingback: mean delay <= 0.3 s", bool(off_s) and statistics.fmean(off_s) <= 0.3),
+            ("no pingback: p90 delay <= 0.6 s", pct(off_s, 90) <= 0.6),
+            (
+                "no pingback: <= 4 res.php per solved captcha",
+                off.res_per_solved <= 4 and off.get_res_per_solved <= 4,
+            ),
+        ]
+    found.append(("every run solved every captcha", all(r.failed == 0 for r in runs.values())))
+    return found
 
 
 def main() -> int:
@@ -422,7 +437,16 @@ def main() -> int:
         action="append",
         help="Run only these.",
     )
+    parser.add_argument(
+        "--solve-time",
+        type=float,
+        default=SOLVE_S,
+        help="Mean solve seconds (15 with --jitter 3: real time scale).",
+    )
+    parser.add_argument("--jitter", type=float, default=JITTER_S, help="± seconds.")
     args = parser.parse_args()
+    global SOLVE_S, JITTER_S
+    SOLVE_S, JITTER_S = args.solve_time, args.jitter
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pingback-"))
     config = SandboxConfig(threads=THREADS, solve_time=SOLVE_S, jitter=JITTER_S, api_keys=(KEY,))
     with RedisServer(log_dir=log_dir) as redis_server:
@@ -465,7 +489,7 @@ def main() -> int:
     results = []
     if runs:
         print_table(list(runs.values()), ideal)
-        results += checks(runs, args.count, ideal) if len(runs) == len(steps) else []
+        results += checks(runs, args.count, ideal)
     if hit is not None:
         print_attacked(hit, ideal)
         results += attacked_checks(hit, args.count, ideal)

@@ -21,9 +21,11 @@ from ..settings import Settings
 from .batches import BatchStreams
 from .board import Board, BoardConfig
 from .db import Db
+from .followups import Followups
 from .limiter import LimiterConfig, ThreadLimiter
 from .pools import PoolStore
 from .proxies import ProxyLeases
+from .records import Records
 from .secrets import RequestSecrets
 from .stats import Stats
 from .timing import SolveTimes, TimingConfig
@@ -48,6 +50,8 @@ class State:
     batches: BatchStreams
     solve_times: SolveTimes
     stats: Stats
+    records: Records
+    followups: Followups
 
     @property
     def keys(self) -> Keys:
@@ -63,16 +67,19 @@ class State:
         ``REDIS_URL``).  No I/O: nothing talks to Redis until it is used."""
         db = Db(client if client is not None else redis_client(settings), Keys(settings.key_prefix))
         limiter = ThreadLimiter(db, limiter_config(settings))
+        board = board_config(settings)
         return cls(
             db=db,
             limiter=limiter,
-            board=Board(db, limiter, board_config(settings)),
+            board=Board(db, limiter, board),
             pools=PoolStore(db, declared=settings.pools),
             proxies=ProxyLeases(db, quarantine_s=settings.proxy_cooloff),
             secrets=RequestSecrets(db),
             batches=BatchStreams(db),
             solve_times=SolveTimes(db, timing_config(settings)),
             stats=Stats(db),
+            records=Records(db),
+            followups=Followups(db, board.followup_grace_s),
         )
 
 
@@ -93,6 +100,8 @@ def board_config(settings: Settings) -> BoardConfig:
         round_hold_s=settings.connect_timeout + settings.read_timeout + 5,
         record_ttl_s=int(settings.solve_timeout + 2 * settings.visibility_timeout)
         + RECORD_MARGIN_S,
+        # longer than running a follow-up takes, shorter than a caller's patience
+        followup_grace_s=settings.visibility_timeout / 2,
     )
 
 

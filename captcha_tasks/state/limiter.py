@@ -167,27 +167,31 @@ ADMIT = Script(
     """
 -- Admit one submit message: keep or take its solve's thread slot (or park the job), and
 -- claim the right to call in.php for this attempt.
--- K: SLOTS, MESSAGES, RATES (the limiter's), RECORD (the solve's record and claim),
---   K.parked_seq (counter), K.cancelled (the batch's cancelled flag)
+-- K: SLOTS, MESSAGES, RATES (the limiter's), RECORD (the solve's record, claim and
+--   revocation), K.parked_seq (counter), K.cancelled (the batch's cancelled flag),
+--   K.result (the caller's result key: opaque here)
 -- A.id = lease id (the solve id), A.refill = true for a pool refill, A.job = the job
 --   (JSON, parked if no slot), A.deadline_ms = ms until the solve's deadline,
 --   A.attempt, A.claim_ms (0: take no claim), A.window_ms, A.per_window (0: count no
 --   in.php request), A.batch = true when the solve belongs to a batch,
 --   A.request_id (of the in.php request), A.message_id (the task message asking),
 --   A.redelivered = true when that message came again (its first worker died),
---   A.handout = the handout table (SLOTS)
+--   A.handout = the handout table (SLOTS), A.parked_record = what the caller's result
+--   key says while the solve is parked (absent: nothing), A.record_ttl_s
 -- returns {status, ms} or, for 'cancelled', {status, 0, {given, expired}}
 -- status: 'go' (slot held, claim taken, request counted), 'wait' (slot held; the in.php
 --   budget frees in ms), 'parked', 'cancelled' (its slot is freed and handed on), 'done'
 --   (this attempt was submitted or the solve is over), 'busy' (another message holds the
---   claim, for ms more: look again then, in case its holder died)
+--   claim, for ms more: look again then, in case its holder died), 'revoked' (its caller
+--   revoked it: nothing is sent; the completion frees what it holds)
 """,
-    keys=("parked_seq", "cancelled"),
+    keys=("parked_seq", "cancelled", "result"),
     libs=(SLOTS, MESSAGES, RATES, RECORD),
     body="""
 local id, H = A.id, A.handout
 message_started(K, id)
 if record_passed(K, A.attempt) then return {'done', 0} end
+if record_revoked(K) then return {'revoked', 0} end
 local holder = redis.call('GET', K.claim)
 -- The message that took the claim, redelivered because its worker never acknowledged
 -- it (it died), goes on; any other copy waits for the claim.
@@ -213,6 +217,10 @@ else
     if A.refill then band = H.band end
     redis.call('ZADD', K.parked, redis.call('INCR', K.parked_seq) + band, id)
     waiting_put(K, id, now + A.deadline_ms, A.job)
+    if A.parked_record then
+      redis.call('SET', K.result, A.parked_record, 'EX', A.record_ttl_s)
+      redis.call('PUBLISH', K.result, A.parked_record)
+    end
     return {'parked', 0}
   end
   redis.call('ZADD', K.slots, now + H.lease_ms, id)
@@ -412,7 +420,7 @@ class Handout:
 
 NO_HANDOUT = Handout([], [])
 
-AdmitStatus = Literal["go", "wait", "parked", "cancelled", "done", "busy"]
+AdmitStatus = Literal["go", "wait", "parked", "cancelled", "done", "busy", "revoked"]
 
 
 @dataclass(frozen=True)
@@ -515,17 +523,20 @@ class ThreadLimiter:
         batch_id: str | None = None,
         message_id: str = "",
         redelivered: bool = False,
+        result: tuple[str, str, int] | None = None,
     ) -> Admission:
         """Admit a submit of ``job`` (see ``ADMIT``); parks the job if no slot is free.
 
         ``message_id`` is the task message asking: a message ``redelivered`` after its
-        worker died finds the claim it took itself and goes on."""
+        worker died finds the claim it took itself and goes on.  ``result``: the caller's
+        result key, what it says while the solve is parked, and for how long (s)."""
         cfg, k = self.config, self.keys
         keys = {
             **self.lua_keys(),
             **record_keys(k, solve_id),
             "parked_seq": k.parked_seq(),
             "cancelled": k.batch_cancelled(batch_id or "-"),
+            "result": result[0] if result else k.submission(solve_id),
         }
         args = {
             "id": solve_id,
@@ -542,6 +553,8 @@ class ThreadLimiter:
             "redelivered": redelivered,
             "handout": self.lua_handout(),
         }
+        if result:
+            args.update(parked_record=result[1], record_ttl_s=result[2])
         reply = self._guarded(lambda: self._admit(keys, args))
         handout = handed_out(reply[2]) if len(reply) > 2 else NO_HANDOUT
         return Admission(text(reply[0]), int(reply[1]) / 1000, handout)  # type: ignore[arg-type]

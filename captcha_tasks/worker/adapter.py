@@ -9,18 +9,21 @@ the settings, the Redis state and the API client.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from .. import errors, faults, pingback
 from ..client import NOT_READY, Answer, CaptchaAIClient, NotReady
+from ..connections import UNREACHABLE
 from ..methods import SolveRequest, build_request, default_wait
 from ..outcome import Solved, parse_iso
 from ..settings import Settings
@@ -29,8 +32,9 @@ from ..state.board import Again, Entry, RoundDue
 from ..state.proxies import split
 from ..state.timing import Timing
 from . import names, steps
-from .completion import Completer, Done
+from .completion import Completer, Done, Events, no_events
 from .job import BatchRef, Job
+from .results import PARKED, SUBMITTED, dumps
 from .steps import (
     Decision,
     Deliver,
@@ -53,6 +57,23 @@ BULK_IDS = 100
 SINGLE_POLLS = 8
 #: Seconds a process trusts what it last read about the API's bulk support.
 BULK_CHECK_S = 5.0
+#: An outage of Redis or the broker: not the end of a solve; its step is retried later.
+OUTAGES = (errors.StoreUnavailable, OperationalError, *UNREACHABLE)
+#: The attribute naming the step an exception was raised in (see :func:`at_step`).
+STEP_ATTRIBUTE = "captcha_tasks_step"
+
+
+@contextlib.contextmanager
+def at_step(name: str) -> Iterator[None]:
+    """Name the step in which an exception (no outage) is raised, for its error."""
+    try:
+        yield
+    except OUTAGES:
+        raise
+    except Exception as exc:
+        if not hasattr(exc, STEP_ATTRIBUTE):
+            setattr(exc, STEP_ATTRIBUTE, name)
+        raise
 
 
 def policy(settings: Settings) -> Policy:
@@ -79,7 +100,13 @@ class Message:
 class Runner:
     """Runs the steps of solves for one Celery app, in one process.
 
-    ``api`` gives the API client (called when a step needs it: only workers hold the key).
+    ``api`` gives the API client (called when a step needs it: only workers hold the key);
+    ``events`` sends a task event when a monitor (Flower) listens.
+
+    Once a solve is accepted, nothing ends it in silence: an outage of Redis or the broker
+    (:data:`OUTAGES`) propagates, and the task retries the step once it is back (every
+    step is idempotent); any other exception ends the solve through the one completion
+    path with :class:`~captcha_tasks.errors.InternalError` (:meth:`fail_inside`).
     """
 
     def __init__(
@@ -88,33 +115,88 @@ class Runner:
         settings: Settings,
         state: State,
         api: Callable[[], CaptchaAIClient],
+        events: Events = no_events,
     ) -> None:
         self.app = app
         self.settings = settings
         self.state = state
         self.api = api
+        self.events = events
         self.policy = policy(settings)
-        self.completer = Completer(app, settings, state)
+        self.completer = Completer(app, settings, state, events)
+        self.results = self.completer.results
         self._executor: ThreadPoolExecutor | None = None
         self._bulk_checked = (-math.inf, True)
 
+    def fail_inside(self, job: Job, exc: BaseException, step: str) -> None:
+        """End ``job``'s solve with :class:`~captcha_tasks.errors.InternalError`: ``exc`` (no
+        outage) was raised while ``step`` worked it.  The error names the exception's type,
+        never its message (which could carry a proxy password)."""
+        step = getattr(exc, STEP_ATTRIBUTE, step)
+        log.error(
+            "solve %s: %s in %s; it ends with ERROR_INTERNAL",
+            job.solve_id,
+            type(exc).__name__,
+            step,
+            exc_info=exc,
+        )
+        error = errors.InternalError(f"{type(exc).__name__} in {step}", captcha_id=job.captcha_id)
+        self.completer.complete(job, Fail(error))
+
+    def revoked(self, solve_id: str, method: Any, batch: BatchRef | None, expired: bool) -> None:
+        """A solve message Celery discarded before it ran (revoked, or past its
+        ``expires``): the solve ends revoked (its batch line, the message no longer
+        awaited)."""
+        job = Job.unusable(solve_id, method, time.time(), batch)
+        self.completer.complete(job, Fail(errors.Revoked("expired" if expired else "revoked")))
+
     # -- solve -------------------------------------------------------------------------
-    def solve(self, message: Message, kwargs: dict[str, Any]) -> None:
-        """A caller's solve: answer from a pool, or submit (or park) its captcha."""
-        solve_id = message.id
+    def solve(
+        self,
+        message: Message,
+        kwargs: dict[str, Any],
+        followup: dict[str, Any] | None = None,
+        expires: float | None = None,
+    ) -> None:
+        """A caller's solve: answer from a pool, or submit (or park) its captcha.
+        ``followup``: what the caller chained to it (see :mod:`.results`); ``expires``:
+        when it may no longer be submitted."""
         batch = BatchRef.from_dict(kwargs.pop("_batch", None))
+        job = Job.unusable(message.id, kwargs.get("method"), time.time(), batch)
+        try:
+            self._solve(message, kwargs, batch, followup, expires)
+        except OUTAGES:
+            raise
+        except Exception as exc:
+            self.fail_inside(job, exc, "solve")
+
+    def _solve(
+        self,
+        message: Message,
+        kwargs: dict[str, Any],
+        batch: BatchRef | None,
+        followup: dict[str, Any] | None,
+        expires: float | None,
+    ) -> None:
+        solve_id = message.id
+        if followup:
+            ttl = self.state.board.config.record_ttl_s
+            self.state.followups.keep(solve_id, dumps(followup), ttl)
         stashed = kwargs.pop("_secrets", None) or []
+        secrets = self._stashed(solve_id, stashed)
         now = time.time()
         try:
-            request = build_request(**kwargs, **self._stashed(solve_id, stashed))
-        except errors.CaptchaTasksError as exc:  # skipped the call-site check, or expired
+            request = build_request(**kwargs, **secrets)
+        except errors.ValidationError as exc:  # skipped the call-site check
             job = Job.unusable(solve_id, kwargs.get("method"), now, batch)
             self.completer.complete(job, Fail(exc))
             return
-        job = Job.new(solve_id, request, now, self.policy.solve_timeout, batch=batch)
+        timeout = self.policy.solve_timeout
+        job = Job.new(solve_id, request, now, timeout, batch=batch, expires=expires)
+        faults.point("solve")
         if self._from_pool(job, request, now):
             return
-        self.submit(job.with_secrets(stashed), message, request)
+        self._submit(job.with_secrets(stashed), message, request)
 
     def _from_pool(self, job: Job, request: SolveRequest, started: float) -> bool:
         if request.per_request:
@@ -145,44 +227,78 @@ class Runner:
         return True
 
     # -- submit ------------------------------------------------------------------------
-    def submit(self, job: Job, message: Message, request: SolveRequest | None = None) -> None:
+    def submit(self, job: Job, message: Message) -> None:
+        """A submit message: a parked solve given a thread, a retry, a resubmit."""
+        try:
+            self._submit(job, message)
+        except OUTAGES:
+            raise
+        except Exception as exc:
+            self.fail_inside(job, exc, "submit")
+
+    def _submit(self, job: Job, message: Message, request: SolveRequest | None = None) -> None:
         """Admit the job's submit (for task ``message``) and call ``in.php`` for it when it
         holds a slot.  ``request``: the job's full request (with its stashed proxy and
         cookies), when the caller has it at hand."""
         now = time.time()
         decision: Decision | None = steps.before_submit(job, now)
         if decision is None:
-            admission = self.state.limiter.admit(
-                job.solve_id,
-                job.to_json(),
-                attempt=job.attempt,
-                deadline_in_s=job.deadline - now,
-                refill=job.pool is not None,
-                batch_id=job.batch.id if job.batch else None,
-                message_id=message.id,
-                redelivered=message.redelivered,
-            )
-            self.completer.publish(admission.handout)
-            decision = steps.on_admission(job, admission, now)
+            with at_step("admit"):
+                decision = self._admit(job, message, now)
         if isinstance(decision, Submit):
-            decision = self._call_in_php(job, request)
+            with at_step("in_php"):
+                decision = self._call_in_php(job, request)
         self.act_on_submit(job, decision)
+
+    def _admit(self, job: Job, message: Message, now: float) -> Decision:
+        admission = self.state.limiter.admit(
+            job.solve_id,
+            job.to_json(),
+            attempt=job.attempt,
+            deadline_in_s=job.deadline - now,
+            refill=job.pool is not None,
+            batch_id=job.batch.id if job.batch else None,
+            message_id=message.id,
+            redelivered=message.redelivered,
+            result=self._in_flight(job, PARKED, {}),
+        )
+        self.completer.publish(admission.handout)
+        faults.point("admit")
+        if admission.status == "parked" and self._for_caller(job):
+            self.events("task-parked", job.solve_id)
+        return steps.on_admission(job, admission, now)
 
     def _call_in_php(self, job: Job, request: SolveRequest | None) -> Decision:
         reply: str | errors.CaptchaTasksError
         try:
-            full = request or self._full_request(job)
-            reply = self.api().submit(self._with_pool_proxy(full, job), self._pingback(job))
+            full = self._with_pool_proxy(request or self._full_request(job), job)
+            faults.point("in_php")
+            reply = self.api().submit(full, self._pingback(job))
+        except errors.StoreUnavailable:
+            raise  # an outage, not an answer: the step runs again once Redis is back
         except errors.CaptchaTasksError as exc:
             reply = exc
             self._hold_account(exc)
         timing = self._timing(job)
         return steps.on_submitted(job, reply, time.time(), timing, self.policy, self._bulk())
 
+    @staticmethod
+    def _for_caller(job: Job) -> bool:
+        """Whether a caller waits on the solve's own result (not a batch, not a refill)."""
+        return job.pool is None and job.batch is None
+
+    def _in_flight(self, job: Job, state: str, info: dict[str, Any]) -> tuple[str, str, int] | None:
+        """The result record that says where a caller's solve is (key, record, TTL)."""
+        if not self._for_caller(job):
+            return None
+        record = self.results.record(job.solve_id, state, info)
+        return self.results.key(job.solve_id), record, self.results.ttl_s
+
     def act_on_submit(self, job: Job, decision: Decision) -> None:
         """Carry out a submit step's decision."""
         if isinstance(decision, PollAt):
-            self._register(decision)
+            with at_step("register"):
+                self._register(decision)
         elif isinstance(decision, SubmitAt):
             if decision.error is not None:
                 log.info("solve %s: %s; submitting again", job.solve_id, decision.error.code)
@@ -199,20 +315,36 @@ class Runner:
 
     def _register(self, decision: PollAt) -> None:
         job = decision.job
+        faults.point("register")
+        info = {"captcha_id": job.captcha_id, "attempt": job.attempt}
         due = self.state.board.register(
             job.solve_id,
             job.attempt,
             str(job.captcha_id),
             job.to_json(),
             decision.at - time.time(),
+            result=self._in_flight(job, SUBMITTED, info),
         )
+        if self._for_caller(job):
+            self.events("task-submitted", job.solve_id, **info)
         self.publish_round(due)
 
     # -- poll rounds -------------------------------------------------------------------
     def poll_round(self, round_at_ms: int | None) -> None:
-        """One poll round: ask for every due captcha, act on each answer, schedule the next."""
+        """One poll round: ask for every due captcha, act on each answer, schedule the next.
+        A round that fails (no outage) ends the solves of the captchas it took."""
+        taken = self.state.board.take_due(round_at_ms, ROUND_MOST)
+        entries = [_Due(e, Job.from_json(e.job)) for e in taken]
+        try:
+            self._round(entries)
+        except OUTAGES:
+            raise  # its captchas come due again (a round holds them for a while only)
+        except Exception as exc:
+            for due in entries:
+                self.fail_inside(due.job, exc, "poll")
+
+    def _round(self, entries: list[_Due]) -> None:
         board = self.state.board
-        entries = [_Due(e, Job.from_json(e.job)) for e in board.take_due(round_at_ms, ROUND_MOST)]
         asked_at = time.time()
         bulk = self._bulk()
         replies, in_bulk = self._fetch(entries, bulk) if entries else ({}, set())
@@ -244,6 +376,21 @@ class Runner:
     def _decide(
         self, due: _Due, replies: dict[str, Reply | float], now: float, pace: steps.Pace
     ) -> Decision:
+        try:
+            return self._decide_one(due, replies, now, pace)
+        except OUTAGES:
+            raise
+        except Exception as exc:  # one captcha's failure ends its solve, not the round
+            log.error("solve %s: %s in poll", due.job.solve_id, type(exc).__name__, exc_info=exc)
+            error = errors.InternalError(
+                f"{type(exc).__name__} in poll", captcha_id=due.job.captcha_id
+            )
+            return Fail(error)
+
+    def _decide_one(
+        self, due: _Due, replies: dict[str, Reply | float], now: float, pace: steps.Pace
+    ) -> Decision:
+        faults.point("poll")
         entry, job = due.entry, due.job
         reply = replies.get(entry.captcha_id, NOT_READY)
         if isinstance(reply, float):

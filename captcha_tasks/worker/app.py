@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from celery import Celery
+from celery.app.control import Control as CeleryControl
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
@@ -34,8 +35,22 @@ from .runtime import Runtime
 CONFIG_MODULE = "captcha_tasks.worker.config"
 
 
+class Control(CeleryControl):
+    """Celery's remote control, and one thing more: a revoked solve is remembered in Redis,
+    so that no worker submits it, whether or not it heard the broadcast (a parked solve's
+    message ran long ago; a worker started after the revoke never hears it)."""
+
+    def revoke(self, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        ids = [task_id] if isinstance(task_id, str) else [str(i) for i in task_id]
+        if isinstance(self.app, App):
+            self.app.runtime().state.records.revoke(ids)
+        return super().revoke(task_id, *args, **kwargs)
+
+
 class App(Celery):
     """captcha-tasks' Celery app: it builds its process's runtime once, when first needed."""
+
+    control_cls = "captcha_tasks.worker.app:Control"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

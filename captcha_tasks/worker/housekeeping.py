@@ -52,11 +52,24 @@ def tick(runner: Runner) -> bool:
         kwargs = json.loads(solve.job)
         runner.app.send_task(names.SOLVE, kwargs=kwargs, task_id=solve.lease_id)
     runner.publish_round(state.board.ensure_round())
+    for solve_id, followup in state.followups.lost():
+        log.warning("solve %s: what was chained to it had not run; running it", solve_id)
+        _rerun_followup(runner, solve_id, followup)
     every = settings.threads_check_every
     if every > 0 and state.limiter.check_due(every):
         # off the timer thread: the check is an HTTP request
         runner.app.send_task(names.CHECK_THREADS, expires=every)
     return True
+
+
+def _rerun_followup(runner: Runner, solve_id: str, followup: str) -> None:
+    """Run the follow-up of a solve whose completing process died before running it, with
+    the outcome stored for its caller."""
+    read = runner.results.stored(solve_id)
+    if not read.ready:  # the outcome expired: nothing to hand on
+        runner.state.followups.done(solve_id)
+        return
+    runner.completer.run_followup(solve_id, followup, read.state, read.value)
 
 
 def check_threads(runner: Runner) -> Drift | None:
@@ -98,7 +111,9 @@ class Housekeeping(bootsteps.StartStopStep):
         self.tref: Any = None
 
     def start(self, worker: Any) -> None:
-        runner = worker.app.runtime().runner
+        runtime = worker.app.runtime()
+        runtime.worker = worker
+        runner = runtime.runner
         self.tref = worker.timer.call_repeatedly(TICK_S, _safe_tick, (runner,), priority=10)
 
     def stop(self, worker: Any) -> None:

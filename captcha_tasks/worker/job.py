@@ -54,6 +54,8 @@ class Job:
     submitted_at: float | None = None
     #: Request parameters stashed in Redis (proxy, cookies), not in ``request.params``.
     secrets: tuple[str, ...] = ()
+    #: When the caller's ``expires`` passes (Unix time): not submitted after that.
+    expires: float | None = None
 
     @classmethod
     def new(
@@ -65,8 +67,9 @@ class Job:
         *,
         pool: str | None = None,
         batch: BatchRef | None = None,
+        expires: float | None = None,
     ) -> Job:
-        return cls(solve_id, request, now, now + timeout_s, pool=pool, batch=batch)
+        return cls(solve_id, request, now, now + timeout_s, pool=pool, batch=batch, expires=expires)
 
     @classmethod
     def unusable(cls, solve_id: str, method: Any, now: float, batch: BatchRef | None) -> Job:
@@ -126,6 +129,8 @@ class Job:
         if self.captcha_id is not None:
             data["captcha_id"] = self.captcha_id
             data["submitted_at"] = self.submitted_at
+        if self.expires is not None:
+            data["expires"] = self.expires
         return data
 
     def to_json(self) -> str:
@@ -148,6 +153,7 @@ class Job:
             captcha_id=None if captcha_id is None else str(captcha_id),
             submitted_at=data.get("submitted_at"),
             secrets=tuple(request.get("secrets") or ()),
+            expires=data.get("expires"),
         )
 
     @classmethod

@@ -56,7 +56,10 @@ class Runtime:
         self._api = api
         self._lock = threading.Lock()
         self._resources: dict[str, Any] = {}
-        self.runner = Runner(app, settings, self.state, self.api)
+        #: The worker this process runs (set by the worker's housekeeping step), whose
+        #: event dispatcher Flower turns on.
+        self.worker: Any = None
+        self.runner = Runner(app, settings, self.state, self.api, self.event)
 
     def api(self) -> CaptchaAIClient:
         """The API client (built on first use: only workers and some commands hold the
@@ -66,6 +69,14 @@ class Runtime:
                 if self._api is None:
                     self._api = api_client(self.settings)
         return self._api
+
+    def event(self, type_: str, task_id: str, **fields: Any) -> None:
+        """Send a task event, when a monitor (Flower) turned this worker's events on; a
+        process that is no worker (the receiver, an app) sends none."""
+        consumer = getattr(self.worker, "consumer", None)
+        dispatcher = getattr(consumer, "event_dispatcher", None)
+        if dispatcher is not None and dispatcher.enabled:
+            dispatcher.send(type_, uuid=task_id, **fields)
 
     def resource(self, name: str, build: Callable[[], T]) -> T:
         """An object an upper layer keeps for as long as this runtime lives (the asyncio

@@ -191,7 +191,10 @@ def uses_pingback(job: Job) -> bool:
 
 
 def before_submit(job: Job, now: float) -> Fail | None:
-    """A submit whose solve's deadline passed (while parked, or queued) fails."""
+    """A submit whose solve's deadline passed (while parked, or queued) fails; one whose
+    caller's ``expires`` passed ends revoked, as Celery ends an expired task."""
+    if job.expires is not None and now >= job.expires:
+        return Fail(errors.Revoked("expired", captcha_id=job.captcha_id))
     if now >= job.deadline:
         return Fail(_timeout(job, "the solve deadline passed before it could be submitted"))
     return None
@@ -207,6 +210,8 @@ def on_admission(job: Job, admission: Admission, now: float) -> Decision:
         # Another copy of this message is calling in.php, or died doing so: look again
         # when its claim runs out (a live one will have registered the captcha by then).
         return SubmitAt(now + admission.wait_s, job, keep_claim=True)
+    if admission.status == "revoked":
+        return Fail(errors.Revoked("revoked"))
     return Stop(admission.status)
 
 

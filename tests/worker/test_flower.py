@@ -276,3 +276,29 @@ def test_flower_lists_solved_task_without_secrets(
     for page, html in pages.items():
         assert api_key not in html, f"the API key is on Flower's {page} page"
         assert PROXY_PASSWORD not in html, f"the proxy password is on Flower's {page} page"
+
+
+@pytest.mark.slow
+def test_flower_shows_where_a_solve_is(
+    flower: FlowerProcess, sandbox: Any, clean_state: None
+) -> None:
+    """While in flight, a solve's state in Flower says where it is: PARKED while it waits
+    for a thread, SUBMITTED (with its captcha id) at the provider, then SUCCESS."""
+    from captcha_tasks import solve
+
+    sandbox.configure(solve_time=2.0, jitter=0.0)
+    _prime_events(flower)
+    _hold_every_thread_briefly()
+    result = solve.delay(method="turnstile", sitekey="0x4AAAAAAAwhere", pageurl=PAGE)
+    seen: list[str] = []
+
+    def state() -> str | None:
+        found = flower.api_tasks().get(result.id, {})
+        if found.get("state") and (not seen or seen[-1] != found["state"]):
+            seen.append(found["state"])
+        return found.get("state")
+
+    wait_until(lambda: state() == "SUCCESS", 60, interval=0.2, what="the solve in Flower")
+    assert "PARKED" in seen and "SUBMITTED" in seen, seen
+    assert seen.index("PARKED") < seen.index("SUBMITTED") < seen.index("SUCCESS"), seen
+    assert result.get(timeout=10)["status"] == "solved"
