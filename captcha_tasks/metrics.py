@@ -21,7 +21,15 @@ Exposed (``captcha_tasks_`` prefix):
   ``pool_tokens_taken_total``, ``pool_tokens_expired_total``, ``pool_misses_total``
 * ``api_errors_total{code}``, ``solved_total{method,source}`` (source: ``pingback``,
   ``bulk_poll``, ``poll`` or ``pool``)
-* ``pingback_accepted_total``, ``pingback_rejected_total{reason}``: provider callbacks
+* ``pingback_accepted_total``, ``pingback_rejected_total{reason}``: provider callbacks;
+  ``pingback_early_total``: callbacks kept because they came before their captcha was
+  registered
+* ``pingback_channel{state}``: 1 for the callback channel's state (``up``, ``degraded``,
+  ``down``), 0 for the others; ``pingback_callback_share``: the recent share of answers
+  that came by callback; ``pingback_callbacks_overdue_total``: answers a poll found after
+  their captcha's callback was due; ``pingback_answer_late_seconds``: a histogram of how
+  long each answer of a captcha that asked for a callback waited at the provider before
+  we had it (0 for a callback)
 * ``solve_seconds{method}``: a gauge histogram of the recent solve times per method (the
   samples the adaptive first poll keeps), for ``histogram_quantile``
 """
@@ -43,6 +51,7 @@ from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeHistogramMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
@@ -51,6 +60,7 @@ from .errors import PoolNotFound, StoreUnavailable
 from .methods import METHODS
 from .settings import Settings, get_settings
 from .state import State
+from .state.channel import STATES
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +115,7 @@ class StoreCollector(Collector):
         yield from self._api_errors()
         yield from self._solves()
         yield from self._callbacks()
+        yield from self._channel()
 
     def describe(self) -> Iterable[Metric]:
         # Nothing up front: registering must not need Redis (metrics are read per scrape).
@@ -190,12 +201,51 @@ class StoreCollector(Collector):
             "Provider callbacks that completed their captcha.",
             value=float(counts.pop("accepted", 0)),
         )
+        yield CounterMetricFamily(
+            _name("pingback_early"),
+            "Provider callbacks that came before their captcha was registered (kept).",
+            value=float(counts.pop("early", 0)),
+        )
         rejected = CounterMetricFamily(
             _name("pingback_rejected"), "Provider callbacks refused, by reason.", labels=["reason"]
         )
         for reason, count in sorted(counts.items()):
             rejected.add_metric([reason], float(count))
         yield rejected
+
+    def _channel(self) -> Iterator[Metric]:
+        channel = self.state.channel
+        now = channel.read()
+        states = GaugeMetricFamily(
+            _name("pingback_channel"),
+            "The provider callback channel's state: 1 for the current one (up, degraded, down).",
+            labels=["state"],
+        )
+        for state in STATES:
+            states.add_metric([state], 1.0 if state == now.state else 0.0)
+        yield states
+        yield _gauge(
+            "pingback_callback_share",
+            "Recent share of answers (of captchas that asked for one) that came by callback.",
+            now.share,
+        )
+        lateness = channel.lateness()
+        yield CounterMetricFamily(
+            _name("pingback_callbacks_overdue"),
+            "Answers a poll found after their captcha's callback was due.",
+            value=float(lateness.overdue),
+        )
+        yield HistogramMetricFamily(
+            _name("pingback_answer_late_seconds"),
+            "How long answers of captchas that asked for a callback waited at the provider"
+            " before we had them (0: a callback).",
+            buckets=[(_le(bound), float(count)) for bound, count in lateness.buckets],
+            sum_value=lateness.sum_s,
+        )
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
 
 
 def _gauge(suffix: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -216,10 +266,7 @@ def _pool_statuses(state: State) -> list[dict[str, Any]]:
 def _buckets(samples: list[float]) -> list[tuple[str, float]]:
     """Cumulative ``(le, count)`` pairs, ``+Inf`` last."""
     bounds = [*SOLVE_TIME_BUCKETS, float("inf")]
-    return [
-        ("+Inf" if bound == float("inf") else repr(bound), float(sum(s <= bound for s in samples)))
-        for bound in bounds
-    ]
+    return [(_le(bound), float(sum(s <= bound for s in samples))) for bound in bounds]
 
 
 # -- HTTP ------------------------------------------------------------------------------

@@ -709,6 +709,10 @@ class _Hang:
     then: _Reply | None
 
 
+def _drop_seed(seed: int | None) -> int | None:
+    return None if seed is None else seed + 1
+
+
 def _open_journal(path: Path | None) -> IO[str] | None:
     # Line-buffered: each line reaches the OS before in.php answers, so it survives a
     # SIGKILL of this process.
@@ -747,6 +751,9 @@ class _State:
         self._clock = clock
         self._config = dataclasses.replace(config)
         self._rng = random.Random(config.seed)
+        # Callbacks are dropped by a random stream of their own: a seeded sandbox gives the
+        # same solve times whatever share of callbacks it drops (benchmarks compare runs).
+        self._drops = random.Random(_drop_seed(config.seed))
         self._next_id = config.first_id
         self._captchas: dict[str, _Captcha] = {}
         self._tokens: dict[str, _Token] = {}
@@ -804,6 +811,7 @@ class _State:
             self._config = config
             if "seed" in changes:
                 self._rng.seed(config.seed)
+                self._drops.seed(_drop_seed(config.seed))
             if "balance_captchas" in changes:
                 self._captchas_left = config.balance_captchas
             if _OUTAGE_FIELDS & set(changes):
@@ -917,7 +925,7 @@ class _State:
         ):
             self._counts["pingbacks_unregistered"] += 1
             return
-        if self._rng.random() < config.pingback_drop_rate:
+        if self._drops.random() < config.pingback_drop_rate:
             self._counts["pingbacks_dropped"] += 1
             return
         answer = captcha.answer
@@ -932,6 +940,14 @@ class _State:
             offset = time.time() - self._clock()
             found = (self._captchas.get(i) for i in ids)
             return {c.captcha_id: c.ready_at + offset for c in found if c is not None}
+
+    def token_ready_times(self, tokens: Sequence[str]) -> dict[str, float]:
+        """When each token's captcha had it ready, as Unix time (tokens it never issued
+        are left out)."""
+        with self._lock:
+            offset = time.time() - self._clock()
+            found = ((t, self._tokens.get(t)) for t in tokens)
+            return {t: info.valid_from + offset for t, info in found if info is not None}
 
     def transport_fault(self, submit: bool) -> _Reply | _Hang | None:
         """What happens to the next protocol request (``submit``: an in.php one) before it
@@ -1571,6 +1587,11 @@ class SandboxServer:
     def ready_times(self, ids: Sequence[str]) -> dict[str, float]:
         """When each captcha's answer was ready, as Unix time (``GET /sandbox/ready``)."""
         return self._state.ready_times(ids)
+
+    def token_ready_times(self, tokens: Sequence[str]) -> dict[str, float]:
+        """When the captcha of each token had its answer ready, as Unix time (for latency
+        benchmarks whose results carry tokens, not captcha ids)."""
+        return self._state.token_ready_times(tokens)
 
     def reset(self) -> None:
         """Zero the counters and the in-flight peak; captchas and config are kept."""

@@ -20,6 +20,7 @@ from ..keys import Keys
 from ..settings import Settings
 from .batches import BatchStreams
 from .board import Board, BoardConfig
+from .channel import CallbackChannel
 from .db import Db
 from .followups import Followups
 from .limiter import LimiterConfig, ThreadLimiter
@@ -52,6 +53,7 @@ class State:
     stats: Stats
     records: Records
     followups: Followups
+    channel: CallbackChannel
 
     @property
     def keys(self) -> Keys:
@@ -80,6 +82,7 @@ class State:
             stats=Stats(db),
             records=Records(db),
             followups=Followups(db, board.followup_grace_s),
+            channel=CallbackChannel(db),
         )
 
 

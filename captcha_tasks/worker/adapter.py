@@ -22,13 +22,14 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from .. import errors, faults, pingback
-from ..client import NOT_READY, Answer, CaptchaAIClient, NotReady
+from ..client import NOT_READY, Answer, CaptchaAIClient, NotReady, callback_answer
 from ..connections import UNREACHABLE
 from ..methods import SolveRequest, build_request, default_wait
 from ..outcome import Solved, parse_iso
 from ..settings import Settings
 from ..state import State
 from ..state.board import Again, Entry, RoundDue
+from ..state.channel import DEGRADED, DOWN, UP, Channel, Heard
 from ..state.proxies import split
 from ..state.timing import Timing
 from . import names, steps
@@ -280,7 +281,8 @@ class Runner:
             reply = exc
             self._hold_account(exc)
         timing = self._timing(job)
-        return steps.on_submitted(job, reply, time.time(), timing, self.policy, self._bulk())
+        now, bulk, channel = time.time(), self._bulk(), self._channel()
+        return steps.on_submitted(job, reply, now, timing, self.policy, bulk, channel)
 
     @staticmethod
     def _for_caller(job: Job) -> bool:
@@ -317,7 +319,7 @@ class Runner:
         job = decision.job
         faults.point("register")
         info = {"captcha_id": job.captcha_id, "attempt": job.attempt}
-        due = self.state.board.register(
+        registered = self.state.board.register(
             job.solve_id,
             job.attempt,
             str(job.captcha_id),
@@ -327,7 +329,55 @@ class Runner:
         )
         if self._for_caller(job):
             self.events("task-submitted", job.solve_id, **info)
-        self.publish_round(due)
+        self.publish_round(registered.round)
+        if registered.early is not None:
+            # its callback came before it was on the board: taken from Redis, applied now
+            entry = Entry(str(job.captcha_id), job.to_json(), None, 0)
+            self.answer_callback(entry, job, registered.early)
+
+    # -- provider callbacks ------------------------------------------------------------
+    def answer_callback(self, entry: Entry, job: Job, code: str) -> bool | None:
+        """The provider called back with ``code`` for the captcha of ``entry`` (its job
+        ``job``): end it as a poll reading the same answer would.  None: the code ends
+        nothing (changes nothing); False: something else ended the captcha first."""
+        answer = callback_answer(code, entry.captcha_id)
+        now = time.time()
+        decision = steps.on_callback(job, answer, entry.polled_at, now, self.policy)
+        if decision is None:
+            return None
+        if isinstance(decision, Resubmit):
+            done = self.retire(entry, job, decision, now)
+        else:
+            done = self.completer.complete(job, decision, source="pingback")
+        if done:
+            self.heard([steps.heard_by_callback(job)])
+        return done
+
+    def heard(self, items: Sequence[Heard | None]) -> None:
+        """Tell the callback channel how answers came, and switch its state when they say
+        so (one process switches it, and says so once).  Never breaks a solve."""
+        found = [h for h in items if h is not None]
+        if not found:
+            return
+        try:
+            channel = self.state.channel.observe(found, steps.CHANNEL_WEIGHT)
+            switch = steps.judge_channel(channel)
+            if switch is not None and self.state.channel.switch(
+                channel.state, switch.to, switch.share
+            ):
+                _announce(channel, switch.to)
+        except errors.StoreUnavailable:
+            log.debug("could not tell the callback channel about %d answers", len(found))
+
+    def _channel(self) -> str:
+        """The callback channel's state (``down`` when callbacks are off, or Redis does not
+        say: poll as without them)."""
+        if self.policy.pingback_fallback is None:
+            return DOWN
+        try:
+            return self.state.channel.read().state
+        except errors.StoreUnavailable:
+            return DOWN
 
     # -- poll rounds -------------------------------------------------------------------
     def poll_round(self, round_at_ms: int | None) -> None:
@@ -354,19 +404,23 @@ class Runner:
             (due, self._decide(due, replies, now, pace))
             for due, pace in zip(entries, paces, strict=True)
         ]
-        self.completer.complete_many(
+        endings = [
+            (d, decision) for d, decision in decisions if isinstance(decision, Deliver | Fail)
+        ]
+        claimed = self.completer.complete_many(
             [
                 Done(d.job, decision, "bulk_poll" if d.captcha_id in in_bulk else "poll")
-                for d, decision in decisions
-                if isinstance(decision, Deliver | Fail)
+                for d, decision in endings
             ]
         )
+        ended = [d for (d, _), done in zip(endings, claimed, strict=True) if done]
         again = [
             _again(d, decision, now) for d, decision in decisions if isinstance(decision, PollAt)
         ]
         for due, decision in decisions:
-            if isinstance(decision, Resubmit):
-                self.retire(due.entry, due.job, decision, now)
+            if isinstance(decision, Resubmit) and self.retire(due.entry, due.job, decision, now):
+                ended.append(due)
+        self.heard([self._heard_by_poll(d, replies.get(d.captcha_id), now) for d in ended])
         self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)))
         gap = min((p.every for p in paces if p.bulk), default=self.settings.bulk_window_s)
         if len(entries) >= ROUND_MOST:
@@ -399,6 +453,12 @@ class Runner:
         return steps.on_answer(
             job, reply, entry.polled_at, entry.errors, now, timing, self.policy, pace
         )
+
+    def _heard_by_poll(self, due: _Due, reply: Reply | float | None, now: float) -> Heard | None:
+        if reply is None or isinstance(reply, float):
+            return None
+        timing = self._timing(due.job)
+        return steps.heard_by_poll(due.job, reply, due.entry.polled_at, now, timing, self.policy)
 
     def _fetch(
         self, entries: Sequence[_Due], bulk_on: bool
@@ -590,6 +650,28 @@ class _Due:
     @property
     def captcha_id(self) -> str:
         return self.entry.captcha_id
+
+
+def _announce(channel: Channel, to: str) -> None:
+    """Say, once, that the callback channel switched to ``to``."""
+    if to == DOWN:
+        log.warning(
+            "provider callbacks stopped arriving (the last %d answers came by poll):"
+            " captchas are polled as if callbacks were off; pingback URLs are still sent,"
+            " and callbacks that come back switch this back (can the provider reach"
+            " CAPTCHAAI_PINGBACK_URL?)",
+            channel.misses,
+        )
+    elif to == DEGRADED and channel.state == UP:
+        log.warning(
+            "only %.0f%% of recent answers came by provider callback: captchas are polled"
+            " from their method's median solve time on",
+            100 * channel.share,
+        )
+    elif to == DEGRADED:
+        log.info("provider callbacks arrive again: polling less (callback channel degraded)")
+    elif to == UP:
+        log.info("provider callbacks arrive reliably: captchas wait for them (channel up)")
 
 
 def _again(due: _Due, decision: PollAt, now: float) -> Again:

@@ -56,6 +56,8 @@ class Job:
     secrets: tuple[str, ...] = ()
     #: When the caller's ``expires`` passes (Unix time): not submitted after that.
     expires: float | None = None
+    #: When the current captcha's callback is overdue (Unix time), if it waits for one.
+    callback_due: float | None = None
 
     @classmethod
     def new(
@@ -80,7 +82,9 @@ class Job:
     # -- steps ---------------------------------------------------------------------------
     def submitted(self, captcha_id: str, now: float) -> Job:
         """This attempt is at the provider as ``captcha_id``."""
-        return replace(self, captcha_id=captcha_id, submitted_at=now, transport_errors=0)
+        return replace(
+            self, captcha_id=captcha_id, submitted_at=now, transport_errors=0, callback_due=None
+        )
 
     def next_attempt(self) -> Job:
         """A new captcha for the same solve (a resubmit)."""
@@ -91,6 +95,7 @@ class Job:
             captcha_id=None,
             submitted_at=None,
             transport_errors=0,
+            callback_due=None,
         )
 
     def with_secrets(self, names: list[str]) -> Job:
@@ -131,6 +136,8 @@ class Job:
             data["submitted_at"] = self.submitted_at
         if self.expires is not None:
             data["expires"] = self.expires
+        if self.callback_due is not None:
+            data["callback_due"] = self.callback_due
         return data
 
     def to_json(self) -> str:
@@ -154,6 +161,7 @@ class Job:
             submitted_at=data.get("submitted_at"),
             secrets=tuple(request.get("secrets") or ()),
             expires=data.get("expires"),
+            callback_due=data.get("callback_due"),
         )
 
     @classmethod

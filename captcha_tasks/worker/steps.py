@@ -21,6 +21,13 @@ next as a value; :mod:`captcha_tasks.worker.adapter` carries it out::
 A :class:`~.job.Job` is carried from step to step: the request (never the API key, never
 a proxy password or cookies: those wait in Redis), its budgets and the current attempt's
 captcha.
+
+With provider callbacks on, what answers say of the callbacks decides how a captcha is
+polled (:func:`judge_channel`, :func:`first_poll`): while they arrive (``up``) a captcha
+waits for its callback and is polled only once it is overdue, soon after its method's
+solve times say it is done; while many are lost (``degraded``) polls start at the
+method's median solve time; once they stop (``down``) captchas are polled as if
+callbacks were off, and the callbacks that come switch it back.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from .. import errors
 from ..client import NOT_READY, Answer, NotReady
 from ..methods import METHODS, SolveRequest
 from ..outcome import Solved
+from ..state.channel import DEGRADED, DOWN, UP, Channel, Heard
 from ..state.limiter import Admission
 from ..state.timing import Timing
 from .job import Job
@@ -53,6 +61,20 @@ COLD_PROBE = 0.1
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 30.0
 
+#: How far one answer moves the channel's share of answers that came by callback.
+CHANNEL_WEIGHT = 0.1
+#: Below this share an ``up`` channel is ``degraded``; at this one a degraded one is up
+#: again, once it has heard :data:`CHANNEL_SETTLE` answers since it switched.
+CHANNEL_LEAVE_UP = 0.85
+CHANNEL_ENTER_UP = 0.95
+CHANNEL_SETTLE = 20
+#: Answers in a row that polls found, no callback between: callbacks stopped (``down``).
+CHANNEL_STOPPED = 8
+#: Callbacks in a row that bring a ``down`` channel back (``degraded``, starting at
+#: :data:`CHANNEL_BACK_SHARE`: short of up, until the callbacks prove themselves).
+CHANNEL_BACK = 5
+CHANNEL_BACK_SHARE = 0.9
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -65,8 +87,8 @@ class Policy:
     transport_retries: int
     max_resubmits: int
     token_lifetimes: Mapping[str, float] = field(default_factory=dict)
-    #: With provider callbacks on: seconds past a captcha's expected solve time before it
-    #: is polled (None: callbacks off, poll as usual).
+    #: With provider callbacks on: seconds past its method's 95th percentile solve time a
+    #: captcha waiting for its callback is polled (None: callbacks off, poll as usual).
     pingback_fallback: float | None = None
     #: Returns a number in [0, 1): the jitter of back-offs (a constant in tests).
     random: Callable[[], float] = random.random
@@ -187,6 +209,89 @@ def uses_pingback(job: Job) -> bool:
     return not job.request.returns_user_agent
 
 
+# -- the callback channel ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Switch the callback channel to state ``to`` (its share starting at ``share``)."""
+
+    to: str
+    share: float | None = None
+
+
+def judge_channel(channel: Channel) -> Switch | None:
+    """What the answers heard say of the provider's callbacks: the state to switch to, or
+    None to stay.
+
+    * :data:`CHANNEL_STOPPED` answers in a row found by polls: callbacks stopped
+      (``down``), whatever the state;
+    * ``down`` stays down until :data:`CHANNEL_BACK` callbacks in a row came (``degraded``);
+    * otherwise the share of answers by callback decides, with a band between
+      :data:`CHANNEL_LEAVE_UP` and :data:`CHANNEL_ENTER_UP` where the state stays, so a
+      steady loss does not flap it.
+    """
+    state = channel.state
+    if channel.misses >= CHANNEL_STOPPED:
+        return None if state == DOWN else Switch(DOWN)
+    if state == DOWN:
+        return Switch(DEGRADED, CHANNEL_BACK_SHARE) if channel.hits >= CHANNEL_BACK else None
+    if channel.share < CHANNEL_LEAVE_UP:
+        return None if state == DEGRADED else Switch(DEGRADED)
+    settled = state == UP or channel.since >= CHANNEL_SETTLE
+    if channel.share >= CHANNEL_ENTER_UP and settled:
+        return None if state == UP else Switch(UP)
+    return None
+
+
+def awaits_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> bool:
+    """Whether the job's captcha waits for its callback before it is polled: callbacks are
+    on and asked for it, the channel is not down, and its method's solve times are known
+    (cold, it is probed as without callbacks: its answers teach them)."""
+    if policy.pingback_fallback is None or not uses_pingback(job):
+        return False
+    return timing.warm and channel != DOWN
+
+
+def callback_due(timing: Timing, policy: Policy) -> float:
+    """Seconds after its submit a captcha's callback is overdue: its method's 95th
+    percentile solve time plus ``CAPTCHAAI_PINGBACK_FALLBACK_POLL``."""
+    return timing.earliest + timing.spread + (policy.pingback_fallback or 0.0)
+
+
+def heard_by_callback(job: Job) -> Heard | None:
+    """A callback brought the answer of the job's captcha."""
+    return None if job.captcha_id is None else Heard("callback", job.captcha_id)
+
+
+def heard_late(captcha_id: str) -> Heard:
+    """A callback came for a captcha whose answer a poll had found: late, not lost."""
+    return Heard("late", captcha_id)
+
+
+def heard_by_poll(
+    job: Job, answer: Reply, polled_before: float | None, now: float, timing: Timing, policy: Policy
+) -> Heard | None:
+    """What a poll that read ``answer`` at ``now`` says of the callbacks: None unless a
+    callback was asked for and the answer ends the captcha."""
+    if policy.pingback_fallback is None or not uses_pingback(job) or job.captcha_id is None:
+        return None
+    if answer is NOT_READY or isinstance(answer, errors.RetryableError):
+        return None
+    late = lateness(job, polled_before, now, timing)
+    overdue = job.callback_due is not None and now >= job.callback_due
+    return Heard("poll", job.captcha_id, late, overdue)
+
+
+def lateness(job: Job, polled_before: float | None, now: float, timing: Timing) -> float:
+    """Seconds an answer a poll found at ``now`` likely waited at the provider: half the
+    time since the captcha was last seen not ready; found at its first poll, the time
+    since its method's median solve time (when it most likely became ready)."""
+    if polled_before is not None:
+        return max(0.0, (now - polled_before) / 2)
+    return max(0.0, now - _submitted_at(job) - timing.typical)
+
+
 # -- submit ------------------------------------------------------------------------------
 
 
@@ -222,11 +327,15 @@ def on_submitted(
     timing: Timing,
     policy: Policy,
     bulk: bool,
+    channel: str = UP,
 ) -> Decision:
-    """``in.php`` answered ``reply`` (a captcha id, or the error it raised)."""
+    """``in.php`` answered ``reply`` (a captcha id, or the error it raised); ``channel``:
+    the state of the callback channel."""
     if isinstance(reply, str):
         polled = job.submitted(reply, now)
-        wait = first_poll(polled, timing, policy, bulk)
+        if awaits_callback(polled, timing, policy, channel):
+            polled = replace(polled, callback_due=now + callback_due(timing, policy))
+        wait = first_poll(polled, timing, policy, bulk, channel)
         return PollAt(min(now + wait, job.deadline), polled)
     if isinstance(reply, errors.RateLimited):  # a budget, not a fault: no retry is spent
         at = now + reply.retry_after
@@ -244,16 +353,17 @@ def on_submitted(
     return _failed_captcha(job, reply, now, policy)
 
 
-def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool) -> float:
+def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool, channel: str = UP) -> float:
     """Seconds after its submit a captcha is first polled.
 
-    With callbacks on, the callback is expected: poll only a fallback's time after the
-    method's expected solve time (its 95th percentile once known, else its cold wait).
-    In bulk, asking early costs little: at the method's earliest likely finish once its
-    times are known, and early while they are not."""
-    if policy.pingback_fallback is not None and uses_pingback(job):
-        expected = timing.earliest + timing.spread if timing.warm else timing.first_wait
-        return expected + policy.pingback_fallback
+    A captcha waiting for its callback (:func:`awaits_callback`, its ``callback_due``
+    set) is polled when the callback is overdue while the channel is up, and from its
+    method's median solve time on while it is degraded: most lost answers are then found
+    soon, and a captcha whose callback comes is never asked about.  Any other is polled
+    as without callbacks.  In bulk, asking early costs little: at the method's earliest
+    likely finish once its times are known, and early while they are not."""
+    if job.callback_due is not None:
+        return callback_due(timing, policy) if channel == UP else timing.typical
     if not uses_bulk(job, bulk):
         return timing.first_wait
     if timing.warm:
@@ -290,9 +400,9 @@ def on_answer(
     if isinstance(answer, errors.CaptchaTasksError):
         return _failed_captcha(job, answer, now, policy)
     decision = _solved(job, answer, polled_before, now, policy)
-    if policy.pingback_fallback is not None and polled_before is None:
-        # Its callback was lost and its first poll came late on purpose: when it was
-        # solved is unknown, and learning the fallback's wait would delay every poll.
+    if job.callback_due is not None and polled_before is None:
+        # It waited for its callback and its first poll came late on purpose: when it was
+        # solved is unknown, and learning that wait would delay every poll.
         return replace(decision, solve_time_s=None) if isinstance(decision, Deliver) else decision
     return decision
 
