@@ -18,6 +18,8 @@ from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.metrics import StoreCollector
 from captcha_tasks.receiver.callbacks import STRIKES_BURST, Receiver
 from captcha_tasks.receiver.server import PingbackServer
+from captcha_tasks.state.channel import DEGRADED, DOWN, UP
+from captcha_tasks.worker import steps
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 
@@ -37,6 +39,12 @@ def worker_env(port: int, fallback: float) -> dict[str, str]:
         "CAPTCHAAI_PINGBACK_SECRET": SECRET,
         "CAPTCHAAI_PINGBACK_FALLBACK_POLL": str(fallback),
     }
+
+
+def unpolled_env(port: int) -> dict[str, str]:
+    """Callbacks on, and no captcha polled within GET_TIMEOUT, even before its method's
+    solve times are known (then it is probed as without callbacks, after its cold wait)."""
+    return {**worker_env(port, NO_POLL_S), "CAPTCHAAI_INITIAL_WAIT": str(NO_POLL_S)}
 
 
 @pytest.fixture
@@ -129,6 +137,43 @@ def test_a_receiver_down_for_a_while(sandbox: Any, serve_receiver: Any, start_wo
     assert solved_by_source().get("pingback") == 5
 
 
+def channel_metric() -> dict[str, float]:
+    found = exported("captcha_tasks_pingback_channel{")
+    return {label.split('"')[1]: value for label, value in found.items()}
+
+
+def test_when_callbacks_stop_captchas_are_polled_and_when_they_return_awaited_again(
+    sandbox: Any, serve_receiver: Any, start_worker: Any
+) -> None:
+    port = free_port()  # nobody listens there yet: every callback is refused
+    worker = start_worker(worker_env(port, 1.0))
+    stopped = [r.get(timeout=GET_TIMEOUT) for r in solve_many(12)]
+    assert all(r["status"] == "solved" for r in stopped)
+    channel = app.runtime().state.channel
+    # the answers came by poll: callbacks stopped (heard just after each result is out)
+    wait_until(lambda: channel.read().state == DOWN, 10, what="the channel down")
+    assert channel_metric() == {"up": 0.0, "degraded": 0.0, "down": 1.0}
+
+    def warnings() -> list[str]:
+        return [line for line in worker.log_text().splitlines() if "stopped arriving" in line]
+
+    assert len(wait_until(warnings, 10, what="the warning")) == 1  # type: ignore[arg-type]
+    assert exported("captcha_tasks_pingback_answer_late_seconds_count") == {
+        "captcha_tasks_pingback_answer_late_seconds_count": 12.0
+    }
+
+    serve_receiver(port)  # the receiver is back: the workers kept sending its URL
+    back = [r.get(timeout=GET_TIMEOUT) for r in solve_many(steps.CHANNEL_BACK)]
+    assert all(r["status"] == "solved" for r in back)
+    wait_until(lambda: channel.read().state != DOWN, 10, what="the channel back")
+    assert channel.read().state == DEGRADED  # until callbacks prove themselves
+    for _ in range(steps.CHANNEL_SETTLE // 5 + 1):
+        assert all(r.get(timeout=GET_TIMEOUT)["status"] == "solved" for r in solve_many(5))
+    wait_until(lambda: channel.read().state == UP, 10, what="the channel up")
+    assert solved_by_source()["pingback"] >= steps.CHANNEL_BACK + steps.CHANNEL_SETTLE
+    assert channel_metric() == {"up": 1.0, "degraded": 0.0, "down": 0.0}
+
+
 def test_an_error_in_a_callback_takes_the_polls_route(
     sandbox: Any, serve_receiver: Any, start_worker: Any
 ) -> None:
@@ -200,7 +245,7 @@ def test_forged_callbacks_are_refused_and_change_nothing(
 ) -> None:
     sandbox.configure(pingback_drop_rate=1.0, solve_time=0.5, jitter=0.0)  # we call back
     port = serve_receiver().port
-    start_worker(worker_env(port, NO_POLL_S))
+    start_worker(unpolled_env(port))
     pending = solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE)
     captcha_id = in_flight_captcha(pending.id)["captcha_id"]
     genuine = pingback.ticket(SECRET, pending.id, 0)
