@@ -72,8 +72,10 @@ REJECTIONS = {
     "unavailable": 503,
     "early_full": 503,
 }
-#: Rejections that are no fault of the caller: no strike.
-NOT_THEIR_FAULT = frozenset({"unavailable", "early_full"})
+#: Rejections that are no fault of the caller: no strike.  A replay has a right MAC and
+#: names the attempt's captcha: the provider repeating itself, or a callback that came
+#: after a poll found the answer.
+NOT_THEIR_FAULT = frozenset({"unavailable", "early_full", "replay"})
 
 
 @dataclass(frozen=True)

@@ -33,18 +33,25 @@ GET_TIMEOUT = 15
 NO_POLL_S = 60.0
 
 
-def worker_env(port: int, fallback: float) -> dict[str, str]:
+#: The tests' cold wait (CAPTCHAAI_INITIAL_WAIT): while a method's solve times are not
+#: known its captchas are polled as without callbacks, after this; longer than a callback
+#: takes (the sandbox's 0.3 s solves), so a working callback comes first.
+COLD_WAIT_S = 2.0
+
+
+def worker_env(port: int, fallback: float, cold_wait: float = COLD_WAIT_S) -> dict[str, str]:
     return {
         "CAPTCHAAI_PINGBACK_URL": f"http://127.0.0.1:{port}/captcha/pingback",
         "CAPTCHAAI_PINGBACK_SECRET": SECRET,
         "CAPTCHAAI_PINGBACK_FALLBACK_POLL": str(fallback),
+        "CAPTCHAAI_INITIAL_WAIT": str(cold_wait),
     }
 
 
 def unpolled_env(port: int) -> dict[str, str]:
     """Callbacks on, and no captcha polled within GET_TIMEOUT, even before its method's
-    solve times are known (then it is probed as without callbacks, after its cold wait)."""
-    return {**worker_env(port, NO_POLL_S), "CAPTCHAAI_INITIAL_WAIT": str(NO_POLL_S)}
+    solve times are known."""
+    return worker_env(port, NO_POLL_S, cold_wait=NO_POLL_S)
 
 
 @pytest.fixture
@@ -79,7 +86,7 @@ def test_callbacks_complete_captchas_without_a_single_poll(
     sandbox: Any, serve_receiver: Any, start_worker: Any
 ) -> None:
     server = serve_receiver()
-    start_worker(worker_env(server.port, NO_POLL_S))
+    start_worker(unpolled_env(server.port))
     results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(20)]
     assert all(sandbox.verify(r["token"])["success"] for r in results)
     # counted by the sandbox when the receiver's reply is back: maybe after the result
@@ -96,14 +103,20 @@ def test_captchaai_answers_with_callbacks(
     sandbox: Any, serve_receiver: Any, start_worker: Any
 ) -> None:
     server = serve_receiver()
-    start_worker(worker_env(server.port, NO_POLL_S))
+    start_worker(unpolled_env(server.port))
     grid = solve.delay(method="grid", body=png_b64(), instructions="bus", grid_size="3x3")
     lemin = solve.delay(method="lemin", sitekey="CROPPED_x", pageurl=PAGE, div_id="box")
     assert isinstance(grid.get(timeout=GET_TIMEOUT)["token"], list)
     assert set(lemin.get(timeout=GET_TIMEOUT)["token"]) == {"answer", "challenge_uuid"}
     wait_until(lambda: sandbox.stats()["pingbacks_sent"] == 2, 10, what="the replies")
+
+
+def test_answers_with_a_user_agent_are_polled_not_called_back(
+    sandbox: Any, serve_receiver: Any, start_worker: Any
+) -> None:
+    server = serve_receiver()
+    start_worker(worker_env(server.port, NO_POLL_S, cold_wait=0.3))
     # a callback has no room for a user agent: such captchas are polled, not called back
-    sandbox.reset()
     proxy = "u:p@10.0.0.1:3128"
     # ends within GET_TIMEOUT: polled at once, not after the NO_POLL_S fallback
     result = solve.delay(method="cloudflare_challenge", pageurl=PAGE, proxy=proxy).get(
@@ -179,7 +192,7 @@ def test_an_error_in_a_callback_takes_the_polls_route(
 ) -> None:
     sandbox.configure(unsolvable_rate=1.0)
     server = serve_receiver()
-    start_worker(worker_env(server.port, NO_POLL_S))
+    start_worker(unpolled_env(server.port))
     with pytest.raises(errors.UnsolvableError):
         solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE).get(timeout=GET_TIMEOUT)
     attempts = 1 + app.runtime().settings.max_resubmits
@@ -305,7 +318,7 @@ def test_2captcha_style_callbacks_to_a_registered_address(
 ) -> None:
     sandbox.configure(pingback_method="POST")
     server = serve_receiver()
-    env = worker_env(server.port, NO_POLL_S)
+    env = unpolled_env(server.port)
     app.runtime().api().add_pingback(env["CAPTCHAAI_PINGBACK_URL"])  # pingback register
     start_worker(env)
     results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(5)]
