@@ -429,6 +429,7 @@ def checks(runs: dict[str, Run], count: int, ideal: float) -> list[tuple[str, bo
 
 
 def main() -> int:
+    global SOLVE_S, JITTER_S
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument(
@@ -445,7 +446,6 @@ def main() -> int:
     )
     parser.add_argument("--jitter", type=float, default=JITTER_S, help="± seconds.")
     args = parser.parse_args()
-    global SOLVE_S, JITTER_S
     SOLVE_S, JITTER_S = args.solve_time, args.jitter
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pingback-"))
     config = SandboxConfig(threads=THREADS, solve_time=SOLVE_S, jitter=JITTER_S, api_keys=(KEY,))
