@@ -27,6 +27,9 @@ T = TypeVar("T")
 #: An IPv4 or IPv6 network, as CAPTCHAAI_PINGBACK_ALLOW and ..._TRUSTED_PROXIES list them.
 Network = IPv4Network | IPv6Network
 
+#: Bulk polls a captcha past its likely finish gets per poll interval, by default: every
+#: 0.33 s with the default 5 s interval (an answer waits about half of that for its poll).
+BULK_WINDOWS_PER_POLL = 15
 DEFAULT_BASE_URL = "https://ocr.captchaai.com"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 #: Port of a sentinel whose address in REDIS_URL names none (Redis Sentinel's own default).
@@ -117,7 +120,7 @@ class Settings:
     #: API supports it) or "off" (one id per request).
     bulk_poll: str = "auto"
     #: CAPTCHAAI_BULK_WINDOW: at most one bulk request per this many seconds
-    #: (unset: a tenth of the poll interval).
+    #: (unset: a fifteenth of the poll interval).
     bulk_window: float | None = None
     #: CAPTCHAAI_PINGBACK_URL: base URL where the provider can reach our receiver
     #: (``captcha-tasks pingback-server``); set, every submit asks for a callback.
@@ -329,7 +332,9 @@ class Settings:
 
     @property
     def bulk_window_s(self) -> float:
-        return self.bulk_window if self.bulk_window is not None else self.poll_interval / 10
+        if self.bulk_window is not None:
+            return self.bulk_window
+        return self.poll_interval / BULK_WINDOWS_PER_POLL
 
     @property
     def refill_reserve(self) -> int:

@@ -560,8 +560,8 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> int:
-    args = parse_args()
     global SOLVE_S, JITTER_S, METHOD
+    args = parse_args()
     SOLVE_S, JITTER_S, METHOD = args.solve_time, args.jitter, args.method
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pingback-"))
     journal = log_dir / "sandbox.paid.jsonl"

@@ -383,25 +383,27 @@ class Runner:
     def poll_round(self, round_at_ms: int | None) -> None:
         """One poll round: ask for every due captcha, act on each answer, schedule the next.
         A round that fails (no outage) ends the solves of the captchas it took."""
+        started = time.time()
         taken = self.state.board.take_due(round_at_ms, ROUND_MOST)
         entries = [_Due(e, Job.from_json(e.job)) for e in taken]
         try:
-            self._round(entries)
+            self._round(entries, started)
         except OUTAGES:
             raise  # its captchas come due again (a round holds them for a while only)
         except Exception as exc:
             for due in entries:
                 self.fail_inside(due.job, exc, "poll")
 
-    def _round(self, entries: list[_Due]) -> None:
+    def _round(self, entries: list[_Due], started: float) -> None:
         board = self.state.board
         asked_at = time.time()
         bulk = self._bulk()
         replies, in_bulk = self._fetch(entries, bulk) if entries else ({}, set())
-        now = time.time()
         paces = [steps.pace(self.policy, self._timing(d.job), bulk) for d in entries]
+        # Decided as of when they were asked: the pace runs from ask to ask, however long
+        # the request and this round took.
         decisions = [
-            (due, self._decide(due, replies, now, pace))
+            (due, self._decide(due, replies, asked_at, pace))
             for due, pace in zip(entries, paces, strict=True)
         ]
         endings = [
@@ -414,17 +416,20 @@ class Runner:
             ]
         )
         ended = [d for (d, _), done in zip(endings, claimed, strict=True) if done]
+        now = time.time()
         again = [
             _again(d, decision, now) for d, decision in decisions if isinstance(decision, PollAt)
         ]
         for due, decision in decisions:
             if isinstance(decision, Resubmit) and self.retire(due.entry, due.job, decision, now):
                 ended.append(due)
-        self.heard([self._heard_by_poll(d, replies.get(d.captcha_id), now) for d in ended])
+        self.heard([self._heard_by_poll(d, replies.get(d.captcha_id), asked_at) for d in ended])
         self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)))
         gap = min((p.every for p in paces if p.bulk), default=self.settings.bulk_window_s)
         if len(entries) >= ROUND_MOST:
             gap = 0.0
+        # The pace is from round to round: what this one took counts against it.
+        gap = max(0.0, gap - (time.time() - started))
         self.publish_round(board.end_round(asked_at, again, gap))
 
     def _decide(
