@@ -285,11 +285,12 @@ def heard_by_poll(
 
 def lateness(job: Job, polled_before: float | None, now: float, timing: Timing) -> float:
     """Seconds an answer a poll found at ``now`` likely waited at the provider: half the
-    time since the captcha was last seen not ready; found at its first poll, the time
-    since its method's median solve time (when it most likely became ready)."""
+    time since the captcha was last seen not ready; found at its first poll, half the time
+    since its method's earliest likely finish (it became ready in between)."""
     if polled_before is not None:
         return max(0.0, (now - polled_before) / 2)
-    return max(0.0, now - _submitted_at(job) - timing.typical)
+    elapsed = now - _submitted_at(job)
+    return max(0.0, (elapsed - min(timing.earliest, elapsed)) / 2)
 
 
 # -- submit ------------------------------------------------------------------------------

@@ -401,13 +401,18 @@ def test_what_a_poll_that_found_the_answer_says_of_the_callbacks() -> None:
     due = polled.job.callback_due
     assert due is not None
     at_due = steps.heard_by_poll(polled.job, Answer("t"), None, due, SOLVES, CALLBACKS)
-    # found at its first poll: it was likely ready since its method's median solve time
-    assert at_due == Heard("poll", "7001", due - (T0 + 1) - SOLVES.typical, overdue=True)
+    # found at its first poll: it became ready since its method's earliest likely finish
+    late = (due - (T0 + 1) - SOLVES.earliest) / 2
+    assert at_due == Heard("poll", "7001", pytest.approx(late), overdue=True)  # type: ignore[arg-type]
     seen = steps.heard_by_poll(polled.job, Answer("t"), due, due + 0.4, SOLVES, CALLBACKS)
     assert seen is not None and seen.late_s == pytest.approx(0.2)  # half the gap
     early = sent(SOLVES, DEGRADED)
     before = steps.heard_by_poll(early.job, Answer("t"), None, early.at, SOLVES, CALLBACKS)
-    assert before is not None and (before.by, before.overdue, before.late_s) == ("poll", False, 0)
+    assert before is not None and (before.by, before.overdue) == ("poll", False)
+    assert before.late_s == pytest.approx((SOLVES.typical - SOLVES.earliest) / 2)
+    down = sent(SOLVES, DOWN)  # first polled at the earliest likely finish: not late
+    found = steps.heard_by_poll(down.job, Answer("t"), None, down.at, SOLVES, CALLBACKS)
+    assert found == Heard("poll", "7001", 0.0, overdue=False)
     unsolvable = errors.from_api_code("ERROR_CAPTCHA_UNSOLVABLE", "7001")
     assert steps.heard_by_poll(polled.job, unsolvable, None, due, SOLVES, CALLBACKS) is not None
 
