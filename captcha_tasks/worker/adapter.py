@@ -399,7 +399,8 @@ class Runner:
         asked_at = time.time()
         bulk = self._bulk()
         replies, in_bulk = self._fetch(entries, bulk) if entries else ({}, set())
-        paces = [steps.pace(self.policy, self._timing(d.job), bulk) for d in entries]
+        channel = self._channel() if entries else DOWN
+        paces = [self._pace(d.job, bulk, channel) for d in entries]
         # Decided as of when they were asked: the pace runs from ask to ask, however long
         # the request and this round took.
         decisions = [
@@ -458,6 +459,11 @@ class Runner:
         return steps.on_answer(
             job, reply, entry.polled_at, entry.errors, now, timing, self.policy, pace
         )
+
+    def _pace(self, job: Job, bulk: bool, channel: str) -> steps.Pace:
+        timing = self._timing(job)
+        waits = steps.counts_on_callback(job, timing, self.policy, channel)
+        return steps.pace(self.policy, timing, bulk, waits)
 
     def _heard_by_poll(self, due: _Due, reply: Reply | float | None, now: float) -> Heard | None:
         if reply is None or isinstance(reply, float):

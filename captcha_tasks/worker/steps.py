@@ -177,17 +177,25 @@ class Pace:
     every: float
 
 
-def pace(policy: Policy, timing: Timing, bulk: bool) -> Pace:
+def pace(policy: Policy, timing: Timing, bulk: bool, waits: bool = False) -> Pace:
     """A captcha likely done is asked about :data:`BULK_POLLS_PER_SPREAD` times within
     the window its method's captchas finish in (their 5th to 95th percentile): fast for a
     provider with steady times, so an answer waits a fraction of that window, and a
     bounded number of requests per captcha.  Never slower than the bulk window (cold: the
-    bulk window), never faster than :data:`MIN_BULK_EVERY`."""
+    bulk window), never faster than :data:`MIN_BULK_EVERY`.
+
+    One that ``waits`` for its callback (:func:`counts_on_callback`) is polled only in
+    case its callback was lost: at that pace but never faster than the bulk window
+    (cold: every :data:`COLD_PROBE` of its method's cold wait), so that rounds, each one
+    ``res.php`` request however many captchas it asks about, stay few."""
     if not bulk:
         return Pace(False, policy.poll_interval)
     if not timing.warm:
-        return Pace(True, policy.bulk_interval)
+        every = timing.first_wait * COLD_PROBE if waits else 0.0
+        return Pace(True, max(policy.bulk_interval, every))
     every = timing.spread / BULK_POLLS_PER_SPREAD
+    if waits:
+        return Pace(True, max(policy.bulk_interval, every))
     return Pace(True, min(policy.bulk_interval, max(MIN_BULK_EVERY, every)))
 
 
@@ -251,6 +259,16 @@ def awaits_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> b
     if policy.pingback_fallback is None or not uses_pingback(job):
         return False
     return timing.warm and channel != DOWN
+
+
+def counts_on_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> bool:
+    """Whether the job's captcha is polled only in case its callback is lost: callbacks
+    are on, asked for it and not down, and it waits for its callback (``callback_due``)
+    or its method's solve times are not known yet (its callback will likely bring the
+    answer first)."""
+    if policy.pingback_fallback is None or not uses_pingback(job) or channel == DOWN:
+        return False
+    return job.callback_due is not None or not timing.warm
 
 
 def callback_due(timing: Timing, policy: Policy) -> float:

@@ -387,10 +387,38 @@ def test_a_first_poll_late_on_purpose_teaches_no_solve_time(channel: str) -> Non
     assert again.solve_time_s == pytest.approx(polled.at + 0.5 - (T0 + 1))
 
 
-def test_a_captcha_waiting_for_its_callback_is_polled_at_the_bulk_pace_once_not_ready() -> None:
-    polled = sent(SOLVES, UP)
-    again = steps.on_answer(polled.job, NOT_READY, None, 0, polled.at, SOLVES, CALLBACKS, BULK)
-    assert isinstance(again, PollAt) and again.at == pytest.approx(polled.at + BULK.every)
+@pytest.mark.parametrize("channel", [UP, DEGRADED])
+def test_a_captcha_counting_on_its_callback_is_polled_seldom_in_case_it_was_lost(
+    channel: str,
+) -> None:
+    polled = sent(SOLVES, channel)
+    assert steps.counts_on_callback(polled.job, SOLVES, CALLBACKS, channel)
+    pace = steps.pace(CALLBACKS, SOLVES, True, waits=True)
+    # a few polls across the finishing window, however short the bulk window is
+    assert pace == steps.Pace(True, SOLVES.spread / steps.BULK_POLLS_PER_SPREAD)
+    assert pace.every > steps.pace(CALLBACKS, SOLVES, True).every == CALLBACKS.bulk_interval
+    again = steps.on_answer(polled.job, NOT_READY, None, 0, polled.at, SOLVES, CALLBACKS, pace)
+    assert isinstance(again, PollAt) and again.at == pytest.approx(polled.at + pace.every)
+    narrow = dataclasses.replace(SOLVES, spread=0.4)  # never faster than the bulk window
+    assert steps.pace(CALLBACKS, narrow, True, waits=True).every == CALLBACKS.bulk_interval
+
+
+def test_cold_captchas_counting_on_their_callback_are_probed_seldom() -> None:
+    probe = sent(COLD_DEFAULT, UP)
+    assert steps.counts_on_callback(probe.job, COLD_DEFAULT, CALLBACKS, UP)
+    pace = steps.pace(CALLBACKS, COLD_DEFAULT, True, waits=True)
+    assert pace == steps.Pace(True, COLD_DEFAULT.first_wait * steps.COLD_PROBE)
+
+
+def test_once_callbacks_stopped_or_when_off_captchas_are_polled_at_the_usual_pace() -> None:
+    for channel in (UP, DEGRADED, DOWN):
+        down = sent(SOLVES, DOWN)  # registered while down: it waits for no callback
+        assert not steps.counts_on_callback(down.job, SOLVES, CALLBACKS, channel)
+    waiting = sent(SOLVES, UP)
+    assert not steps.counts_on_callback(waiting.job, SOLVES, CALLBACKS, DOWN)  # stopped since
+    assert not steps.counts_on_callback(sent(COLD_DEFAULT, UP).job, COLD, CALLBACKS, DOWN)
+    off = sent(SOLVES, UP, policy=POLICY)
+    assert not steps.counts_on_callback(off.job, SOLVES, POLICY, UP)
 
 
 # -- what answers say of the callback channel ----------------------------------------------
