@@ -434,7 +434,8 @@ def attacked_checks(r: Run, count: int, ideal: float) -> list[tuple[str, bool]]:
 
 def print_table(runs: dict[str, Run], ideal: float, count: int) -> None:
     print(
-        f"\n{count} {METHOD} captchas, {SOLVE_S:g} ± {JITTER_S:g} s solves, {THREADS} threads;"
+        f"\n{count} {METHOD} captchas, {SOLVE_S:g} ± {JITTER_S:g} s solves (seed {SEED}),"
+        f" {THREADS} threads;"
         f" ideal wall N x {SOLVE_S:g} s / {THREADS} threads = {ideal:.1f} s;"
         " span: first in.php to the batch's last line"
     )
@@ -544,6 +545,9 @@ def parse_args() -> argparse.Namespace:
         "--no-get", action="store_true", help="Skip the solve.delay().get() pass of each run."
     )
     parser.add_argument(
+        "--seed", type=int, default=SEED, help=f"The sandbox's seed for every run ({SEED})."
+    )
+    parser.add_argument(
         "--real-time-scale",
         action="store_true",
         help="60 reCAPTCHAs, 15 ± 3 s solves; polling, 20%% lost and all lost; no get() pass.",
@@ -560,9 +564,9 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> int:
-    global SOLVE_S, JITTER_S, METHOD
+    global SOLVE_S, JITTER_S, METHOD, SEED
     args = parse_args()
-    SOLVE_S, JITTER_S, METHOD = args.solve_time, args.jitter, args.method
+    SOLVE_S, JITTER_S, METHOD, SEED = args.solve_time, args.jitter, args.method, args.seed
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pingback-"))
     journal = log_dir / "sandbox.paid.jsonl"
     config = SandboxConfig(
