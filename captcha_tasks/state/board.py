@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .batches import BATCH, STREAM_TTL, batch_keys
-from .channel import EARLY, EARLY_KEEP_S, EARLY_MOST, early_keys, early_ticket
+from .channel import EARLY, EARLY_KEEP_S, EARLY_MOST, EARLY_POLL_S, early_keys, early_ticket
 from .db import Db
 from .followups import FOLLOWUPS, followup_keys
 from .limiter import MESSAGES, NO_HANDOUT, SLOTS, Handout, ThreadLimiter, handed_out
@@ -73,8 +73,10 @@ REGISTER = Script(
 --   (the caller's result key: opaque here)
 -- A.cid = captcha id, A.job (JSON), A.lease = lease id, A.handout (SLOTS),
 -- A.first_ms = ms until the first poll (the lease outlives it), A.attempt, A.ticket (its
---   early callback's, EARLY), A.record_ttl_s, A.gap_ms = least ms between rounds,
--- A.grace_ms = ms a round may be late,
+--   early callback's, EARLY), A.early_ms = ms until the first poll of a captcha whose
+--   early callback is handed to the caller (should it die before applying it, a poll
+--   reads the answer the provider has), A.record_ttl_s, A.gap_ms = least ms between
+--   rounds, A.grace_ms = ms a round may be late,
 -- A.submitted_record = what the caller's result key says while the captcha is at the
 --   provider (absent: nothing), A.result_ttl_s
 -- returns {{countdown ms, due ms} of a round message the caller must publish, or {-1};
@@ -83,17 +85,20 @@ REGISTER = Script(
     keys=("result",),
     libs=(BOARD, SLOTS, RECORD, EARLY),
     body="""
-local due = now + A.first_ms
+local early = early_take(K, A.ticket, A.cid)
+local first_ms = A.first_ms
+if early then first_ms = math.min(first_ms, A.early_ms) end
+local due = now + first_ms
 redis.call('HSET', K.board, A.cid, A.job)
 redis.call('ZADD', K.due, due, A.cid)
-slot_renew(K, A.handout, A.lease, A.first_ms)
+slot_renew(K, A.handout, A.lease, first_ms)
 local ended = redis.call('HEXISTS', K.record, 'done') == 1
 record_submitted(K, A.attempt, A.cid, A.record_ttl_s)
 if A.submitted_record and not ended then
   redis.call('SET', K.result, A.submitted_record, 'EX', A.result_ttl_s)
   redis.call('PUBLISH', K.result, A.submitted_record)
 end
-return {board_schedule(K, due, A.gap_ms, A.grace_ms), early_take(K, A.ticket, A.cid)}
+return {board_schedule(K, due, A.gap_ms, A.grace_ms), early}
 """,
 )
 
@@ -397,6 +402,7 @@ class Board:
             "first_ms": ms(max(0.0, first_poll_in_s)),
             "attempt": attempt,
             "ticket": early_ticket(solve_id, attempt),
+            "early_ms": ms(EARLY_POLL_S),
             "record_ttl_s": self.config.record_ttl_s,
             **self._rounds(),
         }

@@ -23,7 +23,9 @@ a callback), as a histogram, and how many a poll found after their callback was 
 captcha has registered it (before ``in.php``'s reply even reached it).  Such a callback,
 its MAC checked, is kept under its ticket (one solve's attempt: a leaked URL can keep one)
 for :data:`EARLY_KEEP_S`, at most :data:`EARLY_MOST` of them; the board's register script
-takes it (:data:`EARLY`) and the worker applies it as if it had just come.
+takes it (:data:`EARLY`) and the worker applies it as if it had just come.  Taken, it
+lives only in that worker's memory, so the same script has the captcha polled
+:data:`EARLY_POLL_S` later: should the worker die first, the poll reads the answer.
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ LATE_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
 #: Seconds an early callback waits for its captcha to be registered, and how many may wait.
 EARLY_KEEP_S = 60.0
 EARLY_MOST = 1000
+#: Seconds after its registration a captcha whose early callback the worker took is polled,
+#: should that worker die before it applied it (the provider has the answer).
+EARLY_POLL_S = 5.0
 
 By = Literal["callback", "poll", "late"]
 

@@ -16,7 +16,7 @@ from captcha_tasks.client import NOT_READY
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.methods import build_request
 from captcha_tasks.receiver.callbacks import Receiver, Verdict
-from captcha_tasks.state.channel import UP
+from captcha_tasks.state.channel import EARLY_POLL_S, UP
 from captcha_tasks.worker import steps
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.job import Job
@@ -103,3 +103,23 @@ def test_only_a_callback_with_a_right_mac_and_an_ending_code_is_kept(
     not_ready = {"id": captcha_id, "code": "CAPCHA_NOT_READY"}
     assert receiver.handle_request("GET", segment, not_ready, "127.0.0.1").reason == "bad_code"
     assert state.redis.hlen(state.keys.pingback_early()) == 0
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_with_an_early_callback_in_hand_loses_nothing(
+    sandbox: Any, receiver: Receiver, state: Any, start_worker: Any
+) -> None:
+    job, captcha_id, code = submitted(receiver, "early-4")
+    ticket = pingback.read_ticket(SECRET, pingback.ticket(SECRET, job.solve_id, 0))
+    assert receiver.handle(ticket, captcha_id, code) == Verdict(202, "early")
+    # what a worker does up to applying it (it registers the captcha, first polled in 30 s,
+    # takes the early callback and publishes the round), and then it is SIGKILLed
+    at_provider = job.submitted(captcha_id, time.time())
+    registered = state.board.register(job.solve_id, 0, captcha_id, at_provider.to_json(), 30.0)
+    assert registered.early == code
+    receiver.runner.publish_round(registered.round)
+
+    start_worker()  # the surviving workers: a poll reads the answer the provider has
+    result = AsyncResult(job.solve_id, app=app).get(timeout=EARLY_POLL_S + 10)
+    assert (result["token"], result["captcha_id"]) == (code, captcha_id)
+    assert sum(state.stats.solved("turnstile").values()) == 1

@@ -17,6 +17,7 @@ from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.channel import (
     DEGRADED,
     DOWN,
+    EARLY_POLL_S,
     LATE_BUCKETS,
     UP,
     CallbackChannel,
@@ -179,3 +180,17 @@ def test_early_callbacks_are_bounded_in_number_and_time(
     wait_until(lambda: redis_ms() > until_ms, 5, what="the Redis clock past its time")
     assert register(board, "s4", "4").early is None  # gone by the time its captcha came
     assert board.keep_early("s5", 0, "5", "0.e") == "kept"  # and no longer takes room
+
+
+def test_a_captcha_whose_early_callback_was_taken_is_polled_soon_all_the_same(
+    board: Board, redis_conn: Any, keys: Keys
+) -> None:
+    # the worker that took it may die before applying it: a poll reads the answer then
+    assert board.keep_early("s1", 0, "7001", "0.token") == "kept"
+    assert register(board, "s1", "7001").early == "0.token"  # first poll asked in 30 s
+    register(board, "s2", "7002")  # no early callback: polled when it asked
+    seconds, micros = redis_conn.time()
+    now_ms = seconds * 1000 + micros // 1000
+    soon = redis_conn.zscore(keys.poll_due(), "7001") - now_ms
+    later = redis_conn.zscore(keys.poll_due(), "7002") - now_ms
+    assert soon <= EARLY_POLL_S * 1000 < later
