@@ -186,11 +186,15 @@ class Receiver:
             return _reject("unavailable")
 
     def handle(self, ticket: pingback.Ticket, captcha_id: str, code: str) -> Verdict:
-        """End the captcha ``captcha_id`` of the ticket's attempt with ``code``."""
-        entry, ended = self.state.board.lookup(captcha_id, ticket.solve_id)
+        """End the captcha ``captcha_id`` of the ticket's attempt (at the ticket's
+        provider: ids are the provider's own) with ``code``."""
+        if ticket.provider is not None and ticket.provider not in self.state.providers:
+            return _reject("unknown_id")
+        at = self.state.provider(ticket.provider)
+        entry, ended = at.board.lookup(captcha_id, ticket.solve_id)
         if entry is None:
             return _reject("replay" if ended else "unknown_id")
-        job = Job.from_json(entry.job)
+        job = Job.from_json(entry.job).at(at.name)
         if job.solve_id != ticket.solve_id or job.attempt != ticket.attempt:
             return _reject("mismatch")
         answer = callback_answer(code, captcha_id)

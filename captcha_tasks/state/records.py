@@ -22,7 +22,7 @@ T = TypeVar("T")
 #: Seconds a revocation is remembered (longer than any solve lives).
 REVOKED_TTL_S = 24 * 3600
 
-#: Lua: the solve's record (``K.record``: hash attempt, captcha_id, done), its submit
+#: Lua: the solve's record (``K.record``: hash attempt, captcha_id, provider, done), its submit
 #: claim (``K.claim``: string with a TTL, the id of the message holding it) and its
 #: revocation (``K.revoked``: string with a TTL).
 RECORD = Lib(
@@ -36,8 +36,8 @@ local function record_passed(K, attempt)
   return record[2] ~= false and tonumber(record[2]) >= attempt
 end
 -- The attempt's captcha is at the provider: remember it, and give the claim back.
-local function record_submitted(K, attempt, captcha_id, ttl_s)
-  redis.call('HSET', K.record, 'attempt', attempt, 'captcha_id', captcha_id)
+local function record_submitted(K, attempt, captcha_id, provider, ttl_s)
+  redis.call('HSET', K.record, 'attempt', attempt, 'captcha_id', captcha_id, 'provider', provider)
   redis.call('EXPIRE', K.record, ttl_s)
   redis.call('DEL', K.claim)
 end
