@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 from redis import Redis
 
-from ..connections import redis_client
+from ..connections import redis_client, replica_fence
 from ..keys import Keys
 from ..settings import Settings
 from .batches import BatchStreams
 from .board import Board, BoardConfig
 from .db import Db
+from .failovers import Failovers
 from .followups import Followups
 from .limiter import LimiterConfig, ThreadLimiter
 from .pools import PoolStore
@@ -52,6 +53,7 @@ class State:
     stats: Stats
     records: Records
     followups: Followups
+    failovers: Failovers
 
     @property
     def keys(self) -> Keys:
@@ -65,7 +67,11 @@ class State:
     def build(cls, settings: Settings, client: Redis | None = None) -> State:
         """Every state object for ``settings``, on ``client`` (default: a new client from
         ``REDIS_URL``).  No I/O: nothing talks to Redis until it is used."""
-        db = Db(client if client is not None else redis_client(settings), Keys(settings.key_prefix))
+        db = Db(
+            client if client is not None else redis_client(settings),
+            Keys(settings.key_prefix),
+            replica_fence(settings),
+        )
         limiter = ThreadLimiter(db, limiter_config(settings))
         board = board_config(settings)
         return cls(
@@ -80,6 +86,7 @@ class State:
             stats=Stats(db),
             records=Records(db),
             followups=Followups(db, board.followup_grace_s),
+            failovers=Failovers(db, limiter.lua_keys),
         )
 
 

@@ -555,7 +555,14 @@ class ThreadLimiter:
         }
         if result:
             args.update(parked_record=result[1], record_ttl_s=result[2])
-        reply = self._guarded(lambda: self._admit(keys, args))
+        reply, held = self._guarded(lambda: self.db.fenced(lambda c: self._admit(keys, args, c)))
+        if text(reply[0]) == "go" and not held:
+            # Behind Sentinel, an admission no replica holds may be lost with its master:
+            # calling in.php on it could pay twice.  The submit waits, as for an outage.
+            raise self.db.unavailable(
+                ConnectionError("no replica acknowledged the admission in time"),
+                "nothing is submitted until a replica holds it",
+            )
         handout = handed_out(reply[2]) if len(reply) > 2 else NO_HANDOUT
         return Admission(text(reply[0]), int(reply[1]) / 1000, handout)  # type: ignore[arg-type]
 

@@ -22,6 +22,7 @@ from typing import Any
 from celery import bootsteps
 
 from .. import errors
+from ..connections import FAILOVERS
 from ..methods import SolveRequest, build_request
 from ..state.limiter import Drift
 from ..state.pools import PoolSpec
@@ -40,6 +41,7 @@ VIEW_HOLDS_CHECKS = 3
 def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
     state, settings = runner.state, runner.settings
+    follow_master(runner)
     swept = state.limiter.sweep(TICK_S, settings.queue("solve"))
     if swept is None:
         return False
@@ -60,6 +62,22 @@ def tick(runner: Runner) -> bool:
         # off the timer thread: the check is an HTTP request
         runner.app.send_task(names.CHECK_THREADS, expires=every)
     return True
+
+
+def follow_master(runner: Runner) -> None:
+    """Add this process's reconnects to the deployment's count and, when the Redis master
+    changed (a failover, a restart), make every message it may have lost due again (one
+    process per change: see :mod:`captcha_tasks.state.failovers`)."""
+    failovers = runner.state.failovers
+    failovers.report(FAILOVERS, "worker")
+    if failovers.note_master():
+        solves, owed = failovers.reconcile()
+        log.warning(
+            "the Redis master changed: sending again the %d solve messages and %d submits"
+            " it may have lost (a copy that was not lost is ignored)",
+            solves,
+            owed,
+        )
 
 
 def _rerun_followup(runner: Runner, solve_id: str, followup: str) -> None:
