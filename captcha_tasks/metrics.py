@@ -51,7 +51,6 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
-from .connections import FAILOVERS
 from .errors import PoolNotFound, StoreUnavailable
 from .methods import METHODS
 from .settings import Settings, get_settings
@@ -205,7 +204,7 @@ class StoreCollector(Collector):
 
     def _failovers(self) -> Iterator[Metric]:
         failovers = self.state.failovers
-        failovers.report(FAILOVERS, "exporter")
+        failovers.report("exporter")
         counts = failovers.counts()
         yield CounterMetricFamily(
             _name("redis_master_changes"),

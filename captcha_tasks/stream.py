@@ -41,6 +41,7 @@ from . import errors
 from .connections import FAILOVERS
 from .outcome import Failed
 from .state.batches import BatchStreams
+from .state.records import Records
 from .worker.app import app
 from .worker.tasks import solve
 
@@ -61,11 +62,16 @@ class Outage:
         self.wait_s: float | None = None
 
     def wait(self, exc: Exception) -> None:
+        time.sleep(self.next_wait(exc))  # back-off between attempts while Redis is away
+
+    def next_wait(self, exc: Exception) -> float:
+        """Seconds to wait before the next attempt (said once per outage)."""
         if self.wait_s is None:
             log.warning("Redis is unavailable (%s); the batch waits for it", exc)
             self.wait_s = OUTAGE_WAIT_S[0]
-        time.sleep(self.wait_s)  # back-off between attempts while Redis is away
+        wait_s = self.wait_s
         self.wait_s = min(OUTAGE_WAIT_S[1], self.wait_s * 2)
+        return wait_s
 
     def over(self) -> None:
         if self.wait_s is not None:
@@ -108,13 +114,14 @@ class Batch:
         self.generation, self.last_id = generation, "0-0"
         return True
 
-    def to_look_at(self, every_s: float) -> list[Pending]:
-        """Pending tasks older than ``every_s``, once per ``every_s`` (else none)."""
-        now = time.monotonic()
-        if now - self.looked_at < every_s:
-            return []
-        self.looked_at = now
-        return [p for p in self.pending.values() if now - p.sent_at >= every_s]
+    def look_due(self, every_s: float) -> bool:
+        """Whether ``every_s`` passed since pending tasks were last looked at."""
+        return time.monotonic() - self.looked_at >= every_s
+
+    def to_look_at(self, age_s: float) -> list[Pending]:
+        """Pending tasks at least ``age_s`` old (noting that they were looked at now)."""
+        now = self.looked_at = time.monotonic()
+        return [p for p in self.pending.values() if now - p.sent_at >= age_s]
 
     def arrived(self, found: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """The outcomes among stream entries ``found`` that this batch still waits for."""
@@ -166,6 +173,7 @@ def stream(
     """
     runtime = app.runtime()
     settings, streams = runtime.settings, runtime.state.batches
+    failovers = runtime.state.failovers
     size = window or 2 * settings.capacity
     if size < 1:
         raise errors.ValidationError("window must be at least 1")
@@ -200,11 +208,12 @@ def stream(
             try:
                 moved = batch.master_moved(FAILOVERS.generation)
                 found = _read(streams, batch)
-                _recover(records, batch, moved)
+                recover_lost(records, batch, moved)
             except errors.StoreUnavailable as exc:
                 outage.wait(exc)
             else:
                 outage.over()
+                failovers.report("app")
                 yield from found
             yield from batch.timed_out()
     finally:
@@ -226,11 +235,11 @@ def _queue(batch: Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] 
     return None
 
 
-def _recover(records: Any, batch: Batch, moved: bool) -> None:
+def recover_lost(records: Records, batch: Batch, moved: bool) -> None:
     """Send again the pending tasks of which Redis has no trace (see the module's doc):
     every :data:`TRACE_EVERY_S`, and at once after a master move."""
-    if moved:
-        batch.looked_at = 0.0
+    if not (moved or batch.look_due(TRACE_EVERY_S)):
+        return
     candidates = batch.to_look_at(TRACE_EVERY_S)
     if not candidates:
         return

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..connections import FailoverLog
+from ..connections import FAILOVERS, FailoverLog
 from .db import Db
 from .limiter import MESSAGES, SLOTS
 from .lua import Script, text
@@ -77,9 +77,10 @@ class Failovers:
         self._note = db.bind(NOTE_MASTER)
         self._reconcile = db.bind(RECONCILE)
 
-    def report(self, log: FailoverLog, process: str) -> None:
-        """Add what ``log`` counted since the last report (``process``: the kind of
-        process, a metric label); kept for the next report when Redis is away."""
+    def report(self, process: str, log: FailoverLog = FAILOVERS) -> None:
+        """Add what ``log`` (this process's) counted since the last report (``process``:
+        the kind of process, a metric label); kept for the next report when Redis is
+        away.  No Redis call when there is nothing to add."""
         reconnects = log.drain()
         if not reconnects:
             return

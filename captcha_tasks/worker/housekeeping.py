@@ -22,7 +22,6 @@ from typing import Any
 from celery import bootsteps
 
 from .. import errors
-from ..connections import FAILOVERS
 from ..methods import SolveRequest, build_request
 from ..state.limiter import Drift
 from ..state.pools import PoolSpec
@@ -69,7 +68,7 @@ def follow_master(runner: Runner) -> None:
     changed (a failover, a restart), make every message it may have lost due again (one
     process per change: see :mod:`captcha_tasks.state.failovers`)."""
     failovers = runner.state.failovers
-    failovers.report(FAILOVERS, "worker")
+    failovers.report("worker")
     if failovers.note_master():
         solves, owed = failovers.reconcile()
         log.warning(

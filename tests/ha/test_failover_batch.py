@@ -239,5 +239,15 @@ def test_a_batch_rides_out_a_switch_and_a_kill(deployment: Deployment) -> None:
     assert not any(master.llen(q) for q in queue_names(d.env))
     assert d.get("receiver") is not None
     scraped = d.get("metrics") or ""
-    changes = [ln for ln in scraped.splitlines() if ln.startswith("captcha_tasks_redis_master")]
-    assert any(float(ln.split()[-1]) >= 2 for ln in changes), changes
+    assert metric(scraped, "captcha_tasks_redis_master_changes_total") == 2
+    for process in ("worker", "beat", "exporter", "app"):
+        name = f'captcha_tasks_redis_reconnects_total{{process="{process}"}}'
+        assert metric(scraped, name) >= 1, (process, scraped[-3000:])
+
+
+def metric(scraped: str, name: str) -> float:
+    """The value of sample ``name`` (with its labels) in a Prometheus text page (0: none)."""
+    for line in scraped.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
