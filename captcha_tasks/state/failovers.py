@@ -49,6 +49,7 @@ RECONCILE = Script(
 -- solve queue holds (the next housekeeping sweep sends them again), a poll round is
 -- scheduled anew and the provider's thread count looked at.
 -- K: SLOTS, MESSAGES (the limiter's), K.round (the pending poll round), K.threads_check
+-- A (none: an empty object)
 -- returns {solve messages, owed submits} made due
 """,
     keys=("round", "threads_check"),
