@@ -170,6 +170,15 @@ class Keys:
         """Sorted set: recent requests to ``in.php`` / ``res.php`` (sliding window)."""
         return self._p("limiter", "rate", endpoint)
 
+    def redis_master(self) -> str:
+        """String: the run id of the Redis master that housekeeping last saw (a new one
+        means a failover or a restart: time to reconcile)."""
+        return self._k("redis", "master")
+
+    def redis_events(self) -> str:
+        """Hash: ``master_changes`` and ``reconnects:<process kind>`` counters."""
+        return self._k("redis", "events")
+
     def housekeeping_lock(self) -> str:
         """String with a short TTL: one worker per tick runs the housekeeping sweep."""
         return self._k("limiter", "sweep-lock")

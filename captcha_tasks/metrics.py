@@ -31,6 +31,10 @@ Exposed (``captcha_tasks_`` prefix):
 * ``pingback_accepted_total``, ``pingback_rejected_total{reason}``: provider callbacks
 * ``solve_seconds{method,provider}``: a gauge histogram of the recent solve times per method
   (the samples the adaptive first poll keeps), for ``histogram_quantile``
+* ``redis_master_changes_total``: Redis masters that took over (a failover, or a restart
+  that lost the master's identity), counted once each by housekeeping;
+  ``redis_reconnects_total{process}``: connections to the master opened again (behind
+  Sentinel), added up per kind of process (worker, beat, exporter, receiver, kafka, app)
 """
 
 from __future__ import annotations
@@ -116,6 +120,7 @@ class StoreCollector(Collector):
         yield from self._solves()
         yield from self._callbacks()
         yield from self._providers()
+        yield from self._failovers()
 
     def describe(self) -> Iterable[Metric]:
         # Nothing up front: registering must not need Redis (metrics are read per scrape).
@@ -286,6 +291,25 @@ class StoreCollector(Collector):
                 waits.add_metric([name, budget], float(count))
         yield from families.values()
         yield waits
+
+    def _failovers(self) -> Iterator[Metric]:
+        failovers = self.state.failovers
+        failovers.report("exporter")
+        counts = failovers.counts()
+        yield CounterMetricFamily(
+            _name("redis_master_changes"),
+            "Redis masters that took over (failover, or restart) as housekeeping saw them.",
+            value=float(counts.pop("master_changes", 0)),
+        )
+        reconnects = CounterMetricFamily(
+            _name("redis_reconnects"),
+            "Connections to the Redis master opened again, by kind of process.",
+            labels=["process"],
+        )
+        for field, count in sorted(counts.items()):
+            if field.startswith("reconnects:"):
+                reconnects.add_metric([field.split(":", 1)[1]], float(count))
+        yield reconnects
 
 
 def _gauge(suffix: str, doc: str, value: float) -> GaugeMetricFamily:

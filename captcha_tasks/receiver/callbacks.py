@@ -180,6 +180,7 @@ class Receiver:
         if not captcha_id or not code:
             return _reject("missing_field")
         try:
+            self.state.failovers.report("receiver")
             return self.handle(ticket, captcha_id, code)
         except errors.StoreUnavailable:
             log.warning("callback for captcha %s not taken: Redis is unavailable", captcha_id)

@@ -12,11 +12,11 @@ the CLI, the exporter, the asyncio API and the Kafka bridge.  Tests build their 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from redis import Redis
 
-from ..connections import redis_client
+from ..connections import redis_client, replica_fence
 from ..keys import Keys
 from ..providers import ProviderSpec
 from ..settings import Settings
@@ -24,6 +24,7 @@ from .batches import BatchStreams
 from .board import Board, BoardConfig
 from .circuits import Circuits
 from .db import Db
+from .failovers import Failovers
 from .followups import Followups
 from .limiter import LimiterConfig, ThreadLimiter
 from .pools import PoolStore
@@ -71,6 +72,7 @@ class State:
     batches: BatchStreams
     records: Records
     followups: Followups
+    failovers: Failovers
 
     @property
     def keys(self) -> Keys:
@@ -112,7 +114,11 @@ class State:
     def build(cls, settings: Settings, client: Redis | None = None) -> State:
         """Every state object for ``settings``, on ``client`` (default: a new client from
         ``REDIS_URL``).  No I/O: nothing talks to Redis until it is used."""
-        db = Db(client if client is not None else redis_client(settings), Keys(settings.key_prefix))
+        db = Db(
+            client if client is not None else redis_client(settings),
+            Keys(settings.key_prefix),
+            replica_fence(settings),
+        )
         board = board_config(settings)
         providers = {
             spec.name: provider_state(settings, spec, db, board) for spec in settings.all_providers
@@ -128,6 +134,7 @@ class State:
             batches=BatchStreams(db),
             records=Records(db),
             followups=Followups(db, board.followup_grace_s),
+            failovers=Failovers(db, providers[names[0]].limiter.lua_keys),
         )
 
 
@@ -135,7 +142,7 @@ def provider_state(
     settings: Settings, spec: ProviderSpec, db: Db, board: BoardConfig
 ) -> ProviderState:
     """One provider's state, under keys scoped by it (the primary's are unscoped)."""
-    scoped = Db(db.redis, db.keys.scoped(None if spec.primary else spec.name))
+    scoped = replace(db, keys=db.keys.scoped(None if spec.primary else spec.name))
     limiter = ThreadLimiter(scoped, limiter_config(settings, spec), spec.name)
     return ProviderState(
         spec=spec,

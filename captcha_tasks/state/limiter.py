@@ -794,11 +794,18 @@ class ThreadLimiter:
             args["park_limit"] = max(0, park_limit)
         if result:
             args.update(parked_record=result[1], record_ttl_s=result[2])
-        reply = self._guarded(lambda: self._admit(keys, args))
+        reply, held = self._guarded(lambda: self.db.fenced(lambda c: self._admit(keys, args, c)))
+        status = text(reply[0])
+        if status == "go" and not held:
+            # Behind Sentinel, an admission no replica holds may be lost with its master:
+            # calling in.php on it could pay twice.  The submit waits, as for an outage.
+            raise self.db.unavailable(
+                ConnectionError("no replica acknowledged the admission in time"),
+                "nothing is submitted until a replica holds it",
+            )
         handout = handed_out(reply[2]) if len(reply) > 2 and reply[2] else NO_HANDOUT
         budget = text(reply[3]) if len(reply) > 3 else ""
         warn = len(reply) > 4 and int(reply[4]) == 1
-        status = text(reply[0])
         return Admission(status, int(reply[1]) / 1000, handout, budget, warn)  # type: ignore[arg-type]
 
     def sweep(self, tick_s: float, solve_queue: str, most: int = 500) -> Swept | None:

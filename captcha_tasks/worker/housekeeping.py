@@ -43,6 +43,7 @@ VIEW_HOLDS_CHECKS = 3
 def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
     state, settings = runner.state, runner.settings
+    follow_master(runner)
     swept = state.limiter.sweep(TICK_S, settings.queue("solve"))
     if swept is None:
         return False
@@ -125,6 +126,22 @@ def check_providers(runner: Runner) -> dict[str, Any]:
                 entry.update(external=drift.now, ours=drift.ours)
         found[at.name] = entry
     return found
+
+
+def follow_master(runner: Runner) -> None:
+    """Add this process's reconnects to the deployment's count and, when the Redis master
+    changed (a failover, a restart), make every message it may have lost due again (one
+    process per change: see :mod:`captcha_tasks.state.failovers`)."""
+    failovers = runner.state.failovers
+    failovers.report("worker")
+    if failovers.note_master():
+        solves, owed = failovers.reconcile()
+        log.warning(
+            "the Redis master changed: sending again the %d solve messages and %d submits"
+            " it may have lost (a copy that was not lost is ignored)",
+            solves,
+            owed,
+        )
 
 
 def _rerun_followup(runner: Runner, solve_id: str, followup: str) -> None:

@@ -269,3 +269,22 @@ def test_redis_down_is_a_503_with_the_reason_and_recovers(output_dir: Path) -> N
             assert "captcha_tasks_threads_in_use 0.0" in text
     finally:
         exporter.stop()
+
+
+def test_master_changes_and_reconnects_are_served(metrics_url: str, state: Any) -> None:
+    """What housekeeping counts of a master change, and what each process adds of its
+    reconnects, is served as the deployment's totals (the failover tests drive them for
+    real: tests/ha/test_failover_batch.py)."""
+    from captcha_tasks.connections import FailoverLog
+
+    before = _scrape(metrics_url)
+    state.failovers.note_master()
+    state.redis.set(state.keys.redis_master(), "a-master-that-is-gone")
+    assert state.failovers.note_master()
+    log, connection = FailoverLog(), type("Connection", (), {"_was_connected": True})()
+    log.connected(connection, "127.0.0.1", 1)
+    state.failovers.report("receiver", log)
+    after = _scrape(metrics_url)
+    changes = "captcha_tasks_redis_master_changes_total"
+    assert _value(after, changes) == _value(before, changes) + 1
+    assert _value(after, "captcha_tasks_redis_reconnects_total", process="receiver") == 1
