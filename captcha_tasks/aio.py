@@ -58,7 +58,7 @@ from .keys import Keys
 from .settings import Settings
 from .state.batches import CANCEL_TTL, entries
 from .state.lua import text
-from .stream import Batch, rejected
+from .stream import TRACE_EVERY_S, Batch, Outage, recover_lost, rejected
 from .worker.app import app
 from .worker.results import Results
 from .worker.tasks import normalize_solve_args
@@ -116,8 +116,10 @@ async def stream(
     if size < 1:
         raise errors.ValidationError("window must be at least 1")
     batch = Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
+    batch.generation = connections.FAILOVERS.generation
     hub = _hubs().hub()
     source = _numbered(tasks)
+    outage = Outage()
     exhausted = False
     try:
         while True:
@@ -131,7 +133,15 @@ async def stream(
                     yield failure
             if exhausted and not batch.pending:
                 return
-            for outcome in await _arrived(hub, batch):
+            try:
+                arrived = await _arrived(hub, batch)
+            except errors.StoreUnavailable as exc:
+                # A failover, a restart: wait for Redis, as stream() does.
+                await asyncio.sleep(outage.next_wait(exc))
+                arrived = []
+            else:
+                outage.over()
+            for outcome in arrived:
                 yield outcome
             for outcome in batch.timed_out():
                 yield outcome
@@ -323,12 +333,18 @@ async def _queue(batch: Batch, index: int, task: Task) -> dict[str, Any] | None:
         task_id = await _publish(kwargs)
     except errors.ValidationError as exc:
         return rejected(index, task, exc)
-    batch.sent(index, task_id, task.get("method"))
+    batch.sent(index, task_id, task.get("method"), kwargs)
     return None
 
 
 async def _arrived(hub: _Hub, batch: Batch) -> list[dict[str, Any]]:
     key = hub.keys.batch_results(batch.batch_id)
+    moved = batch.master_moved(connections.FAILOVERS.generation)
+    if moved or batch.look_due(TRACE_EVERY_S):
+        # the look is a few sync Redis calls, off the event loop
+        await asyncio.get_running_loop().run_in_executor(
+            hub.owner.publisher, recover_lost, app.runtime().state.records, batch, moved
+        )
     wait_s = batch.next_deadline() or 0.0
     block_ms = max(1, min(MAX_BLOCK_MS, int(wait_s * 1000) + 1))
     try:

@@ -10,7 +10,9 @@ into each client a process needs:
 * :func:`celery_options`: Celery's broker URL, result backend and the transport options
   of both (and RedBeat's), for :mod:`captcha_tasks.worker.config`;
 * :func:`sentinels`: the sentinels themselves (discovery, ``SENTINEL`` commands);
-* :data:`UNREACHABLE`: what a Redis call raises when Redis is, for us, not there.
+* :func:`replica_fence`: whether a write must reach a replica before it is acted on;
+* :data:`UNREACHABLE`: what a Redis call raises when Redis is, for us, not there;
+* :data:`FAILOVERS`: this process's count of reconnects and of master moves it saw.
 
 No other module calls ``Redis.from_url``: a new way to reach Redis is added here, once,
 and every process gets it.
@@ -24,6 +26,11 @@ which keeps accepting writes (later thrown away) until the sentinels demote it s
 seconds on.  A connection still open to a demoted master gets ``READONLY`` for a write;
 redis-py's Sentinel connections turn that into a ``ConnectionError`` and reconnect, and
 :data:`UNREACHABLE` counts it as an outage for clients that reach a fixed address.
+
+Replication is asynchronous: what the old master took after the sentinels promoted a
+replica (a second or two in a graceful switch) is lost.  A write that money follows (a
+submit's admission, before ``in.php``) waits for a replica to hold it (:class:`ReplicaFence`,
+``WAIT``) whenever the sentinels count a replica that could be promoted.
 """
 
 from __future__ import annotations
@@ -89,11 +96,13 @@ class MasterFollowingConnection(SentinelManagedConnection):
     #: Fail the command instead of sending it to the new master (for a caller that holds
     #: the connection's socket, like kombu's poller).
     raise_on_move = False
+    _was_connected = False
 
     def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
         if self._sock is None and self.connection_pool.is_master:
             self.host, self.port = self.connection_pool.get_master_address()
         super().connect_check_health(*args, **kwargs)
+        FAILOVERS.connected(self, self.host, self.port)
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         pool = self.connection_pool
@@ -118,10 +127,13 @@ class MasterFollowingSSLConnection(MasterFollowingConnection, SSLConnection):
 class AsyncMasterFollowingConnection(AsyncSentinelManagedConnection):
     """:class:`MasterFollowingConnection` for ``redis.asyncio``."""
 
+    _was_connected = False
+
     async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
         if not self.is_connected and self.connection_pool.is_master:
             self.host, self.port = await self.connection_pool.get_master_address()
         await super().connect_check_health(*args, **kwargs)
+        FAILOVERS.connected(self, self.host, self.port)
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         pool = self.connection_pool
@@ -136,6 +148,111 @@ class AsyncMasterFollowingConnection(AsyncSentinelManagedConnection):
 
 class AsyncMasterFollowingSSLConnection(AsyncMasterFollowingConnection, AsyncSSLConnection):
     pass
+
+
+class FailoverLog:
+    """What this process saw of the master behind Sentinel: reconnects (a connection that
+    had been open connects again) and moves (a connection reaches another master than the
+    one this process last reached).  Process-local; :meth:`drain` hands the reconnects to
+    whoever stores them in Redis (:mod:`captcha_tasks.state.failovers`) once it answers."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._master: tuple[str, int] | None = None
+        self._reconnects = 0
+        #: Moves seen since the process started: a reader compares it with the value it
+        #: last saw to learn that the master changed.
+        self.generation = 0
+
+    def connected(self, connection: Any, host: str, port: int) -> None:
+        with self._lock:
+            if connection._was_connected:
+                self._reconnects += 1
+            connection._was_connected = True
+            if self._master is not None and self._master != (host, port):
+                self.generation += 1
+            self._master = (host, port)
+
+    def drain(self) -> int:
+        """Reconnects since the last drain (zero after it)."""
+        with self._lock:
+            count, self._reconnects = self._reconnects, 0
+            return count
+
+    def undrain(self, reconnects: int) -> None:
+        """Give back reconnects that could not be stored (Redis away)."""
+        with self._lock:
+            self._reconnects += reconnects
+
+
+#: This process's :class:`FailoverLog` (every following connection reports to it).
+FAILOVERS = FailoverLog()
+
+
+#: Flags of a replica, in the sentinels' view, that cannot take over now.
+_NOT_A_CANDIDATE = {"s_down", "o_down", "disconnected"}
+#: Milliseconds a fenced write waits for a replica's acknowledgement.
+FENCE_WAIT_MS = 500
+
+
+class ReplicaFence:
+    """Whether a write must reach a replica before it is acted on, and the ``WAIT`` that
+    checks it.
+
+    Behind Sentinel a write the old master took after a replica was promoted is lost; so
+    is one the new master took before the old one became its replica again (some ten
+    seconds after a graceful switch: a kill of the new master in that time promotes the
+    stale one).  A write counts as safe once a replica holds it, or when the sentinels
+    know of no replica that could be promoted (the only node left after a kill: nothing
+    can take over from it, and its writes stay).  The sentinels' view is looked at most
+    every :data:`FOLLOW_S`."""
+
+    def __init__(self, sentinel: Sentinel, master: str) -> None:
+        self._sentinel = sentinel
+        self._master = master
+        self._lock = threading.Lock()
+        self._needed = True
+        self._next_look = 0.0
+
+    def needed(self) -> bool:
+        """Whether a replica that could be promoted exists (True when no sentinel says)."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_look:
+                return self._needed
+            self._next_look = now + FOLLOW_S
+        needed = self._look()
+        with self._lock:
+            self._needed = needed
+        return needed
+
+    def _look(self) -> bool:
+        for sentinel in self._sentinel.sentinels:
+            try:
+                replicas = sentinel.sentinel_slaves(self._master)
+            except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                continue
+            return any(_candidate(replica) for replica in replicas)
+        return True  # no sentinel answers: assume a replica could take over
+
+    @staticmethod
+    def wait_command() -> tuple[str, int, int]:
+        """``WAIT 1 <ms>``: queued after the write, on its connection (a pipeline)."""
+        return ("WAIT", 1, FENCE_WAIT_MS)
+
+
+def _candidate(replica: dict[str, Any]) -> bool:
+    """Whether the sentinels could promote this replica now."""
+    return not _NOT_A_CANDIDATE & set(str(replica.get("flags", "")).split(","))
+
+
+def replica_fence(settings: Settings) -> ReplicaFence | None:
+    """The fence of a ``sentinel://`` deployment (None for one Redis: nothing to fail over
+    to, and ``WAIT`` would wait for replicas that do not exist)."""
+    where = settings.redis_sentinel
+    if where is None:
+        return None
+    return ReplicaFence(sentinels(settings), where.master)
 
 
 _LOOKS_LOCK = threading.Lock()

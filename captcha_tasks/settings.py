@@ -12,7 +12,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from functools import cached_property, lru_cache
 from ipaddress import IPv4Network, IPv6Network, ip_network
 from pathlib import Path
@@ -21,6 +21,7 @@ from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from .errors import ConfigurationError
 from .poolspec import parse_pools
+from .providers import KINDS, NAME_RE, ProviderSpec, parse_budgets, parse_providers
 from .proxyspec import mask, split
 
 T = TypeVar("T")
@@ -113,9 +114,28 @@ class Settings:
     #: CAPTCHAAI_VISIBILITY_TIMEOUT: seconds before a dead worker's unacknowledged
     #: messages are delivered again (every countdown stays below half of it).
     visibility_timeout: float = 60.0
-    #: CAPTCHAAI_SUBMIT_RATE: ``in.php`` requests allowed per 3 s, account wide (2captcha
-    #: bans clients above 60).
-    submit_rate: int = 60
+    #: CAPTCHAAI_SUBMIT_RATE: ``in.php`` requests the primary takes per 3 s, account wide
+    #: (unset: its kind's budget, none for captchaai, 60 for 2captcha; 0: none).
+    submit_rate: int | None = None
+    #: CAPTCHAAI_PROVIDER_NAME: the primary's name in metrics, outcomes and logs.
+    provider_name: str = "captchaai"
+    #: CAPTCHAAI_PROVIDER_KIND: the primary's kind, whose request budgets it gets:
+    #: "captchaai" (threads only) or "2captcha" (60 in.php per 3 s, 3 NO_SLOT errors per
+    #: captcha, 20 res.php per captcha + 1,200 an hour).
+    provider_kind: str = "captchaai"
+    #: CAPTCHAAI_BUDGETS: JSON object overriding the primary's budgets (``submit_rate``,
+    #: ``no_slot_ratio``, ``res_per_captcha``, ``res_base``; null: none).
+    budgets: Mapping[str, Any] = field(default_factory=dict)
+    #: CAPTCHAAI_PROVIDERS: further providers, a JSON list of ``{name, base_url, key_env,
+    #: threads, methods, role, kind, ...budgets}``; each key is read from the variable
+    #: ``key_env`` names.
+    providers: tuple[ProviderSpec, ...] = ()
+    #: CAPTCHAAI_OVERFLOW_AFTER: seconds a captcha may be expected to wait for the primary's
+    #: threads before an ``overflow`` provider takes it (unset: never).
+    overflow_after: float | None = None
+    #: CAPTCHAAI_CIRCUIT_FAILURES: consecutive transport errors, 5xx replies or timeouts
+    #: that take a provider out of rotation until a probe answers.
+    circuit_failures: int = 3
     #: CAPTCHAAI_BULK_POLL: "auto" (ask for many captchas in one ``ids=`` request where the
     #: API supports it) or "off" (one id per request).
     bulk_poll: str = "auto"
@@ -201,7 +221,7 @@ class Settings:
         )
         _check("CAPTCHAAI_PREWARM_EVERY", self.prewarm_every > 0, "must be > 0")
         _check("CAPTCHAAI_PROXY_COOLOFF", self.proxy_cooloff > 0, "must be > 0")
-        _check("CAPTCHAAI_SUBMIT_RATE", self.submit_rate >= 1, "must be at least 1")
+        self._check_providers()
         _check("CAPTCHAAI_VISIBILITY_TIMEOUT", self.visibility_timeout >= 4, "must be >= 4")
         http = self.connect_timeout + self.read_timeout
         _check(
@@ -220,6 +240,60 @@ class Settings:
         for method, life in self.token_lifetimes.items():
             _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
         self._check_kafka()
+
+    def _check_providers(self) -> None:
+        _check(
+            "CAPTCHAAI_SUBMIT_RATE",
+            self.submit_rate is None or self.submit_rate >= 0,
+            "must be >= 0 (0: no budget)",
+        )
+        _check(
+            "CAPTCHAAI_PROVIDER_NAME",
+            bool(NAME_RE.fullmatch(self.provider_name)),
+            "must be 1-32 letters, digits, '_' or '-'",
+        )
+        _check("CAPTCHAAI_PROVIDER_KIND", self.provider_kind in KINDS, f"must be one of {KINDS}")
+        _check(
+            "CAPTCHAAI_OVERFLOW_AFTER",
+            self.overflow_after is None or self.overflow_after > 0,
+            "must be > 0",
+        )
+        _check("CAPTCHAAI_CIRCUIT_FAILURES", self.circuit_failures >= 1, "must be at least 1")
+        names = [self.provider_name, *(p.name for p in self.providers)]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        _check("CAPTCHAAI_PROVIDERS", not dup, f"names {', '.join(dup)} more than once")
+        self.primary  # noqa: B018  (the budgets are checked once here)
+
+    @cached_property
+    def primary(self) -> ProviderSpec:
+        """The primary provider: ``CAPTCHAAI_BASE_URL`` with ``CAPTCHAAI_API_KEY``."""
+        budgets = parse_budgets(dict(self.budgets) or None, self.provider_kind, "CAPTCHAAI_BUDGETS")
+        if self.submit_rate is not None:
+            budgets = replace(budgets, submit_rate=self.submit_rate or None)
+        return ProviderSpec(
+            name=self.provider_name,
+            base_url=self.base_url,
+            api_key=self.api_key,
+            threads=self.threads,
+            role="primary",
+            kind=self.provider_kind,  # type: ignore[arg-type]
+            budgets=budgets,
+            reserved=self.threads_reserved,
+        )
+
+    @property
+    def all_providers(self) -> tuple[ProviderSpec, ...]:
+        """Every provider, the primary first, in the order captchas go to them."""
+        return (self.primary, *self.providers)
+
+    def provider(self, name: str | None) -> ProviderSpec:
+        """The provider named ``name`` (None: the primary); KeyError if there is none."""
+        if name is None or name == self.provider_name:
+            return self.primary
+        for spec in self.providers:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
 
     def _check_redis(self) -> None:
         if self.redis_url.startswith(SENTINEL_SCHEME + "://"):
@@ -306,7 +380,13 @@ class Settings:
             raw = env.get(var)
             if raw is None or raw.strip() == "":
                 continue
+            if parse is _providers:
+                continue  # needs the other variables (the keys): below
             values[name] = _parse(var, raw.strip(), parse)
+        raw = env.get("CAPTCHAAI_PROVIDERS", "").strip()
+        if raw:
+            primary = values.get("provider_name", "captchaai")
+            values["providers"] = parse_providers(raw, env, primary)
         return cls(**values)
 
     @property
@@ -513,6 +593,17 @@ def _networks(raw: str) -> tuple[Network, ...]:
     return tuple(found)
 
 
+def _providers(raw: str) -> tuple[ProviderSpec, ...]:
+    raise AssertionError("CAPTCHAAI_PROVIDERS is read by Settings.from_env")  # pragma: no cover
+
+
+def _budgets(raw: str) -> dict[str, Any]:
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object of budget -> value")
+    return data
+
+
 def _flag(raw: str) -> bool:
     value = raw.lower()
     if value in ("1", "true", "yes", "on"):
@@ -564,6 +655,12 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "proxy_cooloff": ("CAPTCHAAI_PROXY_COOLOFF", float),
     "visibility_timeout": ("CAPTCHAAI_VISIBILITY_TIMEOUT", float),
     "submit_rate": ("CAPTCHAAI_SUBMIT_RATE", int),
+    "provider_name": ("CAPTCHAAI_PROVIDER_NAME", str),
+    "provider_kind": ("CAPTCHAAI_PROVIDER_KIND", lambda s: s.lower()),
+    "budgets": ("CAPTCHAAI_BUDGETS", _budgets),
+    "providers": ("CAPTCHAAI_PROVIDERS", _providers),
+    "overflow_after": ("CAPTCHAAI_OVERFLOW_AFTER", float),
+    "circuit_failures": ("CAPTCHAAI_CIRCUIT_FAILURES", int),
     "bulk_poll": ("CAPTCHAAI_BULK_POLL", lambda s: s.lower()),
     "bulk_window": ("CAPTCHAAI_BULK_WINDOW", float),
     "flower_no_auth": ("CAPTCHAAI_FLOWER_NO_AUTH", _flag),
@@ -582,6 +679,9 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "kafka_client_config": ("KAFKA_CLIENT_CONFIG", _client_config),
 }
 
+#: Variables Docker Compose passes to workers for the keys of CAPTCHAAI_PROVIDERS: name one
+#: in a provider's ``key_env`` (any other name works outside Compose).
+PROVIDER_KEY_SLOTS = ("CAPTCHAAI_PROVIDER_KEY_1", "CAPTCHAAI_PROVIDER_KEY_2")
 #: Every environment variable the settings read (used by the compose-file check).
 ENVIRONMENT_VARIABLES = frozenset(var for var, _ in _ENV.values())
 

@@ -15,6 +15,14 @@ A Redis outage once the batch has started (a restart, a failover) is ridden out:
 stream waits, with back-off, and goes on where it was when Redis is back; only tasks whose
 result is overdue meanwhile fail (``ERROR_SOLVE_TIMEOUT``).  Redis down at the very first
 task raises :class:`~captcha_tasks.errors.StoreUnavailable` at once.
+
+Writes can be lost with a master (a failover; a restart without ``appendfsync always``),
+so the stream recovers what only it still knows: when the master changed, it reads the
+batch's stream from its start again (entries it has are skipped), and every
+:data:`TRACE_EVERY_S` it sends again, under the same task id, each pending task of which
+Redis has no trace left (no queued message noted, no claim, no record, not parked): its
+message was lost before any worker took it.  A copy that was not lost after all is
+stopped by the solve's record.
 """
 
 from __future__ import annotations
@@ -30,14 +38,19 @@ from typing import Any
 from kombu.exceptions import OperationalError
 
 from . import errors
+from .connections import FAILOVERS
 from .outcome import Failed
 from .state.batches import BatchStreams
+from .state.records import Records
 from .worker.app import app
 from .worker.tasks import solve
 
 log = logging.getLogger(__name__)
 
 READ_BLOCK_MS = 500
+#: Seconds between looks for pending tasks of which Redis lost every trace (and the age a
+#: task must have to be looked at).
+TRACE_EVERY_S = 5.0
 #: Seconds between looks while Redis is unreachable: from the first, doubling to the last.
 OUTAGE_WAIT_S = (0.2, 2.0)
 
@@ -49,11 +62,16 @@ class Outage:
         self.wait_s: float | None = None
 
     def wait(self, exc: Exception) -> None:
+        time.sleep(self.next_wait(exc))  # back-off between attempts while Redis is away
+
+    def next_wait(self, exc: Exception) -> float:
+        """Seconds to wait before the next attempt (said once per outage)."""
         if self.wait_s is None:
             log.warning("Redis is unavailable (%s); the batch waits for it", exc)
             self.wait_s = OUTAGE_WAIT_S[0]
-        time.sleep(self.wait_s)  # back-off between attempts while Redis is away
+        wait_s = self.wait_s
         self.wait_s = min(OUTAGE_WAIT_S[1], self.wait_s * 2)
+        return wait_s
 
     def over(self) -> None:
         if self.wait_s is not None:
@@ -66,6 +84,7 @@ class Pending:
     task_id: str
     method: str | None
     sent_at: float
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -77,10 +96,32 @@ class Batch:
     pending: dict[int, Pending] = field(default_factory=dict)
     last_id: str = "0-0"
     queued: int = 0
+    #: :data:`FAILOVERS`' generation when the stream was last read from the start.
+    generation: int = 0
+    looked_at: float = field(default_factory=time.monotonic)
 
-    def sent(self, index: int, task_id: str, method: str | None) -> None:
-        self.pending[index] = Pending(task_id, method, time.monotonic())
+    def sent(
+        self, index: int, task_id: str, method: str | None, kwargs: Mapping[str, Any] = {}
+    ) -> None:
+        self.pending[index] = Pending(task_id, method, time.monotonic(), kwargs)
         self.queued += 1
+
+    def master_moved(self, generation: int) -> bool:
+        """Whether the master moved since the last call: then the stream is read from its
+        start again (the new master's entries may sort before the old one's)."""
+        if generation == self.generation:
+            return False
+        self.generation, self.last_id = generation, "0-0"
+        return True
+
+    def look_due(self, every_s: float) -> bool:
+        """Whether ``every_s`` passed since pending tasks were last looked at."""
+        return time.monotonic() - self.looked_at >= every_s
+
+    def to_look_at(self, age_s: float) -> list[Pending]:
+        """Pending tasks at least ``age_s`` old (noting that they were looked at now)."""
+        now = self.looked_at = time.monotonic()
+        return [p for p in self.pending.values() if now - p.sent_at >= age_s]
 
     def arrived(self, found: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
         """The outcomes among stream entries ``found`` that this batch still waits for."""
@@ -132,10 +173,13 @@ def stream(
     """
     runtime = app.runtime()
     settings, streams = runtime.settings, runtime.state.batches
+    failovers = runtime.state.failovers
     size = window or 2 * settings.capacity
     if size < 1:
         raise errors.ValidationError("window must be at least 1")
     batch = Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
+    batch.generation = FAILOVERS.generation
+    records = runtime.state.records
     source = enumerate(tasks)
     backlog: deque[tuple[int, Mapping[str, Any]]] = deque()  # not queued for an outage
     outage = Outage()
@@ -162,11 +206,14 @@ def stream(
             if exhausted and not backlog and not batch.pending:
                 return
             try:
+                moved = batch.master_moved(FAILOVERS.generation)
                 found = _read(streams, batch)
+                recover_lost(records, batch, moved)
             except errors.StoreUnavailable as exc:
                 outage.wait(exc)
             else:
                 outage.over()
+                failovers.report("app")
                 yield from found
             yield from batch.timed_out()
     finally:
@@ -184,8 +231,26 @@ def _queue(batch: Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] 
         # The broker refused the message after Redis took note of it: housekeeping sends
         # it again, under this id (see SolveTask.apply_async).
         log.warning("task %d: the broker is unavailable; its message will be sent again", index)
-    batch.sent(index, task_id, task.get("method"))
+    batch.sent(index, task_id, task.get("method"), kwargs)
     return None
+
+
+def recover_lost(records: Records, batch: Batch, moved: bool) -> None:
+    """Send again the pending tasks of which Redis has no trace (see the module's doc):
+    every :data:`TRACE_EVERY_S`, and at once after a master move."""
+    if not (moved or batch.look_due(TRACE_EVERY_S)):
+        return
+    candidates = batch.to_look_at(TRACE_EVERY_S)
+    if not candidates:
+        return
+    lost = set(records.traceless([p.task_id for p in candidates]))
+    for pending in candidates:
+        if pending.task_id in lost:
+            log.warning("task %s: Redis lost its every trace; sending it again", pending.task_id)
+            try:
+                solve.apply_async(kwargs=dict(pending.kwargs), task_id=pending.task_id)
+            except OperationalError:
+                log.warning("task %s: the broker is unavailable; later", pending.task_id)
 
 
 def _read(streams: BatchStreams, batch: Batch) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ One :class:`Bridge` is one member of the ``KAFKA_GROUP_ID`` consumer group, in o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -155,6 +156,7 @@ class Bridge:
         self.consumer = consumer or Consumer(consumer_config(s))
         self.producer = producer or Producer(producer_config(s))
         self.claims = claims or ClaimStore.for_settings(state.db, s)
+        self.failovers = state.failovers
         self.results = ResultWatcher(Results(app))
         self.tracker = OffsetTracker()
         self.waits: dict[str, Wait] = {}  # Celery id -> wait
@@ -203,6 +205,8 @@ class Bridge:
             raise self._delivery_error
         self._commit()
         self._back_pressure()
+        with contextlib.suppress(StoreUnavailable):  # counted with the next report
+            self.failovers.report("kafka")
 
     def _take_messages(self) -> None:
         timeout = BUSY_POLL_S if self.waits else IDLE_POLL_S

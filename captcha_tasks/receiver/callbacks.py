@@ -196,22 +196,27 @@ class Receiver:
         if not captcha_id or not code:
             return _reject("missing_field")
         try:
+            self.state.failovers.report("receiver")
             return self.handle(ticket, captcha_id, code)
         except errors.StoreUnavailable:
             log.warning("callback for captcha %s not taken: Redis is unavailable", captcha_id)
             return _reject("unavailable")
 
     def handle(self, ticket: pingback.Ticket, captcha_id: str, code: str) -> Verdict:
-        """End the captcha ``captcha_id`` of the ticket's attempt with ``code`` (or keep the
-        callback until that captcha is registered)."""
-        entry, ended = self.state.board.lookup(captcha_id, ticket.solve_id)
+        """End the captcha ``captcha_id`` of the ticket's attempt (at the ticket's
+        provider: ids are the provider's own) with ``code``, or keep the callback until that
+        captcha is registered."""
+        if ticket.provider is not None and ticket.provider not in self.state.providers:
+            return _reject("unknown_id")
+        at = self.state.provider(ticket.provider)
+        entry, ended = at.board.lookup(captcha_id, ticket.solve_id)
         if entry is None and ended:
             # the answer was in before (a poll found it): the callback is late, not lost
-            self.runner.heard([steps.heard_late(captcha_id)])
+            self.runner.heard([steps.heard_late(captcha_id)], at.name)
             return _reject("replay")
         if entry is None:
             return self._early(ticket, captcha_id, code)
-        job = Job.from_json(entry.job)
+        job = Job.from_json(entry.job).at(at.name)
         if job.solve_id != ticket.solve_id or job.attempt != ticket.attempt:
             return _reject("mismatch")
         done = self.runner.answer_callback(entry, job, code)
@@ -225,7 +230,8 @@ class Receiver:
         answer = callback_answer(code, captcha_id)
         if answer is NOT_READY or isinstance(answer, errors.RetryableError):
             return _reject("bad_code")
-        kept = self.state.board.keep_early(ticket.solve_id, ticket.attempt, captcha_id, code)
+        board = self.state.provider(ticket.provider).board
+        kept = board.keep_early(ticket.solve_id, ticket.attempt, captcha_id, code)
         if kept == "registered":  # registered meanwhile: judged as any other
             return self.handle(ticket, captcha_id, code)
         if kept == "kept":

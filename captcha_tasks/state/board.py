@@ -72,11 +72,11 @@ REGISTER = Script(
 -- K: BOARD, SLOTS (its lease), RECORD (the solve's record and claim), EARLY, K.result
 --   (the caller's result key: opaque here)
 -- A.cid = captcha id, A.job (JSON), A.lease = lease id, A.handout (SLOTS),
--- A.first_ms = ms until the first poll (the lease outlives it), A.attempt, A.ticket (its
---   early callback's, EARLY), A.early_ms = ms until the first poll of a captcha whose
---   early callback is handed to the caller (should it die before applying it, a poll
---   reads the answer the provider has), A.record_ttl_s, A.gap_ms = least ms between
---   rounds, A.grace_ms = ms a round may be late,
+-- A.first_ms = ms until the first poll (the lease outlives it), A.attempt, A.provider,
+-- A.ticket (its early callback's, EARLY), A.early_ms = ms until the first poll of a
+--   captcha whose early callback is handed to the caller (should it die before applying
+--   it, a poll reads the answer the provider has), A.record_ttl_s, A.gap_ms = least ms
+--   between rounds, A.grace_ms = ms a round may be late,
 -- A.submitted_record = what the caller's result key says while the captcha is at the
 --   provider (absent: nothing), A.result_ttl_s
 -- returns {{countdown ms, due ms} of a round message the caller must publish, or {-1};
@@ -93,7 +93,7 @@ redis.call('HSET', K.board, A.cid, A.job)
 redis.call('ZADD', K.due, due, A.cid)
 slot_renew(K, A.handout, A.lease, first_ms)
 local ended = redis.call('HEXISTS', K.record, 'done') == 1
-record_submitted(K, A.attempt, A.cid, A.record_ttl_s)
+record_submitted(K, A.attempt, A.cid, A.provider, A.record_ttl_s)
 if A.submitted_record and not ended then
   redis.call('SET', K.result, A.submitted_record, 'EX', A.result_ttl_s)
   redis.call('PUBLISH', K.result, A.submitted_record)
@@ -195,18 +195,39 @@ RETIRE = Script(
     """
 -- A captcha failed but its solve goes on with a new one: take it off the board; the solve
 -- keeps its slot and is owed a submit message for its next attempt.
--- K: BOARD, SLOTS, STATS
+-- K: BOARD, SLOTS, STATS, K.resubmits (hash: new captchas by reason)
 -- A.cid = captcha id, A.lease = lease id, A.job = the next attempt's job (JSON),
--- A.deadline_ms = ms until the solve's deadline, A.handout (SLOTS), A.code = the error
+-- A.deadline_ms = ms until the solve's deadline, A.handout (SLOTS), A.code = the error,
+-- A.reason = why a new captcha is submitted
 -- returns 1 when retired, 0 when the captcha was no longer on the board
 """,
+    keys=("resubmits",),
     libs=(BOARD, SLOTS, STATS),
     body="""
 if not board_take(K, A.cid) then return 0 end
 slot_renew(K, A.handout, A.lease, 0)
 slot_owe(K, A.lease, now + A.deadline_ms, A.job, now + A.handout.grace_ms)
 stats_count(K, '', A.code)
+redis.call('HINCRBY', K.resubmits, A.reason, 1)
 return 1
+""",
+)
+
+EVACUATE = Script(
+    """
+-- The provider is out of rotation and its captchas will not be answered: make every one
+-- due now (the round that takes them submits each elsewhere) and schedule a round.
+-- K: BOARD
+-- A.most = most captchas moved, A.gap_ms, A.grace_ms (rounds)
+-- returns {countdown ms, due ms} of a round message the caller must publish, or {-1}
+""",
+    libs=(BOARD,),
+    body="""
+local ids = redis.call('ZRANGEBYSCORE', K.due, '(' .. now, '+inf', 'LIMIT', 0, A.most)
+for _, id in ipairs(ids) do redis.call('ZADD', K.due, now, id) end
+local first = redis.call('ZRANGE', K.due, 0, 0, 'WITHSCORES')
+if not first[1] then return {-1} end
+return board_schedule(K, tonumber(first[2]), A.gap_ms, A.grace_ms)
 """,
 )
 
@@ -358,6 +379,7 @@ class Board:
         self._end_round = db.bind(END_ROUND)
         self._ensure = db.bind(ENSURE_ROUND)
         self._retire = db.bind(RETIRE)
+        self._evacuate = db.bind(EVACUATE)
         self._finish = db.bind(FINISH)
         self._keep_early = db.bind(KEEP_EARLY)
 
@@ -401,6 +423,7 @@ class Board:
             "handout": self.limiter.lua_handout(),
             "first_ms": ms(max(0.0, first_poll_in_s)),
             "attempt": attempt,
+            "provider": self.limiter.provider,
             "ticket": early_ticket(solve_id, attempt),
             "early_ms": ms(EARLY_POLL_S),
             "record_ttl_s": self.config.record_ttl_s,
@@ -460,15 +483,23 @@ class Board:
         return _countdown(self._guarded(lambda: self._ensure(self._board_keys(), self._rounds())))
 
     def retire(
-        self, captcha_id: str, solve_id: str, next_job: str, deadline_in_s: float, code: str
+        self,
+        captcha_id: str,
+        solve_id: str,
+        next_job: str,
+        deadline_in_s: float,
+        code: str,
+        reason: str = "other",
     ) -> bool:
         """Take a failed captcha off the board; its solve keeps its slot and is owed a
-        submit message for ``next_job``.  False when it was not on the board any more."""
+        submit message for ``next_job`` (a new captcha, for ``reason``).  False when it was
+        not on the board any more."""
         keys = {
             **self._board_keys(),
             **self.limiter.lua_keys(),
             "solved": self.keys.solved_counter("-"),
             "api_errors": self.keys.api_errors(),
+            "resubmits": self.keys.resubmits(),
         }
         args = {
             "cid": captcha_id,
@@ -477,8 +508,16 @@ class Board:
             "deadline_ms": ms(max(0.0, deadline_in_s)),
             "handout": self.limiter.lua_handout(),
             "code": code,
+            "reason": reason,
         }
         return bool(self._guarded(lambda: self._retire(keys, args)))
+
+    def evacuate(self, most: int = 1000) -> RoundDue | None:
+        """Make every captcha on the board due now (the provider is out of rotation: the
+        round that takes them submits each elsewhere); returns the round message to
+        publish, or None."""
+        args = {**self._rounds(), "most": most}
+        return _countdown(self._guarded(lambda: self._evacuate(self._board_keys(), args)))
 
     # -- the one completion path -------------------------------------------------------
     def finish(self, done: Completion, client: Any = None) -> Finished:
@@ -535,11 +574,12 @@ class Board:
         pipe = self.db.pipeline()
         pipe.hget(k.board(), captcha_id)
         pipe.hget(k.poll_state(), captcha_id)
-        pipe.hmget(k.submission(solve_id), "captcha_id", "done")
-        job, state, (last, done) = self._guarded(pipe.execute)
+        pipe.hmget(k.submission(solve_id), "captcha_id", "done", "provider")
+        job, state, (last, done, provider) = self._guarded(pipe.execute)
         entry = None if job is None else _entry(captcha_id, job, state or "")
-        ended = done is not None and last is not None and text(last) == captcha_id
-        return entry, ended
+        same = last is not None and text(last) == captcha_id
+        here = provider is None or text(provider) == self.limiter.provider
+        return entry, done is not None and same and here
 
     def in_flight_count(self) -> int:
         r = self.db.redis

@@ -10,7 +10,7 @@ is never submitted again, and its answer, if one comes, is discarded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
 from ..keys import Keys
@@ -22,7 +22,7 @@ T = TypeVar("T")
 #: Seconds a revocation is remembered (longer than any solve lives).
 REVOKED_TTL_S = 24 * 3600
 
-#: Lua: the solve's record (``K.record``: hash attempt, captcha_id, done), its submit
+#: Lua: the solve's record (``K.record``: hash attempt, captcha_id, provider, done), its submit
 #: claim (``K.claim``: string with a TTL, the id of the message holding it) and its
 #: revocation (``K.revoked``: string with a TTL).
 RECORD = Lib(
@@ -36,8 +36,8 @@ local function record_passed(K, attempt)
   return record[2] ~= false and tonumber(record[2]) >= attempt
 end
 -- The attempt's captcha is at the provider: remember it, and give the claim back.
-local function record_submitted(K, attempt, captcha_id, ttl_s)
-  redis.call('HSET', K.record, 'attempt', attempt, 'captcha_id', captcha_id)
+local function record_submitted(K, attempt, captcha_id, provider, ttl_s)
+  redis.call('HSET', K.record, 'attempt', attempt, 'captcha_id', captcha_id, 'provider', provider)
   redis.call('EXPIRE', K.record, ttl_s)
   redis.call('DEL', K.claim)
 end
@@ -81,6 +81,23 @@ class Records:
     def revoked(self, solve_id: str) -> bool:
         key, r = self.db.keys.revoked(solve_id), self.db.redis
         return bool(self._guarded(lambda: r.exists(key)))
+
+    def traceless(self, solve_ids: Sequence[str]) -> list[str]:
+        """The solves of which Redis holds no trace: no message noted as on its way (the
+        limiter's ``requested``), no claim, no record, not parked or owed a message.  Such
+        a solve's message was lost (with a master, say) before any worker started it."""
+        k = self.db.keys
+        pipe = self.db.pipeline()
+        for solve_id in solve_ids:
+            pipe.exists(k.submission(solve_id), k.submit_claim(solve_id))
+            pipe.zscore(k.requested(), solve_id)
+            pipe.hexists(k.waiting(), solve_id)
+        found = self._guarded(pipe.execute)
+        return [
+            solve_id
+            for n, solve_id in enumerate(solve_ids)
+            if not found[3 * n] and found[3 * n + 1] is None and not found[3 * n + 2]
+        ]
 
     def _guarded(self, call: Callable[[], T]) -> T:
         return self.db.guard(call, "solve records are unavailable")

@@ -30,6 +30,7 @@ from ..settings import Settings
 from ..state import State
 from ..state.board import Again, Entry, RoundDue
 from ..state.channel import DEGRADED, DOWN, UP, Channel, Heard
+from ..state.limiter import Admission
 from ..state.proxies import split
 from ..state.timing import Timing
 from . import names, steps
@@ -86,6 +87,7 @@ def policy(settings: Settings) -> Policy:
         max_resubmits=settings.max_resubmits,
         token_lifetimes=dict(settings.token_lifetimes),
         pingback_fallback=settings.pingback_fallback_poll if settings.pingback else None,
+        overflow_after=settings.overflow_after,
     )
 
 
@@ -101,8 +103,9 @@ class Message:
 class Runner:
     """Runs the steps of solves for one Celery app, in one process.
 
-    ``api`` gives the API client (called when a step needs it: only workers hold the key);
-    ``events`` sends a task event when a monitor (Flower) listens.
+    ``api`` gives a provider's API client (called with the provider's name, None for the
+    primary, when a step needs it: only workers hold the keys); ``events`` sends a task
+    event when a monitor (Flower) listens.
 
     Once a solve is accepted, nothing ends it in silence: an outage of Redis or the broker
     (:data:`OUTAGES`) propagates, and the task retries the step once it is back (every
@@ -115,7 +118,7 @@ class Runner:
         app: Celery,
         settings: Settings,
         state: State,
-        api: Callable[[], CaptchaAIClient],
+        api: Callable[..., CaptchaAIClient],
         events: Events = no_events,
     ) -> None:
         self.app = app
@@ -127,7 +130,9 @@ class Runner:
         self.completer = Completer(app, settings, state, events)
         self.results = self.completer.results
         self._executor: ThreadPoolExecutor | None = None
-        self._bulk_checked = (-math.inf, True)
+        self._bulk_checked: dict[str, tuple[float, bool]] = {}
+        #: Providers this process saw a request fail at since their last success.
+        self._failing: set[str] = set()
 
     def fail_inside(self, job: Job, exc: BaseException, step: str) -> None:
         """End ``job``'s solve with :class:`~captcha_tasks.errors.InternalError`: ``exc`` (no
@@ -223,6 +228,7 @@ class Runner:
             solved_at=parse_iso(record["solved_at"]),
             expires_at=now + float(record["remaining_s"]),
             user_agent=record.get("user_agent"),
+            provider=record.get("provider"),
         )
         self.completer.complete(job, Deliver(outcome), source="pool")
         return True
@@ -238,21 +244,73 @@ class Runner:
             self.fail_inside(job, exc, "submit")
 
     def _submit(self, job: Job, message: Message, request: SolveRequest | None = None) -> None:
-        """Admit the job's submit (for task ``message``) and call ``in.php`` for it when it
-        holds a slot.  ``request``: the job's full request (with its stashed proxy and
-        cookies), when the caller has it at hand."""
+        """Admit the job's submit (for task ``message``) at the provider it goes to, and
+        call ``in.php`` there when it holds a slot.  ``request``: the job's full request
+        (with its stashed proxy and cookies), when the caller has it at hand."""
         now = time.time()
         decision: Decision | None = steps.before_submit(job, now)
         if decision is None:
             with at_step("admit"):
-                decision = self._admit(job, message, now)
+                job, decision = self._admit(job, message, now)
         if isinstance(decision, Submit):
             with at_step("in_php"):
                 decision = self._call_in_php(job, request)
         self.act_on_submit(job, decision)
 
-    def _admit(self, job: Job, message: Message, now: float) -> Decision:
-        admission = self.state.limiter.admit(
+    def _admit(self, job: Job, message: Message, now: float) -> tuple[Job, Decision]:
+        """Route the submit and admit it there; a provider that went out of rotation since
+        this process last looked turns it away, and it is routed again."""
+        circuits = self.state.circuits
+        for _ in range(len(self.state.providers) + 1):
+            route = steps.route(job, self.settings.all_providers, circuits.view(), now)
+            if not isinstance(route, steps.Route):
+                circuits.forget()  # no provider: make sure of it before saying so
+                route = steps.route(job, self.settings.all_providers, circuits.view(), now)
+                if not isinstance(route, steps.Route):
+                    return job, route
+            job, admission = self._admit_routed(job, route, message, now)
+            if admission.status != "down":
+                break
+            circuits.forget()
+        else:
+            return job, Fail(errors.ProviderDown("every provider went out of rotation"))
+        faults.point("admit")
+        if admission.status == "parked" and self._for_caller(job):
+            self.events("task-parked", job.solve_id)
+        if admission.status == "deferred" and admission.warn:
+            log.warning(
+                "provider %s: submits wait for its %s budget, not for threads: the budget"
+                " limits throughput (captcha_tasks_budget_waits_total)",
+                job.provider,
+                admission.budget,
+            )
+        return job, steps.on_admission(job, admission, now)
+
+    def _admit_routed(
+        self, job: Job, route: steps.Route, message: Message, now: float
+    ) -> tuple[Job, Admission]:
+        """Admit at the route's overflow providers when the wait at home would be too
+        long, else at home; a job that held something at another provider lets it go."""
+        spill = route.overflow if self.policy.overflow_after and job.pool is None else ()
+        if spill:
+            limit = self._park_limit(job, route.home)
+            moved, admission = self._admit_at(route.home, job, message, now, park_limit=limit)
+            if admission.status != "full":
+                return moved, admission
+            for name in spill:
+                moved, admission = self._admit_at(name, job, message, now, park_limit=0)
+                if admission.status not in ("full", "down"):
+                    return moved, admission
+        return self._admit_at(route.home, job, message, now)
+
+    def _admit_at(
+        self, name: str, job: Job, message: Message, now: float, park_limit: int | None = None
+    ) -> tuple[Job, Admission]:
+        if job.provider is not None and job.provider != name:
+            # Moving on: what it held at the provider it leaves goes to that one's queue.
+            self.completer.publish(self.state.provider(job.provider).limiter.release(job.solve_id))
+        job = job.at(name)
+        admission = self.state.provider(name).limiter.admit(
             job.solve_id,
             job.to_json(),
             attempt=job.attempt,
@@ -262,27 +320,60 @@ class Runner:
             message_id=message.id,
             redelivered=message.redelivered,
             result=self._in_flight(job, PARKED, {}),
+            park_limit=park_limit,
         )
         self.completer.publish(admission.handout)
-        faults.point("admit")
-        if admission.status == "parked" and self._for_caller(job):
-            self.events("task-parked", job.solve_id)
-        return steps.on_admission(job, admission, now)
+        return job, admission
+
+    def _park_limit(self, job: Job, home: str) -> int:
+        capacity = self.state.provider(home).limiter.config.capacity
+        typical = self._timing(job.at(home)).typical
+        return steps.park_limit(capacity, typical, float(self.policy.overflow_after or 0))
 
     def _call_in_php(self, job: Job, request: SolveRequest | None) -> Decision:
         reply: str | errors.CaptchaTasksError
         try:
             full = self._with_pool_proxy(request or self._full_request(job), job)
             faults.point("in_php")
-            reply = self.api().submit(full, self._pingback(job))
+            reply = self.api(job.provider).submit(full, self._pingback(job))
         except errors.StoreUnavailable:
             raise  # an outage, not an answer: the step runs again once Redis is back
         except errors.CaptchaTasksError as exc:
             reply = exc
-            self._hold_account(exc)
+            self._hold_account(exc, job.provider)
+            if isinstance(exc, errors.NoSlotError):
+                self.state.provider(job.provider).limiter.count_no_slot()
+        down = self._answered(job.provider, reply if not isinstance(reply, str) else None)
         timing = self._timing(job)
-        now, bulk, channel = time.time(), self._bulk(), self._channel()
-        return steps.on_submitted(job, reply, now, timing, self.policy, bulk, channel)
+        now, bulk, channel = time.time(), self._bulk(job.provider), self._channel(job.provider)
+        return steps.on_submitted(job, reply, now, timing, self.policy, bulk, down, channel)
+
+    def _answered(self, provider: str | None, error: errors.CaptchaTasksError | None) -> bool:
+        """Record how a request to ``provider`` went (``error``: None when it answered);
+        True when the provider is out of rotation now."""
+        name = self.state.provider(provider).name
+        circuits = self.state.circuits
+        kind = steps.failure_kind(error) if error is not None else None
+        if kind is None:
+            if name in self._failing or circuits.view()[name].failures:
+                self._failing.discard(name)
+                circuits.succeeded(name)
+            return False
+        assert error is not None
+        self._failing.add(name)
+        failed = circuits.failed(name, error.code, kind)  # type: ignore[arg-type]
+        if failed.opened:
+            spec = self.state.provider(name).spec
+            others = [p.name for p in self.settings.all_providers if p.name != name]
+            log.warning(
+                "provider %s is out of rotation: %s%s; new captchas go to %s until a probe"
+                " finds it back",
+                name,
+                error.code,
+                f" (check {spec.key_env})" if kind == "key" else "",
+                ", ".join(others) or "no other provider",
+            )
+        return failed.open
 
     @staticmethod
     def _for_caller(job: Job) -> bool:
@@ -304,10 +395,11 @@ class Runner:
         elif isinstance(decision, SubmitAt):
             if decision.error is not None:
                 log.info("solve %s: %s; submitting again", job.solve_id, decision.error.code)
-            self._count(decision.error)
+            self._count(decision.error, provider=job.provider)
             self.resend(decision.job, decision.at - time.time(), not decision.keep_claim)
         elif isinstance(decision, Resubmit):
-            self._count(decision.error)
+            self._count(decision.error, provider=job.provider)
+            self.state.stats.count_resubmit(decision.reason)
             self._replace_proxy(job, decision)
             self.resend(decision.job, 0.0, unclaim=True)
         elif isinstance(decision, Deliver | Fail):
@@ -318,8 +410,8 @@ class Runner:
     def _register(self, decision: PollAt) -> None:
         job = decision.job
         faults.point("register")
-        info = {"captcha_id": job.captcha_id, "attempt": job.attempt}
-        registered = self.state.board.register(
+        info = {"captcha_id": job.captcha_id, "attempt": job.attempt, "provider": job.provider}
+        registered = self.state.provider(job.provider).board.register(
             job.solve_id,
             job.attempt,
             str(job.captcha_id),
@@ -329,7 +421,7 @@ class Runner:
         )
         if self._for_caller(job):
             self.events("task-submitted", job.solve_id, **info)
-        self.publish_round(registered.round)
+        self.publish_round(registered.round, job.provider)
         if registered.early is not None:
             # its callback came before it was on the board: taken from Redis, applied now
             entry = Entry(str(job.captcha_id), job.to_json(), None, 0)
@@ -338,8 +430,9 @@ class Runner:
     # -- provider callbacks ------------------------------------------------------------
     def answer_callback(self, entry: Entry, job: Job, code: str) -> bool | None:
         """The provider called back with ``code`` for the captcha of ``entry`` (its job
-        ``job``): end it as a poll reading the same answer would.  None: the code ends
-        nothing (changes nothing); False: something else ended the captcha first."""
+        ``job``, at its provider): end it as a poll reading the same answer would.  None:
+        the code ends nothing (changes nothing); False: something else ended the captcha
+        first."""
         answer = callback_answer(code, entry.captcha_id)
         now = time.time()
         decision = steps.on_callback(job, answer, entry.polled_at, now, self.policy)
@@ -350,63 +443,72 @@ class Runner:
         else:
             done = self.completer.complete(job, decision, source="pingback")
         if done:
-            self.heard([steps.heard_by_callback(job)])
+            self.heard([steps.heard_by_callback(job)], job.provider)
         return done
 
-    def heard(self, items: Sequence[Heard | None]) -> None:
-        """Tell the callback channel how answers came, and switch its state when they say
-        so (one process switches it, and says so once).  Never breaks a solve."""
+    def heard(self, items: Sequence[Heard | None], provider: str | None) -> None:
+        """Tell ``provider``'s callback channel how answers came, and switch its state when
+        they say so (one process switches it, and says so once).  Never breaks a solve."""
         found = [h for h in items if h is not None]
         if not found:
             return
+        at = self.state.provider(provider)
         try:
-            channel = self.state.channel.observe(found, steps.CHANNEL_WEIGHT)
+            channel = at.channel.observe(found, steps.CHANNEL_WEIGHT)
             switch = steps.judge_channel(channel)
-            if switch is not None and self.state.channel.switch(
-                channel.state, switch.to, switch.share
-            ):
-                _announce(channel, switch.to)
+            if switch is not None and at.channel.switch(channel.state, switch.to, switch.share):
+                _announce(at.name, channel, switch.to)
         except errors.StoreUnavailable:
             log.debug("could not tell the callback channel about %d answers", len(found))
 
-    def _channel(self) -> str:
-        """The callback channel's state (``down`` when callbacks are off, or Redis does not
-        say: poll as without them)."""
+    def _channel(self, provider: str | None) -> str:
+        """The state of ``provider``'s callback channel (``down`` when callbacks are off, or
+        Redis does not say: poll as without them)."""
         if self.policy.pingback_fallback is None:
             return DOWN
         try:
-            return self.state.channel.read().state
+            return self.state.provider(provider).channel.read().state
         except errors.StoreUnavailable:
             return DOWN
 
     # -- poll rounds -------------------------------------------------------------------
-    def poll_round(self, round_at_ms: int | None) -> None:
-        """One poll round: ask for every due captcha, act on each answer, schedule the next.
-        A round that fails (no outage) ends the solves of the captchas it took."""
+    def poll_round(self, round_at_ms: int | None, provider: str | None = None) -> None:
+        """One poll round at ``provider`` (None: the primary): ask for every due captcha,
+        act on each answer, schedule the next.  A round that fails (no outage) ends the
+        solves of the captchas it took."""
         started = time.time()
-        taken = self.state.board.take_due(round_at_ms, ROUND_MOST)
-        entries = [_Due(e, Job.from_json(e.job)) for e in taken]
+        at = self.state.provider(provider)
+        taken = at.board.take_due(round_at_ms, ROUND_MOST)
+        entries = [_Due(e, Job.from_json(e.job).at(at.name)) for e in taken]
         try:
-            self._round(entries, started)
+            self._round(at.name, entries, started)
         except OUTAGES:
             raise  # its captchas come due again (a round holds them for a while only)
         except Exception as exc:
             for due in entries:
                 self.fail_inside(due.job, exc, "poll")
 
-    def _round(self, entries: list[_Due], started: float) -> None:
-        board = self.state.board
+    def _round(self, provider: str, entries: list[_Due], started: float) -> None:
+        board = self.state.provider(provider).board
         asked_at = time.time()
-        bulk = self._bulk()
-        replies, in_bulk = self._fetch(entries, bulk) if entries else ({}, set())
-        channel = self._channel() if entries else DOWN
-        paces = [self._pace(d.job, bulk, channel) for d in entries]
-        # Decided as of when they were asked: the pace runs from ask to ask, however long
-        # the request and this round took.
-        decisions = [
-            (due, self._decide(due, replies, asked_at, pace))
-            for due, pace in zip(entries, paces, strict=True)
-        ]
+        bulk = self._bulk(provider)
+        replies: dict[str, Reply | float] = {}
+        if entries and self._lost_at(provider):
+            decisions: list[tuple[_Due, Decision]] = [
+                (d, steps.on_provider_down(d.job, asked_at)) for d in entries
+            ]
+            paces: list[steps.Pace] = []
+            in_bulk: set[str] = set()
+        else:
+            replies, in_bulk = self._fetch(provider, entries, bulk) if entries else ({}, set())
+            channel = self._channel(provider) if entries else DOWN
+            paces = [self._pace(d.job, bulk, channel) for d in entries]
+            # Decided as of when they were asked: the pace runs from ask to ask, however
+            # long the request and this round took.
+            decisions = [
+                (due, self._decide(due, replies, asked_at, pace))
+                for due, pace in zip(entries, paces, strict=True)
+            ]
         endings = [
             (d, decision) for d, decision in decisions if isinstance(decision, Deliver | Fail)
         ]
@@ -424,14 +526,25 @@ class Runner:
         for due, decision in decisions:
             if isinstance(decision, Resubmit) and self.retire(due.entry, due.job, decision, now):
                 ended.append(due)
-        self.heard([self._heard_by_poll(d, replies.get(d.captcha_id), asked_at) for d in ended])
-        self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)))
+        heard = [self._heard_by_poll(d, replies.get(d.captcha_id), asked_at) for d in ended]
+        self.heard(heard, provider)
+        self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)), provider=provider)
         gap = min((p.every for p in paces if p.bulk), default=self.settings.bulk_window_s)
         if len(entries) >= ROUND_MOST:
             gap = 0.0
         # The pace is from round to round: what this one took counts against it.
         gap = max(0.0, gap - (time.time() - started))
-        self.publish_round(board.end_round(asked_at, again, gap))
+        self.publish_round(board.end_round(asked_at, again, gap), provider)
+
+    def _lost_at(self, provider: str) -> bool:
+        """Whether the captchas at ``provider`` go elsewhere: it is out of rotation because
+        it stopped answering or refuses the key (an empty balance still solves the captchas
+        it took), and another provider is in rotation (with none, they are polled as
+        before: paying again gains nothing)."""
+        view = self.state.circuits.view()
+        circuit = view[provider]
+        others = any(c.up for name, c in view.items() if name != provider)
+        return circuit.open and circuit.why != "balance" and others
 
     def _decide(
         self, due: _Due, replies: dict[str, Reply | float], now: float, pace: steps.Pace
@@ -472,100 +585,128 @@ class Runner:
         return steps.heard_by_poll(due.job, reply, due.entry.polled_at, now, timing, self.policy)
 
     def _fetch(
-        self, entries: Sequence[_Due], bulk_on: bool
+        self, provider: str, entries: Sequence[_Due], bulk_on: bool
     ) -> tuple[dict[str, Reply | float], set[str]]:
-        """Every due captcha's answer, and the ids answered in bulk: pipe-safe ones are
-        asked in bulk, the others one by one; a float means "the res.php budget frees in
-        this many seconds"."""
+        """Every due captcha's answer from ``provider``, and the ids answered in bulk:
+        pipe-safe ones are asked in bulk, the others one by one; a float means "the
+        res.php budget frees in this many seconds"."""
         bulk = [d.captcha_id for d in entries if steps.uses_bulk(d.job, bulk_on)]
         in_bulk = set(bulk)
         single = [d.captcha_id for d in entries if d.captcha_id not in in_bulk]
         chunks = [bulk[i : i + BULK_IDS] for i in range(0, len(bulk), BULK_IDS)]
-        wait = self.state.limiter.poll_wait(len(chunks) + len(single))
+        wait = self.state.provider(provider).limiter.poll_wait(len(chunks) + len(single))
         if wait > 0:
             return dict.fromkeys((d.captcha_id for d in entries), wait), set()
         replies: dict[str, Reply | float] = {}
         for chunk in chunks:
-            found = self._ask_many(chunk)
+            found = self._ask_many(provider, chunk)
             if found is None:
                 single += chunk
                 in_bulk.difference_update(chunk)
             else:
                 replies.update(found)
-        replies.update(self._ask_each(single))
+        replies.update(self._ask_each(provider, single))
         return replies, in_bulk
 
-    def _ask_many(self, ids: list[str]) -> dict[str, Reply] | None:
+    def _ask_many(self, provider: str, ids: list[str]) -> dict[str, Reply] | None:
         if len(ids) == 1:
             return None
-        stats = self.state.stats
+        stats = self.state.provider(provider).stats
         try:
-            found = self.api().get_many(ids)
+            found = self.api(provider).get_many(ids)
         except errors.CaptchaTasksError as exc:
-            self._hold_account(exc)
+            self._hold_account(exc, provider)
+            self._answered(provider, exc)
             return dict.fromkeys(ids, exc)
+        self._answered(provider, None)
         if stats.bulk_supported() is not (found is not None):
             stats.set_bulk_supported(found is not None)
-            self._bulk_checked = (time.monotonic(), found is not None)
+            self._bulk_checked[provider] = (time.monotonic(), found is not None)
         if found is None:
-            log.info("the API does not answer res.php?ids=; polling one id per request")
+            log.info(
+                "provider %s does not answer res.php?ids=; polling one id per request", provider
+            )
             return None
         return {cid: _as_reply(value) for cid, value in found.items()}
 
-    def _ask_each(self, ids: list[str]) -> dict[str, Reply]:
+    def _ask_each(self, provider: str, ids: list[str]) -> dict[str, Reply]:
         if not ids:
             return {}
         if len(ids) == 1:
-            return {ids[0]: self._ask_one(ids[0])}
+            return {ids[0]: self._ask_one(provider, ids[0])}
         if self._executor is None:
             self._executor = ThreadPoolExecutor(SINGLE_POLLS, thread_name_prefix="captcha-poll")
-        return dict(zip(ids, self._executor.map(self._ask_one, ids), strict=True))
+        replies = self._executor.map(lambda cid: self._ask_one(provider, cid), ids)
+        return dict(zip(ids, replies, strict=True))
 
-    def _ask_one(self, captcha_id: str) -> Reply:
+    def _ask_one(self, provider: str, captcha_id: str) -> Reply:
         try:
-            return self.api().get(captcha_id)
+            reply = self.api(provider).get(captcha_id)
         except errors.CaptchaTasksError as exc:
-            self._hold_account(exc)
+            self._hold_account(exc, provider)
+            self._answered(provider, exc)
             return exc
+        self._answered(provider, None)
+        return reply
 
     def retire(self, entry: Entry, job: Job, decision: Resubmit, now: float) -> bool:
         """Take a failed captcha off the board and submit its solve's next attempt; False
         when something else ended the captcha first."""
         nxt = decision.job
         deadline_in = nxt.deadline - now
-        retired = self.state.board.retire(
-            entry.captcha_id, nxt.solve_id, nxt.to_json(), deadline_in, decision.error.code
+        retired = self.state.provider(job.provider).board.retire(
+            entry.captcha_id,
+            nxt.solve_id,
+            nxt.to_json(),
+            deadline_in,
+            decision.error.code,
+            decision.reason,
         )
         if not retired:
             return False
-        log.info("captcha %s: %s; submitting a new one", entry.captcha_id, decision.error.code)
+        log.info(
+            "captcha %s at %s: %s; submitting a new one",
+            entry.captcha_id,
+            job.provider,
+            decision.error.code,
+        )
         faults.point("retire")
         self._replace_proxy(job, decision)
         self.completer.send_submit(nxt)
         return True
 
     # -- messages ----------------------------------------------------------------------
-    def publish_round(self, due: RoundDue | None) -> None:
-        """Send the poll round message the board asked for.  A countdown longer than half
-        the visibility timeout would be delivered twice: such a round runs early, finds
-        nothing due and schedules the next."""
+    def publish_round(self, due: RoundDue | None, provider: str | None = None) -> None:
+        """Send the poll round message a provider's board asked for.  A countdown longer
+        than half the visibility timeout would be delivered twice: such a round runs early,
+        finds nothing due and schedules the next."""
         if due is not None:
             countdown = min(due.countdown_s, self.settings.visibility_timeout / 2)
+            at = self.state.provider(provider)
+            args: tuple[Any, ...] = (due.at_ms,) if at.spec.primary else (due.at_ms, at.name)
             self.app.send_task(
-                names.POLL, args=(due.at_ms,), countdown=countdown, argsrepr="(round)"
+                names.POLL, args=args, countdown=countdown, argsrepr=f"(round {at.name})"
             )
 
-    def resend(self, job: Job, countdown: float, unclaim: bool) -> None:
-        """Publish the submit of ``job`` again, owed until it starts (see ``limiter.owe``)."""
-        countdown = min(max(0.0, countdown), self.settings.visibility_timeout / 2)
-        self.state.limiter.owe(
-            job.solve_id,
-            job.to_json(),
-            deadline_in_s=job.deadline - time.time(),
-            countdown_s=countdown,
-            unclaim=unclaim,
+    def resend(self, job: Job, delay: float, unclaim: bool) -> None:
+        """Submit ``job`` again: now (a message, owed until it starts: see
+        ``limiter.owe``), or after ``delay`` seconds (it waits in Redis, and housekeeping
+        hands it out then: see ``limiter.defer``)."""
+        limiter = self.state.provider(job.provider).limiter
+        deadline_in = job.deadline - time.time()
+        if delay > 0:
+            limiter.defer(
+                job.solve_id,
+                job.to_json(),
+                at_in_s=delay,
+                deadline_in_s=deadline_in,
+                unclaim=unclaim,
+            )
+            return
+        limiter.owe(
+            job.solve_id, job.to_json(), deadline_in_s=deadline_in, countdown_s=0.0, unclaim=unclaim
         )
-        self.completer.send_submit(job, countdown)
+        self.completer.send_submit(job)
 
     # -- helpers -----------------------------------------------------------------------
     def _pingback(self, job: Job) -> str | None:
@@ -574,25 +715,29 @@ class Runner:
         if base is None or not steps.uses_pingback(job):
             return None
         secret = self.settings.pingback_secret
-        return pingback.callback_url(base, secret, job.solve_id, job.attempt)
+        at = self.state.provider(job.provider)
+        named = None if at.spec.primary else at.name
+        return pingback.callback_url(base, secret, job.solve_id, job.attempt, named)
 
-    def _bulk(self) -> bool:
-        """Whether pipe-safe captchas are polled in bulk: the setting, and whether the API
-        honours ``ids=`` (read from Redis at most every :data:`BULK_CHECK_S`)."""
+    def _bulk(self, provider: str | None = None) -> bool:
+        """Whether pipe-safe captchas are polled in bulk at ``provider``: the setting, and
+        whether its API honours ``ids=`` (read from Redis at most every
+        :data:`BULK_CHECK_S`)."""
         if self.settings.bulk_poll != "auto":
             return False
-        checked_at, supported = self._bulk_checked
+        at = self.state.provider(provider)
+        checked_at, supported = self._bulk_checked.get(at.name, (-math.inf, True))
         now = time.monotonic()
         if now - checked_at >= BULK_CHECK_S:
-            supported = self.state.stats.bulk_supported() is not False
-            self._bulk_checked = (now, supported)
+            supported = at.stats.bulk_supported() is not False
+            self._bulk_checked[at.name] = (now, supported)
         return supported
 
-    def _count(self, *errs: errors.CaptchaTasksError | None) -> None:
+    def _count(self, *errs: errors.CaptchaTasksError | None, provider: str | None = None) -> None:
         codes = [e.code for e in errs if e is not None]
         if codes:
             try:
-                self.state.stats.count_errors(codes)
+                self.state.provider(provider).stats.count_errors(codes)
             except errors.StoreUnavailable:  # counting must never break a solve
                 log.debug("could not count %s", codes)
 
@@ -605,19 +750,22 @@ class Runner:
             )
             self.state.proxies.replace(_proxy_owner(job))
 
-    def _hold_account(self, exc: errors.CaptchaTasksError) -> None:
-        """An HTTP 429 holds every request of the account for its ``Retry-After``."""
+    def _hold_account(self, exc: errors.CaptchaTasksError, provider: str | None) -> None:
+        """An HTTP 429 holds every request to the provider for its ``Retry-After``."""
         if isinstance(exc, errors.RateLimited):
-            log.warning("the API answered 429: every request waits %.1f s", exc.retry_after)
+            at = self.state.provider(provider)
+            log.warning(
+                "provider %s answered 429: every request waits %.1f s", at.name, exc.retry_after
+            )
             try:
-                self.state.limiter.pause(exc.retry_after)
+                at.limiter.pause(exc.retry_after)
             except errors.StoreUnavailable:  # the steps wait for it anyway
                 log.debug("could not record the 429 pause")
 
     def _timing(self, job: Job) -> Timing:
         request = job.request
         default = default_wait(request.method, request.params)
-        return self.state.solve_times.timing(request.method, default)
+        return self.state.provider(job.provider).solve_times.timing(request.method, default)
 
     def _cancelled(self, job: Job) -> bool:
         return job.batch is not None and self.state.batches.cancelled(job.batch.id)
@@ -663,26 +811,28 @@ class _Due:
         return self.entry.captcha_id
 
 
-def _announce(channel: Channel, to: str) -> None:
-    """Say, once, that the callback channel switched to ``to``."""
+def _announce(provider: str, channel: Channel, to: str) -> None:
+    """Say, once, that ``provider``'s callback channel switched to ``to``."""
     if to == DOWN:
         log.warning(
-            "provider callbacks stopped arriving (the last %d answers came by poll):"
-            " captchas are polled as if callbacks were off; pingback URLs are still sent,"
+            "callbacks from provider %s stopped arriving (the last %d answers came by poll):"
+            " its captchas are polled as if callbacks were off; pingback URLs are still sent,"
             " and callbacks that come back switch this back (can the provider reach"
             " CAPTCHAAI_PINGBACK_URL?)",
+            provider,
             channel.misses,
         )
     elif to == DEGRADED and channel.state == UP:
         log.warning(
-            "only %.0f%% of recent answers came by provider callback: captchas are polled"
-            " from their method's median solve time on",
+            "only %.0f%% of recent answers from provider %s came by callback: its captchas"
+            " are polled from their method's median solve time on",
             100 * channel.share,
+            provider,
         )
     elif to == DEGRADED:
-        log.info("provider callbacks arrive again: polling less (callback channel degraded)")
+        log.info("callbacks from provider %s arrive again: polling less (degraded)", provider)
     elif to == UP:
-        log.info("provider callbacks arrive reliably: captchas wait for them (channel up)")
+        log.info("callbacks from provider %s arrive reliably: captchas wait for them", provider)
 
 
 def _again(due: _Due, decision: PollAt, now: float) -> Again:

@@ -11,6 +11,7 @@ Redis state, API client and runner every task of this process works with.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any
@@ -26,6 +27,7 @@ from celery.signals import (
 )
 
 from .. import redact
+from ..errors import StoreUnavailable
 from ..settings import Settings, get_settings, reset_settings
 from ..state import State
 from . import flower_auth, names, startup
@@ -126,6 +128,28 @@ def _register_pools(sender: Any = None, **_: Any) -> None:
     # a framework's own worker in the same process tree has nothing to register.
     if _ours(sender):
         app.runtime().register_configured()
+
+
+#: Seconds between two reports of beat's reconnects (beat has no housekeeping tick).
+BEAT_REPORT_S = 5.0
+
+
+@beat_init.connect
+def _report_failovers(sender: Any = None, **_: Any) -> None:
+    # Beat's own connections count their reconnects in this process; a thread adds them
+    # to the deployment's count (captcha_tasks_redis_reconnects_total{process="beat"}).
+    if _ours(sender):
+        failovers = app.runtime().state.failovers
+        threading.Thread(
+            target=_report_every, args=(failovers,), name="captcha-tasks-failovers", daemon=True
+        ).start()
+
+
+def _report_every(failovers: Any) -> None:
+    cadence = threading.Event()  # never set: a timer that nothing interrupts
+    while not cadence.wait(BEAT_REPORT_S):
+        with contextlib.suppress(StoreUnavailable):  # counted with the next report
+            failovers.report("beat")
 
 
 @after_setup_logger.connect

@@ -75,11 +75,11 @@ class Completer:
         """End several solves with one Redis round trip."""
         if not items:
             return []
-        board = self.state.board
         pipe = self.state.db.pipeline()
         for item in items:
+            board = self.state.provider(item.job.provider).board
             board.finish(self.completion(item), client=pipe)
-        results = [finished(reply) for reply in board.run(pipe)]
+        results = [finished(reply) for reply in self.state.board.run(pipe)]
         for item, result in zip(items, results, strict=True):
             self._after(item, result)
         return [r.claimed for r in results]
@@ -95,7 +95,9 @@ class Completer:
             state, value = states.SUCCESS, outcome
             solve_time, source = ending.solve_time_s, item.source
         else:
-            outcome = Failed.from_exception(ending.error, method, self._elapsed(job)).to_dict()
+            outcome = Failed.from_exception(
+                ending.error, method, self._elapsed(job), job.provider
+            ).to_dict()
             state, value = self.results.ending(ending.error)
             code = ending.error.code
         key = record = revoked = None
@@ -185,7 +187,8 @@ class Completer:
 
     def _revoked_outcome(self, job: Job) -> dict[str, Any]:
         error = errors.Revoked("revoked", captcha_id=job.captcha_id)
-        return Failed.from_exception(error, job.request.method, self._elapsed(job)).to_dict()
+        failed = Failed.from_exception(error, job.request.method, self._elapsed(job), job.provider)
+        return failed.to_dict()
 
     @staticmethod
     def _elapsed(job: Job) -> float:

@@ -56,6 +56,9 @@ class Job:
     secrets: tuple[str, ...] = ()
     #: When the caller's ``expires`` passes (Unix time): not submitted after that.
     expires: float | None = None
+    #: The provider the job was last admitted at (its slot, its parked or deferred entry,
+    #: its captcha are there); None before its first admission.
+    provider: str | None = None
     #: When the current captcha's callback is overdue (Unix time), if it waits for one.
     callback_due: float | None = None
 
@@ -98,6 +101,17 @@ class Job:
             callback_due=None,
         )
 
+    def moved(self) -> Job:
+        """A new captcha for the same solve because its provider went out of rotation: a
+        new attempt, not counted against the resubmit budget."""
+        return replace(
+            self, attempt=self.attempt + 1, captcha_id=None, submitted_at=None, callback_due=None
+        )
+
+    def at(self, provider: str) -> Job:
+        """The job as admitted at ``provider``."""
+        return self if provider == self.provider else replace(self, provider=provider)
+
     def with_secrets(self, names: list[str]) -> Job:
         """The job as it travels on: the stashed parameters are named, never carried."""
         if not names:
@@ -113,6 +127,8 @@ class Job:
             parts.append(f"captcha={self.captcha_id}")
         if self.attempt:
             parts.append(f"attempt={self.attempt}")
+        if self.provider:
+            parts.append(f"provider={self.provider}")
         return "(" + " ".join(p for p in parts if p) + ")"
 
     # -- the JSON boundary ---------------------------------------------------------------
@@ -136,6 +152,8 @@ class Job:
             data["submitted_at"] = self.submitted_at
         if self.expires is not None:
             data["expires"] = self.expires
+        if self.provider is not None:
+            data["provider"] = self.provider
         if self.callback_due is not None:
             data["callback_due"] = self.callback_due
         return data
@@ -161,6 +179,7 @@ class Job:
             submitted_at=data.get("submitted_at"),
             secrets=tuple(request.get("secrets") or ()),
             expires=data.get("expires"),
+            provider=data.get("provider"),
             callback_due=data.get("callback_due"),
         )
 

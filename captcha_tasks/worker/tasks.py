@@ -174,9 +174,10 @@ def submit(self: Task, job: dict[str, Any]) -> None:
 
 
 @app.task(name=names.POLL, ignore_result=True, shared=False)
-def poll(round_at_ms: int | None = None) -> None:
-    """One poll round; it schedules the next while captchas are at the provider."""
-    runner().poll_round(round_at_ms)
+def poll(round_at_ms: int | None = None, provider: str | None = None) -> None:
+    """One poll round at ``provider`` (None: the primary); it schedules the next while
+    captchas are at the provider."""
+    runner().poll_round(round_at_ms, provider)
 
 
 def _message(task: Task) -> Message:
@@ -187,20 +188,30 @@ def _message(task: Task) -> Message:
 
 
 @app.task(name=names.REPORT, shared=False)
-def report_task(captcha_id: str, good: bool) -> None:
-    """Send ``reportgood`` / ``reportbad`` for a solved captcha."""
-    app.runtime().api().report(captcha_id, good=good)
+def report_task(captcha_id: str, good: bool, provider: str | None = None) -> None:
+    """Send ``reportgood`` / ``reportbad`` for a solved captcha to the provider that
+    solved it (None: the primary)."""
+    app.runtime().api(provider).report(captcha_id, good=good)
 
 
 def report(result: dict[str, Any], *, good: bool) -> Any:
-    """Flag a solved token as accepted (``good=True``) or rejected by the target site.
+    """Flag a solved token as accepted (``good=True``) or rejected by the target site, at
+    the provider that solved it (the result's ``provider``).
 
-    Runs on a worker (which holds the API key); returns the task's ``AsyncResult``.
+    Runs on a worker (which holds the API keys); returns the task's ``AsyncResult``.
     """
     captcha_id = result.get("captcha_id")
     if not captcha_id:
         raise errors.ValidationError("report() needs a solve result with a captcha_id")
-    return report_task.delay(str(captcha_id), bool(good))
+    provider = result.get("provider")
+    if provider is not None:
+        known = [p.name for p in app.runtime().settings.all_providers]
+        if provider not in known:
+            raise errors.ValidationError(
+                f"report(): the result names provider {provider!r}, which is not configured"
+                f" (configured: {', '.join(known)})"
+            )
+    return report_task.delay(str(captcha_id), bool(good), provider)
 
 
 @app.task(name=names.PREWARM, shared=False)
@@ -214,10 +225,16 @@ def prewarm(pool: str | None = None) -> dict[str, int]:
 
 
 @app.task(name=names.CHECK_THREADS, shared=False)
-def check_threads() -> dict[str, int] | None:
-    """Housekeeping: the provider's view of our threads (see ``housekeeping.check_threads``)."""
-    drift = housekeeping.check_threads(runner())
-    return None if drift is None else {"external": drift.now, "ours": drift.ours}
+def check_threads() -> dict[str, Any]:
+    """Housekeeping: every provider's balance and view of our threads (see
+    ``housekeeping.check_providers``)."""
+    return housekeeping.check_providers(runner())
+
+
+@app.task(name=names.PROBE, shared=False)
+def probe(provider: str) -> bool | None:
+    """Housekeeping: probe a provider out of rotation (see ``housekeeping.probe``)."""
+    return housekeeping.probe(runner(), provider)
 
 
 def create_pool(

@@ -115,3 +115,12 @@ def test_the_state_clients_ask_the_sentinels_and_follow_the_master(ca_file: str)
 def test_no_sentinels_in_a_plain_url() -> None:
     with pytest.raises(ValueError):
         connections.sentinels(PLAIN)
+
+
+def test_the_replica_fence_counts_replicas_that_could_take_over() -> None:
+    _candidate, replica_fence = connections._candidate, connections.replica_fence
+    assert _candidate({"flags": "slave"})
+    assert _candidate({"flags": "slave,promoted"})  # mid-switch: the old master's writes wait
+    assert not _candidate({"flags": "s_down,slave,disconnected"})  # killed: nothing to wait for
+    assert not _candidate({"flags": "slave,o_down"})
+    assert replica_fence(Settings(redis_url="redis://localhost:6379/0")) is None  # one Redis

@@ -191,3 +191,69 @@ def test_a_bad_network_is_one_line_naming_it(var: str) -> None:
     assert "\n" not in message
     with pytest.raises(ConfigurationError, match=var):
         Settings().replace(**{var.lower().removeprefix("captchaai_"): ("10.0.0.0/8",)})
+
+
+def providers_env(entries: str, **more: str) -> dict[str, str]:
+    return {"CAPTCHAAI_PROVIDERS": entries, "BACKUP_KEY": "backup-secret", **more}
+
+
+BACKUP = (
+    '{"name": "backup", "base_url": "https://b.example/", "key_env": "BACKUP_KEY", "threads": 7'
+)
+
+
+def test_further_providers_read_their_key_from_the_variable_they_name() -> None:
+    s = Settings.from_env(
+        providers_env(f'[{BACKUP}, "methods": ["turnstile"], "role": "overflow"}}]')
+    )
+    primary, backup = s.all_providers
+    assert (primary.name, primary.role, primary.kind) == ("captchaai", "primary", "captchaai")
+    assert (backup.name, backup.role, backup.kind, backup.threads) == (
+        "backup",
+        "overflow",
+        "2captcha",
+        7,
+    )
+    assert backup.base_url == "https://b.example" and backup.api_key == "backup-secret"
+    assert backup.supports("turnstile") and not backup.supports("userrecaptcha")
+    assert "backup-secret" not in repr(s) and "backup-secret" not in repr(backup)
+
+
+def test_budgets_belong_to_the_kind_and_can_be_overridden() -> None:
+    s = Settings.from_env(providers_env(f'[{BACKUP}, "submit_rate": null, "res_base": 50}}]'))
+    primary, backup = s.all_providers
+    assert primary.budgets.submit_rate is None  # CaptchaAI sells threads: no in.php cap
+    assert primary.budgets.res_per_captcha is None
+    assert backup.budgets.submit_rate is None and backup.budgets.res_base == 50
+    assert backup.budgets.no_slot_ratio == 3.0 and backup.budgets.res_per_captcha == 20
+    twocaptcha = Settings.from_env({"CAPTCHAAI_PROVIDER_KIND": "2captcha"}).primary
+    assert twocaptcha.budgets.submit_rate == 60
+    assert Settings.from_env({"CAPTCHAAI_SUBMIT_RATE": "120"}).primary.budgets.submit_rate == 120
+    assert (
+        Settings.from_env({"CAPTCHAAI_BUDGETS": '{"submit_rate": 5}'}).primary.budgets.submit_rate
+        == 5
+    )
+
+
+@pytest.mark.parametrize(
+    ("entries", "says"),
+    [
+        ("{}", "must be a JSON list"),
+        (f'[{BACKUP}, "colour": "red"}}]', "unknown field 'colour'"),
+        (f"[{BACKUP}}}, {BACKUP}}}]", "provider name 'backup' is used twice"),
+        (f'[{BACKUP}, "methods": ["turnstyle"]}}]', "unknown method 'turnstyle'"),
+        ("[" + BACKUP.replace('"backup"', '"captchaai"') + "}]", "the primary's name"),
+        (f'[{BACKUP}, "threads": 0}}]', "threads must be a whole number >= 1"),
+        (f'[{BACKUP}, "kind": "anticaptcha"}}]', "kind must be one of"),
+        (f'[{BACKUP}, "submit_rate": "fast"}}]', "submit_rate must be a number"),
+        ("[" + BACKUP.replace("https://b.example/", "ftp://b") + "}]", "base_url must be"),
+    ],
+)
+def test_a_bad_provider_list_is_one_line_naming_the_entry_and_field(
+    entries: str, says: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env(providers_env(entries))
+    assert info.value.message.startswith("CAPTCHAAI_PROVIDERS")
+    assert says in info.value.message
+    assert "\n" not in info.value.message and "backup-secret" not in info.value.message

@@ -21,7 +21,7 @@ from celery.bin.celery import celery as celery_group
 import captcha_tasks
 from captcha_tasks.cli import cli
 from captcha_tasks.dev.devstack import RedisServer, find_redis_server, free_port, wait_until
-from captcha_tasks.settings import ENVIRONMENT_VARIABLES, Settings
+from captcha_tasks.settings import ENVIRONMENT_VARIABLES, PROVIDER_KEY_SLOTS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
@@ -37,7 +37,7 @@ FOREIGN_VARIABLES = {
     "REDISCLI_AUTH",
     "GRAFANA_ADMIN_PASSWORD",
 }
-KNOWN_VARIABLES = ENVIRONMENT_VARIABLES | FOREIGN_VARIABLES
+KNOWN_VARIABLES = ENVIRONMENT_VARIABLES | FOREIGN_VARIABLES | set(PROVIDER_KEY_SLOTS)
 #: Settings that are not the workers' business.
 NOT_FOR_WORKERS = {
     "CAPTCHAAI_FLOWER_NO_AUTH",
@@ -49,6 +49,7 @@ SECRETS = (
     "REDIS_PASSWORD",
     "REDIS_SENTINEL_PASSWORD",
     "CAPTCHAAI_API_KEY",
+    *PROVIDER_KEY_SLOTS,
     "FLOWER_BASIC_AUTH",
     "CAPTCHAAI_PINGBACK_SECRET",
     "GRAFANA_ADMIN_PASSWORD",

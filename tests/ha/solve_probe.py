@@ -1,7 +1,8 @@
 """An app process for the failover tests: it starts a ``solve.delay(...).get()`` every
 ``INTERVAL_S`` (each in a thread of its own, so a call whose result was lost holds up
 nothing else) until it is stopped, and prints one JSON line per call on stdout: task id,
-monotonic start and end, solved or the error.  Run as ``python solve_probe.py PAGEURL``."""
+monotonic start and end, solved or the error.  Run as ``python solve_probe.py PAGEURL``;
+``python solve_probe.py PAGEURL COUNT`` makes COUNT calls one after the other and exits."""
 
 from __future__ import annotations
 
@@ -42,5 +43,13 @@ def main(pageurl: str) -> None:
             time.sleep(INTERVAL_S)  # a cadence, not a synchronisation
 
 
+def one_by_one(pageurl: str, count: int) -> None:
+    for n in range(count):
+        call(n, pageurl)
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) > 2:
+        one_by_one(sys.argv[1], int(sys.argv[2]))
+    else:
+        main(sys.argv[1])

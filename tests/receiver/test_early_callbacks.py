@@ -55,7 +55,9 @@ def register(receiver: Receiver, job: Job, captcha_id: str) -> None:
     """What the worker does once ``in.php`` answered: decide, and register the captcha."""
     runner = receiver.runner
     timing = runner._timing(job)
-    decision = steps.on_submitted(job, captcha_id, time.time(), timing, runner.policy, True, UP)
+    decision = steps.on_submitted(
+        job, captcha_id, time.time(), timing, runner.policy, True, channel=UP
+    )
     runner.act_on_submit(job, decision)
 
 

@@ -155,8 +155,9 @@ def test_revoked_and_expired_parked_solves_cost_no_submit(sandbox: Any, workers:
     parked = [solve.delay(**task(f"park{i}")) for i in range(4)]
     expiring = solve.apply_async(kwargs=task("expiring"), expires=2)
     waiting = [solve.delay(**task(f"wait{i}")) for i in range(2)]
-    wait_until(lambda: all(r.state == PARKED for r in parked), 10, what="parked solves")
-    assert AsyncResult(waiting[0].id, app=app).state == PARKED
+    wait_until(
+        lambda: all(r.state == PARKED for r in [*parked, *waiting]), 20, what="parked solves"
+    )
     for r in parked:
         r.revoke()
     for r in parked:

@@ -119,9 +119,8 @@ def test_polls_per_solve_with_adaptive_first_poll(sandbox: Any, redis_conn: Any)
     assert per_solve <= 2.0, stats
 
 
-@pytest.mark.parametrize("code", ["ERROR_NO_SLOT_AVAILABLE", "ERROR_ZERO_BALANCE"])
-def test_thread_limit_backs_off_and_completes(sandbox: Any, code: str) -> None:
-    sandbox.configure(threads=2, thread_error=code, solve_time=0.3, jitter=0.05)
+def test_thread_limit_backs_off_and_completes(sandbox: Any) -> None:
+    sandbox.configure(threads=2, solve_time=0.3, jitter=0.05)
     results = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(6)]
     tokens = [r.get(timeout=GET_TIMEOUT)["token"] for r in results]
     stats = sandbox.stats()
