@@ -194,3 +194,13 @@ def test_a_captcha_whose_early_callback_was_taken_is_polled_soon_all_the_same(
     soon = redis_conn.zscore(keys.poll_due(), "7001") - now_ms
     later = redis_conn.zscore(keys.poll_due(), "7002") - now_ms
     assert soon <= EARLY_POLL_S * 1000 < later
+
+
+def test_each_provider_has_a_channel_of_its_own(
+    channel: CallbackChannel, redis_conn: Any, keys: Keys
+) -> None:
+    backup = CallbackChannel(Db(redis_conn, keys.scoped("backup")))
+    backup.observe([Heard("poll", "1")] * 8, WEIGHT)
+    assert backup.switch(UP, DOWN)
+    assert (backup.read().state, backup.read().misses) == (DOWN, 8)
+    assert channel.read() == Channel()  # the primary's callbacks are not the backup's
