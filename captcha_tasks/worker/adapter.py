@@ -825,7 +825,7 @@ def _announce(provider: str, channel: Channel, to: str) -> None:
     elif to == DEGRADED and channel.state == UP:
         log.warning(
             "only %.0f%% of recent answers from provider %s came by callback: its captchas"
-            " are polled from their method's median solve time on",
+            " are polled from about their method's 25th percentile solve time on",
             100 * channel.share,
             provider,
         )

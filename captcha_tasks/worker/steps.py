@@ -25,9 +25,10 @@ captcha.
 With provider callbacks on, what answers say of the callbacks decides how a captcha is
 polled (:func:`judge_channel`, :func:`first_poll`): while they arrive (``up``) a captcha
 waits for its callback and is polled only once it is overdue, soon after its method's
-solve times say it is done; while many are lost (``degraded``) polls start at the
-method's median solve time; once they stop (``down``) captchas are polled as if
-callbacks were off, and the callbacks that come switch it back.
+solve times say it is done; while many are lost (``degraded``) polls start about the
+method's 25th percentile solve time; once they stop (``down``) captchas are polled as if
+callbacks were off, and the callbacks that come switch it back.  A captcha counting on
+its callback is polled seldom: only in case its callback was lost.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ Reply = Answer | NotReady | errors.CaptchaTasksError
 EXPIRY_MARGIN = 1.0
 #: Bulk polls a captcha gets within the window its method's captchas finish in.
 BULK_POLLS_PER_SPREAD = 4.0
+#: ... and one that counts on its callback (polled in case it was lost).
+CALLBACK_POLLS_PER_SPREAD = 8.0
 #: Least seconds between bulk polls of a captcha.
 MIN_BULK_EVERY = 0.1
 #: Cold (no solve times known, and no CAPTCHAAI_INITIAL_WAIT), pipe-safe captchas are first
@@ -218,17 +221,18 @@ def pace(policy: Policy, timing: Timing, bulk: bool, waits: bool = False) -> Pac
     bulk window), never faster than :data:`MIN_BULK_EVERY`.
 
     One that ``waits`` for its callback (:func:`counts_on_callback`) is polled only in
-    case its callback was lost: at that pace but never faster than the bulk window
-    (cold: every :data:`COLD_PROBE` of its method's cold wait), so that rounds, each one
-    ``res.php`` request however many captchas it asks about, stay few."""
+    case its callback was lost: :data:`CALLBACK_POLLS_PER_SPREAD` times within that
+    window but never faster than the bulk window (cold: every :data:`COLD_PROBE` of its
+    method's cold wait), so that rounds, each one ``res.php`` request however many
+    captchas it asks about, stay few."""
     if not bulk:
         return Pace(False, policy.poll_interval)
     if not timing.warm:
         every = timing.first_wait * COLD_PROBE if waits else 0.0
         return Pace(True, max(policy.bulk_interval, every))
-    every = timing.spread / BULK_POLLS_PER_SPREAD
     if waits:
-        return Pace(True, max(policy.bulk_interval, every))
+        return Pace(True, max(policy.bulk_interval, timing.spread / CALLBACK_POLLS_PER_SPREAD))
+    every = timing.spread / BULK_POLLS_PER_SPREAD
     return Pace(True, min(policy.bulk_interval, max(MIN_BULK_EVERY, every)))
 
 
@@ -375,6 +379,14 @@ def counts_on_callback(job: Job, timing: Timing, policy: Policy, channel: str) -
     return job.callback_due is not None or not timing.warm
 
 
+def degraded_start(timing: Timing) -> float:
+    """Seconds after its submit a captcha is first polled while many callbacks are lost:
+    halfway from its method's earliest likely finish to its median solve time (about its
+    25th percentile), so that a lost answer is found soon after it is ready, and most
+    captchas whose callback comes are never asked about."""
+    return (timing.earliest + timing.typical) / 2
+
+
 def callback_due(timing: Timing, policy: Policy) -> float:
     """Seconds after its submit a captcha's callback is overdue: its method's 95th
     percentile solve time plus ``CAPTCHAAI_PINGBACK_FALLBACK_POLL``."""
@@ -483,13 +495,12 @@ def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool, channel: st
     """Seconds after its submit a captcha is first polled.
 
     A captcha waiting for its callback (:func:`awaits_callback`, its ``callback_due``
-    set) is polled when the callback is overdue while the channel is up, and from its
-    method's median solve time on while it is degraded: most lost answers are then found
-    soon, and a captcha whose callback comes is never asked about.  Any other is polled
-    as without callbacks.  In bulk, asking early costs little: at the method's earliest
+    set) is polled when the callback is overdue while the channel is up, and from
+    :func:`degraded_start` on while it is degraded.  Any other is polled as without
+    callbacks.  In bulk, asking early costs little: at the method's earliest
     likely finish once its times are known, and early while they are not."""
     if job.callback_due is not None:
-        return callback_due(timing, policy) if channel == UP else timing.typical
+        return callback_due(timing, policy) if channel == UP else degraded_start(timing)
     if not uses_bulk(job, bulk):
         return timing.first_wait
     if timing.warm:
