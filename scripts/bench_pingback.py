@@ -96,6 +96,10 @@ class Run:
     sources: dict[str, int] = field(default_factory=dict)
     samples: list[float] = field(default_factory=list)
     span_s: float = float("nan")
+    #: From the first in.php to the last answer the sandbox had ready: what no client could
+    #: beat with the order its captchas were submitted in (which solve times went to which
+    #: thread differs from run to run).
+    ready_span_s: float = float("nan")
     #: Per solved captcha: its batch line's arrival minus when the sandbox had the answer.
     waited: list[float] = field(default_factory=list)
     channel: str = "-"
@@ -172,10 +176,10 @@ def write_tasks(path: Path, count: int) -> Path:
     return path
 
 
-def first_submit(journal: Path, since: float) -> float:
-    """When the sandbox accepted the first captcha at or after ``since`` (Unix time)."""
-    times = [json.loads(line)["at"] for line in journal.read_text().splitlines() if line]
-    return min((t for t in times if t >= since), default=float("nan"))
+def submitted_since(journal: Path, since: float) -> dict[str, float]:
+    """The captchas the sandbox accepted at or after ``since``: id -> when (Unix time)."""
+    found = (json.loads(line) for line in journal.read_text().splitlines() if line)
+    return {str(c["id"]): float(c["at"]) for c in found if c["at"] >= since}
 
 
 def through_batch(
@@ -319,13 +323,14 @@ def attacked(env: dict[str, str], sandbox: SandboxServer, count: int, log_dir: P
 
 def solved_sources(env: dict[str, str]) -> dict[str, int]:
     r = redis_client(env["REDIS_URL"])
-    return {k: int(v) for k, v in r.hgetall(Keys(PREFIX).solved_counter(METHOD)).items()}
+    raw = r.hgetall(Keys(PREFIX).solved_counter(METHOD))
+    return {str(k): int(v) for k, v in raw.items()}
 
 
 def channel_state(env: dict[str, str]) -> str:
     r = redis_client(env["REDIS_URL"])
     found = r.hmget(Keys(PREFIX).pingback_channel(), "state", "share")
-    state, share = found[0] or "up", float(found[1] or 1.0)
+    state, share = str(found[0] or "up"), float(found[1] or 1.0)
     return f"{state} {share:.2f}"
 
 
@@ -377,7 +382,11 @@ def run(name: str, env: dict[str, str], bench: Bench, receiver: bool) -> Run:
         wall, lines, stats = through_batch(env, sandbox, bench.count, bench.log_dir, slug, clock)
         result.channel = channel_state(env)
     result.wall_s = wall
-    result.span_s = clock.last() - first_submit(bench.journal, clock.started)
+    submitted = submitted_since(bench.journal, clock.started)
+    first = min(submitted.values(), default=float("nan"))
+    ready = sandbox.ready_times(list(submitted))
+    result.span_s = clock.last() - first
+    result.ready_span_s = max(ready.values(), default=float("nan")) - first
     result.waited = clock.waited(sandbox)
     result.solved = sum(1 for line in lines if line.get("status") == "solved")
     result.failed = bench.count - result.solved
@@ -441,18 +450,23 @@ def print_table(runs: dict[str, Run], ideal: float, count: int) -> None:
     )
     polling = runs["off"].span_s if "off" in runs else float("nan")
     print(
-        f"{'run':<24} {'span s':>7} {'vs poll':>7} {'wall s':>7} {'x ideal':>7} {'solved':>6}"
-        f" {'res/captcha':>11} {'waited mean':>11} {'p90':>5} {'channel':>13}  sources"
+        f"{'run':<24} {'span s':>7} {'vs poll':>7} {'ready s':>7} {'wall s':>7} {'x ideal':>7}"
+        f" {'solved':>6} {'res/captcha':>11} {'waited mean':>11} {'p90':>5} {'max':>5}"
+        f" {'channel':>13}  sources"
     )
     for r in runs.values():
         waited = statistics.fmean(r.waited) if r.waited else float("nan")
         print(
-            f"{r.name:<24} {r.span_s:>7.2f} {r.span_s / polling:>7.3f} {r.wall_s:>7.2f}"
-            f" {r.wall_s / ideal:>7.3f} {r.solved:>3}/{r.solved + r.failed:<3}"
+            f"{r.name:<24} {r.span_s:>7.2f} {r.span_s / polling:>7.3f} {r.ready_span_s:>7.2f}"
+            f" {r.wall_s:>7.2f} {r.wall_s / ideal:>7.3f} {r.solved:>3}/{r.solved + r.failed:<3}"
             f" {r.res_per_solved:>11.2f} {waited:>10.2f}s {pct(r.waited, 90):>4.1f}s"
-            f" {r.channel:>13}  {r.sources}"
+            f" {max(r.waited, default=float('nan')):>4.1f}s {r.channel:>13}  {r.sources}"
         )
-    print("waited: from the sandbox having an answer to its line in the batch's output")
+    print(
+        "ready: from the first in.php to the last answer the sandbox had ready (the order"
+        " the captchas went in decides it);\nwaited: from the sandbox having an answer to"
+        " its line in the batch's output"
+    )
     got = [r for r in runs.values() if r.delays]
     if not got:
         return

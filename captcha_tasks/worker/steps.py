@@ -57,7 +57,7 @@ EXPIRY_MARGIN = 1.0
 #: Bulk polls a captcha gets within the window its method's captchas finish in.
 BULK_POLLS_PER_SPREAD = 4.0
 #: ... and one that counts on its callback (polled in case it was lost).
-CALLBACK_POLLS_PER_SPREAD = 8.0
+CALLBACK_POLLS_PER_SPREAD = 6.0
 #: Least seconds between bulk polls of a captcha.
 MIN_BULK_EVERY = 0.1
 #: Cold (no solve times known, and no CAPTCHAAI_INITIAL_WAIT), pipe-safe captchas are first
