@@ -64,6 +64,9 @@ MIN_BULK_EVERY = 0.1
 #: asked about in bulk after this share of the method's default wait, then at the bulk
 #: pace: the first answers teach the method's real times.
 COLD_PROBE = 0.1
+#: ... and one counting on its callback is probed again every this share of that wait: it
+#: is polled in case its callback was lost, but its answers must still teach the times.
+COLD_CALLBACK_PACE = 0.05
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 30.0
 
@@ -222,13 +225,13 @@ def pace(policy: Policy, timing: Timing, bulk: bool, waits: bool = False) -> Pac
 
     One that ``waits`` for its callback (:func:`counts_on_callback`) is polled only in
     case its callback was lost: :data:`CALLBACK_POLLS_PER_SPREAD` times within that
-    window but never faster than the bulk window (cold: every :data:`COLD_PROBE` of its
-    method's cold wait), so that rounds, each one ``res.php`` request however many
+    window but never faster than the bulk window (cold: every :data:`COLD_CALLBACK_PACE`
+    of its method's cold wait), so that rounds, each one ``res.php`` request however many
     captchas it asks about, stay few."""
     if not bulk:
         return Pace(False, policy.poll_interval)
     if not timing.warm:
-        every = timing.first_wait * COLD_PROBE if waits else 0.0
+        every = timing.first_wait * COLD_CALLBACK_PACE if waits else 0.0
         return Pace(True, max(policy.bulk_interval, every))
     if waits:
         return Pace(True, max(policy.bulk_interval, timing.spread / CALLBACK_POLLS_PER_SPREAD))

@@ -408,7 +408,8 @@ def test_cold_captchas_counting_on_their_callback_are_probed_seldom() -> None:
     probe = sent(COLD_DEFAULT, UP)
     assert steps.counts_on_callback(probe.job, COLD_DEFAULT, CALLBACKS, UP)
     pace = steps.pace(CALLBACKS, COLD_DEFAULT, True, waits=True)
-    assert pace == steps.Pace(True, COLD_DEFAULT.first_wait * steps.COLD_PROBE)
+    assert pace == steps.Pace(True, COLD_DEFAULT.first_wait * steps.COLD_CALLBACK_PACE)
+    assert pace.every > steps.pace(CALLBACKS, COLD_DEFAULT, True).every
 
 
 def test_once_callbacks_stopped_or_when_off_captchas_are_polled_at_the_usual_pace() -> None:
