@@ -407,9 +407,12 @@ def test_a_captcha_counting_on_its_callback_is_polled_seldom_in_case_it_was_lost
 def test_cold_captchas_counting_on_their_callback_are_probed_seldom() -> None:
     probe = sent(COLD_DEFAULT, UP)
     assert steps.counts_on_callback(probe.job, COLD_DEFAULT, CALLBACKS, UP)
-    pace = steps.pace(CALLBACKS, COLD_DEFAULT, True, waits=True)
-    assert pace == steps.Pace(True, COLD_DEFAULT.first_wait * steps.COLD_CALLBACK_PACE)
-    assert pace.every > steps.pace(CALLBACKS, COLD_DEFAULT, True).every
+    slow = dataclasses.replace(COLD_DEFAULT, first_wait=20.0)  # a reCAPTCHA's, say
+    pace = steps.pace(CALLBACKS, slow, True, waits=True)
+    assert pace == steps.Pace(True, slow.first_wait * steps.COLD_CALLBACK_PACE)
+    assert pace.every > steps.pace(CALLBACKS, slow, True).every == CALLBACKS.bulk_interval
+    # never faster than the bulk window
+    assert steps.pace(CALLBACKS, COLD_DEFAULT, True, waits=True).every >= CALLBACKS.bulk_interval
 
 
 def test_once_callbacks_stopped_or_when_off_captchas_are_polled_at_the_usual_pace() -> None:
