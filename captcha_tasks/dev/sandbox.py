@@ -213,6 +213,9 @@ class SandboxConfig:
     balance: float = 10.0
     max_image_bytes: int = 1024 * 1024
     seed: int | None = None
+    #: With a ``seed``: a task (method, sitekey, pageurl) takes the same solve time in every
+    #: run, whatever order it is submitted in, so that runs compare captcha for captcha.
+    solve_times_by_task: bool = False
     #: How captchas submitted with ``pingback`` are called back: "GET" (CaptchaAI) or
     #: "POST" (2captcha: form fields, registered addresses only).
     pingback_method: str = "GET"
@@ -269,6 +272,7 @@ class SandboxConfig:
         self.status_429_rate = _check_number("status_429_rate", self.status_429_rate, 0.0, 1.0)
         self.retry_after = _check_int("retry_after", self.retry_after, minimum=0)
         self.queue_silently = _check_bool("queue_silently", self.queue_silently)
+        self.solve_times_by_task = _check_bool("solve_times_by_task", self.solve_times_by_task)
         self.pingback_drop_rate = _check_number(
             "pingback_drop_rate", self.pingback_drop_rate, 0.0, 1.0
         )
@@ -1061,6 +1065,9 @@ class _State:
         captcha_id = str(self._next_id)
         self._next_id += 1
         solve = max(0.0, config.solve_time + rng.uniform(-config.jitter, config.jitter))
+        if config.solve_times_by_task and config.seed is not None:
+            task = random.Random(f"{config.seed}|{spec.method}|{spec.sitekey}|{spec.pageurl}")
+            solve = max(0.0, config.solve_time + task.uniform(-config.jitter, config.jitter))
         ready_at = now + solve
         ttl = config.ttl_for(spec.method)
         error: str | None = None
