@@ -33,7 +33,9 @@
     └── GaveUpError                    a budget ran out; the last cause is kept
         ├── SolveTimeout               the solve deadline passed
         ├── RetriesExhausted           transport / resubmit budget used up
-        └── Revoked                    ERROR_REVOKED: revoked, or expired before its submit
+        ├── Revoked                    ERROR_REVOKED: revoked, or expired before its submit
+        └── BudgetExceeded             ERROR_BUDGET_EXCEEDED: the tenant's daily_captchas
+                                       are spent (no in.php was sent)
 
 "Not ready yet" is a value (``captcha_tasks.client.NOT_READY``), never an exception.
 
@@ -281,6 +283,13 @@ class Revoked(GaveUpError):
     default_code = "ERROR_REVOKED"
 
 
+class BudgetExceeded(GaveUpError):
+    """The solve's tenant spent its ``daily_captchas`` for today (``CAPTCHAAI_TENANTS``): no
+    captcha was sent for it.  Budgets reset at 00:00 UTC; raise the budget or wait."""
+
+    default_code = "ERROR_BUDGET_EXCEEDED"
+
+
 _BY_CODE: dict[str, type[CaptchaTasksError]] = {
     "ERROR_NO_SLOT_AVAILABLE": NoSlotError,
     "ERROR_ZERO_BALANCE": NoSlotError,
@@ -316,6 +325,7 @@ for _cls in (
     UnknownAPIError,
     InternalError,
     Revoked,
+    BudgetExceeded,
 ):
     _BY_CODE.setdefault(_cls.default_code, _cls)
 

@@ -45,7 +45,9 @@ __all__ = [
     "check_lane",
     "check_tenant",
     "default_lane",
+    "is_tenant_name",
     "parse_tenants",
+    "tenant_of",
 ]
 
 INTERACTIVE = "interactive"
@@ -131,6 +133,11 @@ def check_lane(lane: Any) -> str:
     if lane not in LANES:
         raise ValidationError(f"unknown lane {lane!r}: use one of {', '.join(LANES)}")
     return str(lane)
+
+
+def is_tenant_name(name: Any) -> bool:
+    """Whether ``name`` can name a tenant (declared or not)."""
+    return isinstance(name, str) and bool(_NAME.fullmatch(name))
 
 
 def check_tenant(tenant: Any, tenants: Mapping[str, Tenant]) -> str:

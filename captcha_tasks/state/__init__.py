@@ -20,6 +20,7 @@ from ..keys import Keys
 from ..settings import Settings
 from .batches import BatchStreams
 from .board import Board, BoardConfig
+from .budgets import TenantBudgets
 from .db import Db
 from .followups import Followups
 from .limiter import LimiterConfig, ThreadLimiter
@@ -52,6 +53,7 @@ class State:
     stats: Stats
     records: Records
     followups: Followups
+    budgets: TenantBudgets
 
     @property
     def keys(self) -> Keys:
@@ -80,6 +82,7 @@ class State:
             stats=Stats(db),
             records=Records(db),
             followups=Followups(db, board.followup_grace_s),
+            budgets=TenantBudgets(db),
         )
 
 
@@ -91,6 +94,7 @@ def limiter_config(settings: Settings) -> LimiterConfig:
         in_per_window=settings.submit_rate,
         claim_s=settings.connect_timeout + settings.read_timeout + 10,
         message_grace_s=settings.visibility_timeout + 10,
+        tenants=settings.tenants,
     )
 
 

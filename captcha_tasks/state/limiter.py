@@ -663,9 +663,7 @@ class Handout:
 
 NO_HANDOUT = Handout([], [])
 
-AdmitStatus = Literal[
-    "go", "wait", "parked", "cancelled", "done", "busy", "revoked", "over_budget"
-]
+AdmitStatus = Literal["go", "wait", "parked", "cancelled", "done", "busy", "revoked", "over_budget"]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Counters of the deployment, kept in Redis for the metrics exporter: solves by method and
-source, solves that ended by lane and tenant, API errors by code, provider callbacks by verdict, and whether the API honours
-``res.php?ids=``."""
+source, solves that ended by lane and tenant, API errors by code, provider callbacks by
+verdict, and whether the API honours ``res.php?ids=``."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from typing import Any
 from celery import bootsteps
 
 from .. import errors
+from ..lanes import BACKGROUND
 from ..methods import SolveRequest, build_request
 from ..state.limiter import Drift
 from ..state.pools import PoolSpec
@@ -40,9 +41,14 @@ VIEW_HOLDS_CHECKS = 3
 def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
     state, settings = runner.state, runner.settings
-    swept = state.limiter.sweep(TICK_S, settings.queue("solve"))
+    swept = state.limiter.sweep(TICK_S, settings.solve_queues)
     if swept is None:
         return False
+    if swept.repaired:
+        log.warning(
+            "the limiter's counts by lane and tenant disagreed with its slots and parked"
+            " submits (submits parked by a version without lanes?): rebuilt"
+        )
     runner.completer.publish(swept.handout)
     for parked in swept.lost:
         log.warning("solve %s: its submit message was lost; sending it again", parked.lease_id)
@@ -160,6 +166,6 @@ def top_up(runner: Runner, spec: PoolSpec) -> int:
 def _start_refill(runner: Runner, pool: str, request: SolveRequest) -> None:
     refill_id = f"refill-{uuid.uuid4().hex}"
     timeout = runner.settings.solve_timeout
-    job = Job.new(refill_id, request, time.time(), timeout, pool=pool)
+    job = Job.new(refill_id, request, time.time(), timeout, pool=pool, lane=BACKGROUND)
     runner.state.pools.refill_started(pool, refill_id, timeout)
     runner.resend(job, 0.0, unclaim=False)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import errors
 from ..client import NOT_READY, Answer, NotReady
+from ..lanes import check_lane, default_lane, is_tenant_name
 from ..methods import METHODS, SolveRequest
 from ..outcome import Solved
 from ..state.limiter import Admission
@@ -169,6 +170,41 @@ def pace(policy: Policy, timing: Timing, bulk: bool) -> Pace:
     return Pace(True, min(policy.bulk_interval, max(MIN_BULK_EVERY, every)))
 
 
+# -- lanes -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a solve message says its solve is served: its lane and tenant (checked at
+    the call site), and when its caller asked for it."""
+
+    lane: str
+    tenant: str | None
+    asked: float | None
+
+    @classmethod
+    def of(cls, kwargs: dict[str, object], batch: bool) -> Route:
+        """Take the route out of a solve message's keyword arguments (what is left is the
+        request); a message from before lanes gets its call site's default lane."""
+        lane = kwargs.pop("lane", None)
+        tenant = kwargs.pop("tenant", None)
+        asked = kwargs.pop("_asked", None)
+        return cls(
+            lane if isinstance(lane, str) else default_lane(batch=batch),
+            tenant if isinstance(tenant, str) else None,
+            float(asked) if isinstance(asked, int | float) else None,
+        )
+
+    def check(self) -> None:
+        """A message that skipped the call-site check: a lane that does not exist, or a name
+        that cannot be a tenant's, is a :class:`~captcha_tasks.errors.ValidationError`.
+        (A tenant this worker does not declare is served with weight 1, no cap and no
+        budget: the caller's settings declared it.)"""
+        check_lane(self.lane)
+        if self.tenant is not None and not is_tenant_name(self.tenant):
+            raise errors.ValidationError(f"{self.tenant!r} cannot name a tenant")
+
+
 # -- jobs --------------------------------------------------------------------------------
 
 
@@ -212,6 +248,14 @@ def on_admission(job: Job, admission: Admission, now: float) -> Decision:
         return SubmitAt(now + admission.wait_s, job, keep_claim=True)
     if admission.status == "revoked":
         return Fail(errors.Revoked("revoked"))
+    if admission.status == "over_budget":
+        return Fail(
+            errors.BudgetExceeded(
+                f"tenant {job.tenant_name!r} spent its daily_captchas for today (they reset"
+                " at 00:00 UTC); nothing was sent",
+                captcha_id=job.captcha_id,
+            )
+        )
     return Stop(admission.status)
 
 
