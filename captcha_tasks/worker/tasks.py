@@ -67,6 +67,10 @@ class SolveTask(Task):
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         kwargs = dict(kwargs or {})
         batch = kwargs.pop("_batch", None)
+        # A retry (after an outage) sends the message it ran again: what it carries
+        # besides the request is kept as it was.
+        asked = kwargs.pop("_asked", None)
+        stashed = kwargs.pop("_secrets", None)
         runtime = app.runtime()
         kwargs = normalize_solve_args(args or (), kwargs, runtime.settings)
         kwargs.setdefault("lane", default_lane(batch=batch is not None))
@@ -76,8 +80,10 @@ class SolveTask(Task):
         options.setdefault("kwargsrepr", repr(mask_params(kwargs)))
         solve_id = options.setdefault("task_id", str(uuid.uuid4()))
         # Its wait for a thread counts from now (the metrics' wait_seconds).
-        kwargs["_asked"] = round(time.time(), 3)
+        kwargs["_asked"] = asked if asked is not None else round(time.time(), 3)
         kwargs = _stash_secrets(runtime.state, solve_id, kwargs)
+        if stashed:
+            kwargs["_secrets"] = stashed
         if batch is not None:
             kwargs["_batch"] = batch
         runtime.state.pools.ensure_declared()  # this process's CAPTCHAAI_POOLS, before it solves

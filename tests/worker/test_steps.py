@@ -87,6 +87,16 @@ def test_admission_decisions(admission: Admission, expected: object) -> None:
     assert steps.on_admission(job(), admission, T0) == expected
 
 
+def test_a_spent_tenant_budget_fails_at_once() -> None:
+    crawler = dataclasses.replace(job(), tenant="crawler")
+    failed = steps.on_admission(crawler, Admission("over_budget"), T0)
+    assert isinstance(failed, Fail) and isinstance(failed.error, errors.BudgetExceeded)
+    assert failed.error.code == "ERROR_BUDGET_EXCEEDED"
+    assert "'crawler'" in failed.error.message and "00:00 UTC" in failed.error.message
+    # the caller's side rebuilds the same type from the stored code
+    assert type(errors.from_api_code("ERROR_BUDGET_EXCEEDED")) is errors.BudgetExceeded
+
+
 def test_a_spent_submit_budget_or_a_busy_claim_means_later() -> None:
     waited = steps.on_admission(job(), Admission("wait", 1.5), T0)
     assert waited == SubmitAt(T0 + 1.5, job())
