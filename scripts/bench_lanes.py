@@ -274,6 +274,9 @@ def print_shares(batches: list[Batch]) -> list[tuple[str, bool]]:
     )
     first = Counter(tenant for _, tenant in arrivals[:SHARE_AT])
     ratio = first["shop"] / max(1, first["crawler"])
+    # the first threads go to whichever batch asked first: nobody else was waiting yet
+    shared = Counter(tenant for _, tenant in arrivals[THREADS : THREADS + SHARE_AT])
+    steady = shared["shop"] / max(1, shared["crawler"])
     target = WEIGHTS["shop"] / WEIGHTS["crawler"]
     complete = [b.statuses()["solved"] for b in batches]
     print(
@@ -282,12 +285,13 @@ def print_shares(batches: list[Batch]) -> list[tuple[str, bool]]:
     )
     print(
         f"{'first solved':>12} {'shop':>5} {'crawler':>7} {'ratio':>6} {'error':>6}"
-        f" {'solved shop/crawler':>20} {'walls s':>12}"
+        f" {'after the first ' + str(THREADS):>20} {'solved shop/crawler':>20} {'walls s':>12}"
     )
     walls = " / ".join(f"{b.wall_s:.1f}" for b in batches)
     print(
         f"{SHARE_AT:>12} {first['shop']:>5} {first['crawler']:>7} {ratio:>6.2f}"
-        f" {abs(ratio - target) / target:>6.1%} {' / '.join(map(str, complete)):>20} {walls:>12}"
+        f" {abs(ratio - target) / target:>6.1%} {steady:>20.2f}"
+        f" {' / '.join(map(str, complete)):>20} {walls:>12}"
     )
     return [
         (f"shares: the first {SHARE_AT} split 1.7 to 2.3 : 1", 1.7 <= ratio <= 2.3),

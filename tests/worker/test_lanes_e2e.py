@@ -103,8 +103,11 @@ def test_freed_threads_follow_the_tenants_weights(sandbox: Any, two_workers: lis
     for batch in batches:
         outcomes = batch.finish()
         assert len(outcomes) == n and all(o["status"] == "solved" for o in outcomes)
-    first = Counter(tag for tag, _ in arrivals[: 2 * n * 2 // 5])  # 40% solved
-    assert 1.7 <= first["shop"] / first["crawler"] <= 2.3, first
+    # The first threads go to whichever batch asked first (nobody else was waiting); from
+    # then on, while both have work parked, two of every three freed threads are the shop's.
+    capacity = app.runtime().settings.capacity
+    shared = Counter(tag for tag, _ in arrivals[capacity : capacity + 2 * n * 2 // 5])
+    assert 1.7 <= shared["shop"] / shared["crawler"] <= 2.3, shared
     solved = app.runtime().state.stats.lane_outcomes()
     assert solved[("solved", "bulk", "shop")] == solved[("solved", "bulk", "crawler")] == n
 
