@@ -46,7 +46,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
-from ..lanes import DEFAULT_TENANT, INTERACTIVE, LANES, Tenant, check_lane
+from ..errors import ValidationError
+from ..lanes import DEFAULT_TENANT, INTERACTIVE, LANES, Tenant, check_lane, is_tenant_name
 from .budgets import BUDGET, budget_keys
 from .db import Db
 from .lua import Lib, Script, ms, text
@@ -821,6 +822,8 @@ class ThreadLimiter:
         itself and goes on.  ``result``: the caller's result key, what it says while the
         solve is parked, and for how long (s)."""
         check_lane(lane)
+        if not is_tenant_name(tenant):  # it goes into '|'-joined names in Redis
+            raise ValidationError(f"{tenant!r} cannot name a tenant")
         cfg, k = self.config, self.keys
         keys = {
             **self.lua_keys(),

@@ -209,10 +209,12 @@ def test_submits_parked_before_lanes_join_a_lane_at_the_next_sweep(
     assert run_down(lim, "old-holder", 3) == ["old-solve", "new", "old-refill"]
 
 
-def test_an_unknown_lane_is_refused(redis_conn: Any, keys: Keys) -> None:
+def test_an_unknown_lane_or_a_bad_tenant_name_is_refused(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys)
     with pytest.raises(ValidationError, match="unknown lane 'urgent'"):
         admit(lim, "s1", lane="urgent")
+    with pytest.raises(ValidationError, match="cannot name a tenant"):
+        admit(lim, "s1", tenant="a|b")
     assert lim.parked_count() == 0 and lim.in_use() == 0
 
 

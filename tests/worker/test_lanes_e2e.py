@@ -5,6 +5,7 @@ and ``captcha-tasks tenants``).  Timings are the benchmark's business
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks import errors, solve
+from captcha_tasks import aio, errors, solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.stream import stream
 from captcha_tasks.worker.app import app
@@ -166,6 +167,8 @@ def test_an_unknown_tenant_or_lane_is_refused_before_anything_is_queued(
         solve.delay(method="turnstile", sitekey="k", pageurl=PAGE, tenant="shp")
     with pytest.raises(errors.ValidationError, match="unknown lane 'urgent'"):
         solve.delay(method="turnstile", sitekey="k", pageurl=PAGE, lane="urgent")
+    with pytest.raises(errors.ValidationError, match="unknown tenant 'shp'"):
+        asyncio.run(aio.solve(method="turnstile", sitekey="k", pageurl=PAGE, tenant="shp"))
     assert {q: redis_conn.llen(q) for q in before} == before
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps(task()) + "\n" + json.dumps(task(tenant="nobody")) + "\n")
