@@ -285,7 +285,7 @@ def print_shares(batches: list[Batch]) -> list[tuple[str, bool]]:
     )
     print(
         f"{'first solved':>12} {'shop':>5} {'crawler':>7} {'ratio':>6} {'error':>6}"
-        f" {'after the first ' + str(THREADS):>20} {'solved shop/crawler':>20} {'walls s':>12}"
+        f" {'from the ' + str(THREADS + 1) + 'th on':>20} {'solved shop/crawler':>20} {'walls s':>12}"
     )
     walls = " / ".join(f"{b.wall_s:.1f}" for b in batches)
     print(

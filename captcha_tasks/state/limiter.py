@@ -11,9 +11,10 @@ A submit that finds no free slot is *parked*: its job waits in Redis and the tas
 to a parked submit: the ``interactive`` lane first, then ``bulk``, then ``background``
 (pool refills), which may not take the last ``reserve`` slots.  Within a lane the tenants
 with parked work take turns by weighted fair queueing: each tenant has a virtual finish
-tag that grows by ``1 / weight`` per slot it is handed, the smallest tag goes next, and a
-tenant back from idle starts at the lane's virtual time (an idle tenant's share went to
-the others and is not owed back).  A tenant holding ``max_threads`` slots waits for one
+tag that grows by ``1 / weight`` per slot it is handed, and the smallest tag goes next.
+An idle tenant's share goes to the others: a tenant whose work comes back (or starts
+late, as the second of two batches started together) catches up on at most one plan's
+worth of slots (``capacity``) before the shares hold again.  A tenant holding ``max_threads`` slots waits for one
 of its own to free; first in, first out within a tenant.  A newcomer parks and takes its
 turn the same way, so nobody jumps a queue.
 
@@ -129,18 +130,25 @@ local function slot_reclaim(K)
     slot_drop(K, id)
   end
 end
+-- The least virtual finish tag a tenant may have in a lane: one plan's worth of slots
+-- behind the lane's virtual time (what it may catch up on after it had nothing parked).
+local function slot_floor(K, H, lane, tenant)
+  local vtime = tonumber(redis.call('HGET', K.fair, lane) or '0')
+  return vtime - H.capacity / (slot_tenant(H, tenant).w or 1), vtime
+end
 -- Park a submit at the end of its tenant's queue in its lane.
-local function slot_park(K, id, lane, tenant, asked, seq)
+local function slot_park(K, H, id, lane, tenant, asked, seq)
   asked = asked or now
   redis.call('ZADD', K.parked, seq, id)
   redis.call('ZADD', K.lanes, 0, slot_member(lane, tenant, seq, id))
   redis.call('HSET', K.owners, id, lane .. '|' .. tenant .. '|' .. asked)
   if redis.call('HINCRBY', K.counts, 'parked|' .. lane .. '|' .. tenant, 1) == 1 then
-    -- back from idle: it starts at the lane's virtual time, with no credit for the idle time
+    -- back from idle: the share it did not use went to the others, and is owed back for
+    -- one plan's worth of slots at most
     local name = lane .. '|' .. tenant
-    local vtime = tonumber(redis.call('HGET', K.fair, lane) or '0')
-    if tonumber(redis.call('HGET', K.fair, name) or '0') < vtime then
-      redis.call('HSET', K.fair, name, vtime)
+    local floor = slot_floor(K, H, lane, tenant)
+    if tonumber(redis.call('HGET', K.fair, name) or '0') < floor then
+      redis.call('HSET', K.fair, name, floor)
     end
   end
 end
@@ -234,13 +242,14 @@ local function slot_pick(K, H, counts, used)
   end
   return nil
 end
--- The tenant was handed a slot in the lane: its tag moves on by 1 / weight.
+-- The tenant was handed a slot in the lane: its tag moves on by 1 / weight, and the
+-- lane's virtual time to the tag served (it never goes back).
 local function slot_served(K, H, lane, tenant)
   local name = lane .. '|' .. tenant
   local tag = tonumber(redis.call('HGET', K.fair, name) or '0')
-  local vtime = tonumber(redis.call('HGET', K.fair, lane) or '0')
-  if tag < vtime then tag = vtime end
-  redis.call('HSET', K.fair, lane, tag)
+  local floor, vtime = slot_floor(K, H, lane, tenant)
+  if tag < floor then tag = floor end
+  if tag > vtime then redis.call('HSET', K.fair, lane, tag) end
   redis.call('HSET', K.fair, name, tag + 1 / (slot_tenant(H, tenant).w or 1))
 end
 -- Hand free slots to parked submits (expired leases reclaimed first).
@@ -438,7 +447,7 @@ if redis.call('ZSCORE', K.slots, id) then
 else
   if budget_spent(K, A.tenant, daily) then return {'over_budget', 0, none} end
   -- A newcomer takes its turn like any parked submit: it parks, and the handout may pick it.
-  slot_park(K, id, A.lane, A.tenant, A.asked_ms, redis.call('INCR', K.parked_seq))
+  slot_park(K, H, id, A.lane, A.tenant, A.asked_ms, redis.call('INCR', K.parked_seq))
   waiting_put(K, id, now + A.deadline_ms, A.job)
   out = slot_handout(K, H)
   local mine_at

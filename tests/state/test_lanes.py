@@ -78,22 +78,39 @@ def test_freed_slots_follow_the_tenants_weights(redis_conn: Any, keys: Keys) -> 
     assert [o for o in order if o.startswith("shop")] == [f"shop-{i}" for i in range(20)]
 
 
-def test_an_idle_tenants_share_goes_to_the_others_and_is_not_owed_back(
+def test_an_idle_tenants_share_goes_to_the_others_and_is_owed_back_one_plan_at_most(
     redis_conn: Any, keys: Keys
 ) -> None:
-    lim = make(redis_conn, keys, capacity=1, reserve=0, tenants=tenants(SHOP, CRAWLER))
-    assert admit(lim, "a") == "go"
-    for i in range(40):
+    capacity = 3
+    lim = make(redis_conn, keys, capacity=capacity, reserve=0, tenants=tenants(SHOP, CRAWLER))
+    assert [admit(lim, f"a{i}", i) for i in range(capacity)] == ["go"] * capacity
+    for i in range(60):
         admit(lim, f"shop-{i}", i, lane="bulk", tenant="shop")
     # the crawler has nothing parked: every freed slot goes to the shop
-    order = run_down(lim, "a", 12)
+    order = run_down(lim, "a0", 20)
     assert all(o.startswith("shop") for o in order)
     for i in range(30):
         admit(lim, f"crawler-{i}", i, lane="bulk", tenant="crawler")
-    # back from idle, the crawler gets its share from now on (its first turn at once), not a
-    # burst for the time it had nothing parked
-    after = Counter(o.split("-")[0] for o in run_down(lim, order[-1], 30))
-    assert 10 <= after["crawler"] <= 11
+    # back, the crawler gets its share (10 of 30) and catches up on at most one plan's
+    # worth of slots: not a burst for all the time it had nothing parked
+    after = [o.split("-")[0] for o in run_down(lim, order[-1], 30)]
+    assert after[:capacity] == ["crawler"] * capacity
+    assert 10 <= after.count("crawler") <= 10 + capacity
+
+
+def test_the_second_of_two_batches_started_together_catches_up(redis_conn: Any, keys: Keys) -> None:
+    # the first batch to ask took every free slot; the other's share holds within a plan
+    capacity = 15
+    lim = make(redis_conn, keys, capacity=capacity, reserve=0, tenants=tenants(SHOP, CRAWLER))
+    first = [admit(lim, f"crawler-{i}", i, lane="bulk", tenant="crawler") for i in range(40)]
+    assert first.count("go") == capacity
+    for i in range(40):
+        assert admit(lim, f"shop-{i}", i, lane="bulk", tenant="shop") == "parked"
+    handed = [o.split("-")[0] for o in run_down(lim, "crawler-0", 17 + 30)]
+    # the shop catches up on one plan's worth of slots (and its turn on the way) ...
+    assert handed[:17] == ["shop"] * 17
+    # ... and from then on two of every three are the shop's
+    assert Counter(handed[17:]) == {"shop": 20, "crawler": 10}
 
 
 def test_max_threads_caps_a_tenant(redis_conn: Any, keys: Keys) -> None:
