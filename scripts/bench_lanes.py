@@ -283,9 +283,10 @@ def print_shares(batches: list[Batch]) -> list[tuple[str, bool]]:
         f"\n(b) fair shares: weights shop {WEIGHTS['shop']}, crawler {WEIGHTS['crawler']};"
         f" {SHARE_BATCH} captchas each, started together"
     )
+    later = f"from the {THREADS + 1}th on"
     print(
         f"{'first solved':>12} {'shop':>5} {'crawler':>7} {'ratio':>6} {'error':>6}"
-        f" {'from the ' + str(THREADS + 1) + 'th on':>20} {'solved shop/crawler':>20} {'walls s':>12}"
+        f" {later:>20} {'solved shop/crawler':>20} {'walls s':>12}"
     )
     walls = " / ".join(f"{b.wall_s:.1f}" for b in batches)
     print(
