@@ -8,16 +8,17 @@ and ``CAPTCHAAI_TENANTS`` declaring shop (weight 2), crawler (weight 1) and thri
 
 (a) lanes under a backlog: two 200-captcha ``captcha-tasks batch`` runs started together;
     3 s later, 12 plain ``solve.delay(...).get()`` calls, one every 1.5 s.  Their latency
-    (median, max); each batch's wall time against 1.10 x ideal + 3 s (ideal: 400 x 1.5 s /
-    15 threads); the sandbox's peak of captchas in flight and its refusals.  Twice: with
-    lanes (the calls in the interactive lane), and without (the same calls in the bulk
-    lane, with the batches: one first-come queue, as before lanes).
+    (median, max); the span from the first solve's start to the last answer of both
+    batches against 1.10 x ideal + 3 s (ideal: 400 x 1.5 s / 15 threads), and each batch
+    command's wall time; the sandbox's peak of captchas in flight and its refusals.
+    Twice: with lanes (the calls in the interactive lane), and without (the same calls in
+    the bulk lane, with the batches: one first-come queue, as before lanes).
 (b) fair shares: a 300-captcha batch ``--tenant shop`` and one ``--tenant crawler``
     started together: how the first 240 solved split, its error against 2 : 1, and both
     complete.
 (c) a budget: a 50-captcha batch ``--tenant thrifty``: solved, failed with
     ``ERROR_BUDGET_EXCEEDED``, and the captchas the API received.
-(d) what lanes cost the bulk work: the batches' wall time in (a), with lanes against
+(d) what lanes cost the bulk work: the batches' span in (a), with lanes against
     without.
 
 Not a timed test: the targets are printed as MET / MISSED.
@@ -134,6 +135,19 @@ class Batch:
     def statuses(self) -> Counter[str]:
         return Counter(line.get("error") or line["status"] for _, line in self.lines)
 
+    def first_start(self) -> float:
+        """When its first solve started: a line appears ``elapsed_s`` after its solve."""
+        return min((at - float(line["elapsed_s"] or 0) for at, line in self.lines), default=0.0)
+
+    def last_answer(self) -> float:
+        return max((at for at, _ in self.lines), default=0.0)
+
+
+def span(batches: list[Batch]) -> float:
+    """From the first solve's start to the last answer, over ``batches`` run together (as
+    scripts/bench_pingback.py measures it: a process's start-up is not solving)."""
+    return max(b.last_answer() for b in batches) - min(b.first_start() for b in batches)
+
 
 @dataclass
 class LanesRun:
@@ -141,6 +155,7 @@ class LanesRun:
     latencies: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     walls: list[float] = field(default_factory=list)
+    span_s: float = float("nan")
     solved: int = 0
     peak: int = 0
     refused: int = 0
@@ -195,6 +210,7 @@ def lanes_run(
             batch.wait()
         stats = sandbox.stats()
         result.walls = [b.wall_s for b in batches]
+        result.span_s = span(batches)
         result.solved = sum(b.statuses()["solved"] for b in batches)
         result.peak, result.refused = stats["peak_in_flight"], stats["thread_rejections"]
         waits = app.runtime().state.limiter.wait_times()
@@ -228,8 +244,9 @@ def print_lanes(runs: list[LanesRun], ideal: float) -> list[tuple[str, bool]]:
         f" ideal {2 * BATCH} x {SOLVE_S} s / {THREADS} threads = {ideal:.1f} s"
     )
     print(
-        f"{'run':<26} {'calls p50':>9} {'max':>6} {'mean':>6} {'failed':>6} {'batch walls s':>14}"
-        f" {'x ideal':>7} {'solved':>7} {'peak':>4} {'refused':>7}  mean wait for a thread"
+        f"{'run':<26} {'calls p50':>9} {'max':>6} {'mean':>6} {'failed':>6} {'span s':>6}"
+        f" {'x ideal':>7} {'walls s':>11} {'solved':>7} {'peak':>4} {'refused':>7}"
+        "  mean wait for a thread"
     )
     for r in runs:
         walls = " / ".join(f"{w:.1f}" for w in r.walls)
@@ -237,9 +254,13 @@ def print_lanes(runs: list[LanesRun], ideal: float) -> list[tuple[str, bool]]:
         waits = ", ".join(f"{lane} {s:.2f} s (n={n})" for lane, (s, n) in r.waits.items())
         print(
             f"{r.name:<26} {pct(r.latencies, 50):>8.2f}s {max(r.latencies, default=0):>5.2f}s"
-            f" {mean:>5.2f}s {len(r.failures):>6} {walls:>14} {max(r.walls) / ideal:>7.3f}"
-            f" {r.solved:>3}/{2 * BATCH:<3} {r.peak:>4} {r.refused:>7}  {waits}"
+            f" {mean:>5.2f}s {len(r.failures):>6} {r.span_s:>6.1f} {r.span_s / ideal:>7.3f}"
+            f" {walls:>11} {r.solved:>3}/{2 * BATCH:<3} {r.peak:>4} {r.refused:>7}  {waits}"
         )
+    print(
+        "span: from the first solve's start to the last answer of both batches; walls: each"
+        " batch command's, its start-up included"
+    )
     found: list[tuple[str, bool]] = []
     with_lanes = next((r for r in runs if r.name.startswith("with lanes")), None)
     if with_lanes is not None:
@@ -250,17 +271,17 @@ def print_lanes(runs: list[LanesRun], ideal: float) -> list[tuple[str, bool]]:
             (f"lanes: every call answered ({CALLS})", len(with_lanes.latencies) == CALLS),
             (
                 f"lanes: both batches complete within 1.10 x ideal + 3 = {limit:.1f} s",
-                with_lanes.solved == 2 * BATCH and max(with_lanes.walls) <= limit,
+                with_lanes.solved == 2 * BATCH and with_lanes.span_s <= limit,
             ),
             (f"lanes: at most {THREADS} captchas in flight", with_lanes.peak <= THREADS),
             ("lanes: no captcha refused by the provider", with_lanes.refused == 0),
         ]
     without = next((r for r in runs if r.name.startswith("without")), None)
     if with_lanes is not None and without is not None:
-        slow, base = max(with_lanes.walls), max(without.walls)
+        slow, base = with_lanes.span_s, without.span_s
         print(
-            f"\n(d) what lanes cost the bulk work: the slower batch took {slow:.1f} s with"
-            f" lanes, {base:.1f} s without ({slow - base:+.1f} s, {(slow - base) / base:+.1%})"
+            f"\n(d) what lanes cost the bulk work: both batches took {slow:.1f} s with lanes,"
+            f" {base:.1f} s without ({slow - base:+.1f} s, {(slow - base) / base:+.1%})"
         )
     return found
 
