@@ -14,9 +14,9 @@ with parked work take turns by weighted fair queueing: each tenant has a virtual
 tag that grows by ``1 / weight`` per slot it is handed, and the smallest tag goes next.
 An idle tenant's share goes to the others: a tenant whose work comes back (or starts
 late, as the second of two batches started together) catches up on at most one plan's
-worth of slots (``capacity``) before the shares hold again.  A tenant holding ``max_threads`` slots waits for one
-of its own to free; first in, first out within a tenant.  A newcomer parks and takes its
-turn the same way, so nobody jumps a queue.
+worth of slots (``capacity``) before the shares hold again.  A tenant holding
+``max_threads`` slots waits for one of its own to free; first in, first out within a
+tenant.  A newcomer parks and takes its turn the same way, so nobody jumps a queue.
 
 A parked submit whose deadline passed, or whose tenant spent its daily budget
 (:mod:`.budgets`), is handed on without a slot (its submit fails it).  Either way a
