@@ -164,7 +164,7 @@ def latency_cdf(
             color=MARKER_COLOR,
         )
     if log_x:
-        ax.set_xscale("log")
+        _log_axis(ax)
     ax.set_ylim(0, 1.02)
     ax.yaxis.set_major_formatter(_percent())
     ax.set_xlabel(f"{quantity} ({unit}{', log scale' if log_x else ''})")
@@ -307,6 +307,16 @@ def _mark(ax: Axes, events: Sequence[Marker]) -> None:
             fontsize=8.5,
             color=MARKER_COLOR,
         )
+
+
+def _log_axis(ax: Axes) -> None:
+    """A log x axis read as plain numbers at 1, 2, 3, 5 x 10^n (not as powers of ten)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _histogram(times: Sequence[float], edges: Sequence[float]) -> list[int]:
