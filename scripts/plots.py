@@ -229,7 +229,10 @@ def timeline(
     ax.set_xlim(0, end)
     ax.set_ylim(bottom=0)
     ax.set_xlabel(xlabel)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    if cumulative:  # the curves rise to the right: the upper left stays empty
+        ax.legend(loc="upper left")
+    else:
+        fig.legend(loc="outside lower center", ncols=len(series))
     return _save(fig, path, title, params)
 
 
@@ -306,6 +309,7 @@ def _mark(ax: Axes, events: Sequence[Marker]) -> None:
             va="top",
             fontsize=8.5,
             color=MARKER_COLOR,
+            bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"},
         )
 
 
