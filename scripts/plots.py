@@ -277,7 +277,8 @@ def _check(path: Path, series: Mapping[str, Any]) -> None:
 def _figure(panels: int) -> tuple[Figure, list[Axes]]:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=SIZE, layout="constrained")
+    width = max(SIZE[0], 2.6 * panels)  # a panel's title stays clear of the next one's
+    fig = Figure(figsize=(width, SIZE[1]), layout="constrained")
     return fig, list(fig.subplots(1, panels, squeeze=False)[0])
 
 
