@@ -97,7 +97,8 @@ def machine() -> str:
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0]
     busy = ", under load" if load > 0.5 * cores else ""
-    return f"{datetime.date.today():%d %b %Y}, {cores} cores, load {load:.1f} at the start{busy}"
+    today = datetime.date.today()
+    return f"{today.day} {today:%b %Y}, {cores} cores, load {load:.1f} at the start{busy}"
 
 
 def nearest_rank(values: Sequence[float], q: float) -> float:
@@ -225,6 +226,10 @@ def timeline(
             below = rate
         per = "second" if bin_s == 1 else f"{bin_s:g} s"
         ax.set_ylabel(f"{counted} per {per}")
+    if cumulative or bin_s == 1:  # counts
+        from matplotlib.ticker import MaxNLocator
+
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     _mark(ax, events)
     ax.set_xlim(0, end)
     ax.set_ylim(bottom=0)
@@ -283,10 +288,12 @@ def _figure(panels: int) -> tuple[Figure, list[Axes]]:
 
 
 def _save(fig: Figure, path: Path, title: str, params: str) -> Path:
-    wrapped = textwrap.fill(params, 130)
-    fig.suptitle(f"{title}\n", fontsize=13, fontweight="bold")
-    # the run's parameters under the title (suptitle's second, empty line keeps the room)
-    fig.text(0.5, 1.0, "\n\n" + wrapped, ha="center", va="top", fontsize=8.5, color="#333333")
+    lines = textwrap.wrap(params, 130)
+    # The run's parameters under the title.  Constrained layout makes room for the suptitle
+    # only: its empty lines (13 pt) hold the subtitle's (8.5 pt), which start below the title.
+    fig.suptitle(title + "\n" * len(lines), fontsize=13, fontweight="bold")
+    subtitle = "\n\n" + "\n".join(lines)
+    fig.text(0.5, 1.0, subtitle, ha="center", va="top", fontsize=8.5, color="#333333")
     path.parent.mkdir(parents=True, exist_ok=True)
     fmt = path.suffix.lstrip(".")
     metadata = {"Date": None} if fmt == "svg" else {"Software": None}
