@@ -310,7 +310,7 @@ def balance(
     if args.plot:
         # the journal's wall clock, moved onto the arrivals' monotonic one
         dry = [at - started_wall for at in paid_at[captchas - 1 : captchas]]
-        label = f"the primary's last paid captcha ({captchas}): its balance is empty"
+        label = f"primary's balance empty ({captchas} paid)"
         plot_balance(args, arrivals, started, [plots.Marker(t, label) for t in dry])
     return [
         ("all solved", solved == count),
