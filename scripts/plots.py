@@ -170,7 +170,8 @@ def latency_cdf(
     ax.yaxis.set_major_formatter(_percent())
     ax.set_xlabel(f"{quantity} ({unit}{', log scale' if log_x else ''})")
     ax.set_ylabel(f"{counted} at or below (%)")
-    ax.legend(loc="lower right")
+    # under the plot, one series a line: curves of any shape cross any corner of it
+    fig.legend(loc="outside lower center", ncols=1)
     return _save(fig, path, title, params)
 
 
