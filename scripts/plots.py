@@ -96,7 +96,7 @@ def machine() -> str:
     """The date, the cores and the load average: say when a figure was measured under load."""
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0]
-    busy = ", under load" if load > 0.5 * cores else ""
+    busy = ", under load" if load > cores else ""  # more runnable work than cores
     today = datetime.date.today()
     return f"{today.day} {today:%b %Y}, {cores} cores, load {load:.1f} at the start{busy}"
 
