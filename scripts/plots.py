@@ -231,7 +231,7 @@ def timeline(
         from matplotlib.ticker import MaxNLocator
 
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    _mark(ax, events)
+    _mark(ax, events, end)
     ax.set_xlim(0, end)
     ax.set_ylim(bottom=0)
     ax.set_xlabel(xlabel)
@@ -302,24 +302,29 @@ def _save(fig: Figure, path: Path, title: str, params: str) -> Path:
     return path
 
 
-def _mark(ax: Axes, events: Sequence[Marker]) -> None:
-    for marker in events:
+def _mark(ax: Axes, events: Sequence[Marker], span: float) -> None:
+    """Each event's line, its label to the left of it, or to the right where the previous
+    line is too near for two labels side by side."""
+    previous: float | None = None
+    for marker in sorted(events, key=lambda m: m.at_s):
         ax.axvline(marker.at_s, color=MARKER_COLOR, linestyle="--", linewidth=1)
         if marker.until_s is not None:
             ax.axvspan(marker.at_s, marker.until_s, color=MARKER_COLOR, alpha=0.12, linewidth=0)
+        near = previous is not None and marker.at_s - previous < 0.03 * span
         ax.annotate(
             marker.label,
             xy=(marker.at_s, 1),
             xycoords=("data", "axes fraction"),
-            xytext=(-3, -4),
+            xytext=(3 if near else -3, -4),
             textcoords="offset points",
             rotation=90,
-            ha="right",
+            ha="left" if near else "right",
             va="top",
             fontsize=8.5,
             color=MARKER_COLOR,
             bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none"},
         )
+        previous = marker.at_s
 
 
 def _log_axis(ax: Axes) -> None:
