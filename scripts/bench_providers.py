@@ -318,12 +318,10 @@ def balance(
     ]
 
 
-def throughput(log_dir: Path, count: int) -> list[tuple[str, bool]]:
+def throughput_run(log_dir: Path, count: int, kind: str) -> tuple[int, float, dict[str, int]]:
     options = ["--threads", "300", "--solve-time", "0.5", "--jitter", "0.05"]
-    with deployment(log_dir, [("captchaai", options)], {"CAPTCHAAI_THREADS": "300"}) as (
-        env,
-        _,
-    ):
+    extra = {"CAPTCHAAI_THREADS": "300", "CAPTCHAAI_PROVIDER_KIND": kind}
+    with deployment(log_dir, [("captchaai", options)], extra) as (env, _):
         os.environ.update({k: v for k, v in env.items() if k.startswith(("CAPTCHAAI_", "REDIS"))})
         from captcha_tasks import app, solve
 
@@ -335,15 +333,40 @@ def throughput(log_dir: Path, count: int) -> list[tuple[str, bool]]:
         solved = sum(1 for r in results if r.get(timeout=600).get("status") == "solved")
         wall = time.monotonic() - started
         messages = diff(task_totals(app), before)
-    per_captcha = sum(messages.values()) / max(1, solved)
-    rate = solved / wall
+        del results
+    return solved, wall, messages
+
+
+def throughput_child(log_dir: Path, count: int, kind: str) -> tuple[int, float, dict[str, int]]:
+    """One throughput run in a process of its own (a process's Celery app keeps the broker
+    it first connected to)."""
+    out = log_dir / f"{kind}.json"
+    argv = [sys.executable, __file__, "--throughput-kind", kind, "--count", str(count),
+            "--out", str(out)]  # fmt: skip
+    subprocess.run(argv, check=True, timeout=900)
+    solved, wall, messages = json.loads(out.read_text())
+    return int(solved), float(wall), dict(messages)
+
+
+def throughput(log_dir: Path, count: int) -> list[tuple[str, bool]]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    rows = {kind: throughput_child(log_dir, count, kind) for kind in ("captchaai", "2captcha")}
     print(f"\nthroughput: {count} captchas, a 300-thread plan, 0.5 s solves, two workers")
-    print(f"{'solved':>6} {'wall s':>7} {'captchas/s':>10} {'msgs/captcha':>12}")
-    print(f"{solved:>6} {wall:>7.1f} {rate:>10.1f} {per_captcha:>12.2f}")
-    print("messages by task: " + ", ".join(f"{k} {v}" for k, v in sorted(messages.items())))
+    print(f"{'kind':<10} {'solved':>6} {'wall s':>7} {'captchas/s':>10} {'msgs/captcha':>12}")
+    for kind, (solved, wall, messages) in rows.items():
+        per_captcha = sum(messages.values()) / max(1, solved)
+        print(f"{kind:<10} {solved:>6} {wall:>7.1f} {solved / wall:>10.1f} {per_captcha:>12.2f}")
+        print("  messages by task: " + ", ".join(f"{k} {v}" for k, v in sorted(messages.items())))
+    print("(2captcha: its 60 in.php per 3 s hold the plan to 20 a second; the waiting submits")
+    print(" wait in Redis, not in countdown messages)")
+    solved, wall, messages = rows["captchaai"]
+    per_captcha = sum(messages.values()) / max(1, solved)
+    held_back = rows["2captcha"]
+    held_per = sum(held_back[2].values()) / max(1, held_back[0])
     return [
-        ("80 captchas per second or more", rate >= 80),
+        ("80 captchas per second or more", solved / wall >= 80),
         ("3 task messages per captcha or fewer", per_captcha <= 3.0),
+        ("held back by a budget: 3 task messages per captcha or fewer", held_per <= 3.0),
     ]
 
 
@@ -352,8 +375,16 @@ def main() -> int:
     parser.add_argument("--only", choices=("failover", "balance", "throughput"))
     parser.add_argument("--count", type=int, default=600, help="captchas of the failover run")
     parser.add_argument("--down", type=float, default=15.0, help="seconds the primary is down")
+    parser.add_argument("--throughput-kind", help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     plots.add_options(parser)
     args = parser.parse_args()
+    if args.throughput_kind:  # one throughput run, in its own process (see throughput_child)
+        figures = throughput_run(
+            args.out.parent / args.throughput_kind, args.count, args.throughput_kind
+        )
+        args.out.write_text(json.dumps(figures))
+        return 0
     args.machine = plots.machine()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-providers-"))
     checks: list[tuple[str, bool]] = []
@@ -362,7 +393,7 @@ def main() -> int:
     if args.only in (None, "balance"):
         checks += balance(log_dir / "balance", BALANCE_COUNT, BALANCE_CAPTCHAS, args)
     if args.only in (None, "throughput"):
-        checks += throughput(log_dir / "throughput", 1500)
+        checks += throughput(log_dir / "throughput", args.count if args.only else 1500)
     print(f"(logs in {log_dir})", flush=True)
     return report(checks)
 

@@ -17,11 +17,13 @@ dispatch set with its job until that message starts, and :meth:`ThreadLimiter.sw
 hands out its job again if the message never shows (the worker that should have
 published it died).  Nothing Redis hands out exists only in one process's memory.
 
-A submit that holds a slot but must wait (for a request budget: the provider's ``in.php``
-window, its NO_SLOT budget, an HTTP 429; or a back-off after an error) is *deferred*: its
-job waits in Redis until its time, and housekeeping hands it out then (as many as the
-budget lets go: their requests are counted at the handout), with no task message in
-between.  A provider whose circuit is open (see :mod:`.circuits`) admits nothing.
+A submit that must wait for a request budget (the provider's ``in.php`` window, its
+NO_SLOT budget, an HTTP 429) or a back-off after an error is *deferred*: its job waits in
+Redis until its time, and housekeeping hands it out then (as many as the budget lets go:
+their requests are counted at the handout), with no task message in between.  One waiting
+for a budget gives its slot back meanwhile (the budget, not the threads, is what it waits
+for); one backing off keeps it.  A provider whose circuit is open (see :mod:`.circuits`)
+admits nothing.
 
 All of this is one Lua script per operation, so many hosts behave as one client.  The
 slot release and the handout are Lua functions of this module (:data:`SLOTS`) that the
@@ -224,8 +226,9 @@ ADMIT = Script(
 --   no limit), A.parked_record = what the caller's result key says while the solve is
 --   parked (absent: nothing), A.record_ttl_s, A.warn_every_ms (budget warnings)
 -- returns {status, ms, handout or 0, budget, warn}
--- status: 'go' (slot held, claim taken, request counted), 'deferred' (slot held; the job
---   waits ms for the budget named), 'parked', 'full' (no slot, and the queue is longer
+-- status: 'go' (slot held, claim taken, request counted), 'deferred' (the job waits ms
+--   for the budget named, without a slot: the handout is of the slot it gave back),
+--   'parked', 'full' (no slot, and the queue is longer
 --   than park_limit: nothing kept), 'down' (the provider's circuit is open: nothing kept
 --   here), 'cancelled' (its slot is freed and handed on), 'done' (this attempt was
 --   submitted or the solve is over), 'busy' (another message holds the claim, for ms
@@ -256,7 +259,6 @@ if redis.call('ZSCORE', K.parked, id) then return {'parked', 0} end
 redis.call('ZREM', K.dispatch, id)
 redis.call('HDEL', K.waiting, id)
 redis.call('ZREM', K.deferred, id)
-local prepaid = redis.call('SREM', K.prepaid, id) == 1
 if A.batch and redis.call('EXISTS', K.cancelled) == 1 then
   redis.call('ZREM', K.slots, id)
   return {'cancelled', 0, slot_handout(K, H)}
@@ -285,10 +287,15 @@ else
   end
   redis.call('ZADD', K.slots, now + H.lease_ms, id)
 end
-if not prepaid then
+-- A request counted when it was handed out (see HANDOUT) is not counted again.
+if redis.call('SREM', K.prepaid, id) == 0 then
   local wait, budget = rate_in(K, A.budgets, A.request_id)
   if wait > 0 then
-    slot_defer(K, H, id, now + A.deadline_ms, A.job, now + wait)
+    -- It waits for the budget, not for a thread: it waits without one, and the thread
+    -- goes to the next parked submit.
+    redis.call('ZREM', K.slots, id)
+    waiting_put(K, id, now + A.deadline_ms, A.job)
+    redis.call('ZADD', K.deferred, now + wait, id)
     redis.call('HINCRBY', K.budget_waits, budget, 1)
     local warned = tonumber(redis.call('HGET', K.budget_waits, 'warned') or '0')
     local warn = 0
@@ -296,7 +303,7 @@ if not prepaid then
       redis.call('HSET', K.budget_waits, 'warned', now)
       warn = 1
     end
-    return {'deferred', wait, 0, budget, warn}
+    return {'deferred', wait, slot_handout(K, H), budget, warn}
   end
 end
 if A.claim_ms > 0 then redis.call('SET', K.claim, A.message_id, 'PX', A.claim_ms) end
@@ -339,20 +346,25 @@ SWEEP = Script(
 -- Housekeeping, once per tick for the whole deployment: hand out again the submits whose
 -- message was lost and the solve messages that never started, and, at this provider,
 -- reclaim expired leases and hand out parked and deferred submits.
--- K: SLOTS, MESSAGES, RATES (the provider's), K.lock (the sweep lock), K.solve_queue (list)
+-- K: SLOTS, MESSAGES, RATES (the provider's), K.lock (the sweep lock), K.solve_queue and
+--   K.submit_queue (lists: the broker's queues of solve and submit messages)
 -- A.lock_ms (the tick), A.handout (SLOTS), A.budgets (RATES), A.most = most lost
 -- messages handed out again, A.message_grace_ms = ms a solve message may wait before it
 -- counts as lost
 -- returns {0} when another process swept this tick, else {1, given, expired, lost,
 --   unstarted}: flat lists of lease id, job (unstarted: solve id, solve message)
 """,
-    keys=("lock", "solve_queue"),
+    keys=("lock", "solve_queue", "submit_queue"),
     libs=(HANDOUT, MESSAGES),
     body="""
 if not redis.call('SET', K.lock, '1', 'NX', 'PX', A.lock_ms) then return {0} end
 local out = provider_handout(K, A.handout, A.budgets)
+-- An owed submit message not started yet: while the submit queue is backed up it may only
+-- be waiting its turn; once the queue is empty (or it is ten times overdue) it was lost.
 local lost = {}
-local ids = redis.call('ZRANGEBYSCORE', K.dispatch, '-inf', now, 'LIMIT', 0, A.most)
+local due = now
+if redis.call('LLEN', K.submit_queue) > 0 then due = now - 9 * A.handout.grace_ms end
+local ids = redis.call('ZRANGEBYSCORE', K.dispatch, '-inf', due, 'LIMIT', 0, A.most)
 for _, id in ipairs(ids) do
   local raw = redis.call('HGET', K.waiting, id)
   if raw then
@@ -808,12 +820,16 @@ class ThreadLimiter:
         warn = len(reply) > 4 and int(reply[4]) == 1
         return Admission(status, int(reply[1]) / 1000, handout, budget, warn)  # type: ignore[arg-type]
 
-    def sweep(self, tick_s: float, solve_queue: str, most: int = 500) -> Swept | None:
+    def sweep(
+        self, tick_s: float, solve_queue: str, submit_queue: str = "", most: int = 500
+    ) -> Swept | None:
         """Hand out again the submits and solves whose message was lost, and this
         provider's parked and deferred submits; None when another process swept within
-        ``tick_s``."""
+        ``tick_s``.  ``solve_queue`` and ``submit_queue`` are the broker's lists of those
+        messages: while one is backed up, its messages are only waiting."""
         keys = {**self.lua_keys(), "lock": self.keys.housekeeping_lock()}
         keys["solve_queue"] = solve_queue
+        keys["submit_queue"] = submit_queue  # "": none known (an empty list to Redis)
         args = {
             "lock_ms": max(1, ms(tick_s)),
             "handout": self.lua_handout(),

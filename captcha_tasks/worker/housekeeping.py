@@ -44,7 +44,7 @@ def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
     state, settings = runner.state, runner.settings
     follow_master(runner)
-    swept = state.limiter.sweep(TICK_S, settings.queue("solve"))
+    swept = state.limiter.sweep(TICK_S, settings.queue("solve"), settings.queue("submit"))
     if swept is None:
         return False
     runner.completer.publish(swept.handout)

@@ -21,8 +21,9 @@ from captcha_tasks.state.board import Again, Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.limiter import Handout, LimiterConfig, ThreadLimiter
 
-#: The solve queue a sweep looks at (empty in these tests unless a test fills it).
+#: The solve and submit queues a sweep looks at (empty unless a test fills them).
 QUEUE = "t-limiter-solve-queue"
+SUBMIT_QUEUE = "t-limiter-submit-queue"
 
 
 def make(redis_conn: Any, keys: Keys, **overrides: Any) -> ThreadLimiter:
@@ -194,7 +195,7 @@ def test_a_deferred_submit_is_handed_out_when_the_budget_lets_it_go(
     lim = make(redis_conn, keys, capacity=10, in_per_window=2, in_window_s=0.3)
     statuses = [admit(lim, f"s{i}", i) for i in range(5)]
     assert statuses == ["go", "go", "deferred", "deferred", "deferred"]
-    assert lim.deferred_count() == 3 and lim.in_use() == 5  # they keep their slots
+    assert lim.deferred_count() == 3 and lim.in_use() == 2  # they wait without a thread
     # nothing is handed out before the window frees; then as many as it lets go
     assert sweep_now(lim, redis_conn).handout.given == []
     start = server_ms(redis_conn)
@@ -263,15 +264,18 @@ def test_a_finished_solve_is_never_admitted_again(redis_conn: Any, keys: Keys) -
     assert lim.in_use() == 0
 
 
-def test_admission_waits_for_the_in_php_budget_holding_the_slot(
-    redis_conn: Any, keys: Keys
-) -> None:
-    lim = make(redis_conn, keys, capacity=3, reserve=0, in_per_window=1, in_window_s=3.0)
-    assert admit(lim, "s1", 1) == "go"
-    waited = lim.admit("s2", job_of("s2", 2), attempt=0, deadline_in_s=60)
+def test_admission_waits_for_the_in_php_budget_without_a_slot(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, in_per_window=1, in_window_s=3.0)
+    assert admit(lim, "s1", 1) == "go"  # the window's one request
+    assert admit(lim, "p", 2) == "parked"
+    assert [g.lease_id for g in finish(lim, "s1").given] == ["p"]  # p holds the thread now
+    assert admit(lim, "x", 3) == "parked"
+    waited = lim.admit("p", job_of("p", 2), attempt=0, deadline_in_s=60)
     assert waited.status == "deferred" and 0 < waited.wait_s <= 3.0
-    assert lim.in_use() == 2 and lim.deferred_count() == 1
-    assert not redis_conn.exists(keys.submit_claim("s2"))
+    # it waits for the budget without a thread: the parked one gets it
+    assert [g.lease_id for g in waited.handout.given] == ["x"]
+    assert lim.in_use() == 1 and lim.deferred_count() == 1
+    assert not redis_conn.exists(keys.submit_claim("p"))
 
 
 def test_a_cancelled_batch_gives_its_slot_back(redis_conn: Any, keys: Keys) -> None:
@@ -298,7 +302,7 @@ def test_a_parked_submit_is_parked_once(redis_conn: Any, keys: Keys) -> None:
 def sweep_now(lim: ThreadLimiter, redis_conn: Any) -> Any:
     """One sweep, whoever swept last (the lock only spaces sweeps of many workers)."""
     redis_conn.delete(lim.keys.housekeeping_lock())
-    swept = lim.sweep(tick_s=5, solve_queue=QUEUE)
+    swept = lim.sweep(tick_s=5, solve_queue=QUEUE, submit_queue=SUBMIT_QUEUE)
     assert swept is not None
     return swept
 
@@ -321,6 +325,24 @@ def test_a_handed_out_submit_whose_message_is_lost_is_handed_out_again(
     # once its message starts, it is not owed any more
     assert admit(lim, "p1", 1) == "go"
     assert redis_conn.zcard(keys.dispatch()) == 0
+
+
+def test_an_owed_submit_behind_a_backed_up_queue_is_only_waiting(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, dispatch_grace_s=0.1)
+    assert admit(lim, "a") == "go"
+    assert admit(lim, "p1", 1) == "parked"
+    finish(lim, "a")
+    redis_conn.rpush(SUBMIT_QUEUE, "messages ahead of it")
+    try:
+        start = server_ms(redis_conn)
+        wait_until(lambda: server_ms(redis_conn) > start + 150, 2, what="the grace period")
+        assert sweep_now(lim, redis_conn).lost == []  # it waits its turn: no second copy
+        wait_until(lambda: server_ms(redis_conn) > start + 1050, 3, what="ten grace periods")
+        assert [p.lease_id for p in sweep_now(lim, redis_conn).lost] == ["p1"]
+    finally:
+        redis_conn.delete(SUBMIT_QUEUE)
 
 
 def test_the_sweep_reclaims_leases_and_hands_out_without_beat(redis_conn: Any, keys: Keys) -> None:

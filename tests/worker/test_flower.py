@@ -5,8 +5,10 @@ failed instead on CI)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,14 @@ import pytest
 import requests
 from browser import chromium
 
-from captcha_tasks.dev.devstack import CeleryProcess, free_port, wait_until
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.worker.app import app
-from captcha_tasks.worker.flower_auth import EXIT_CONFIG, NO_AUTH_MESSAGE, auth_problem
+from captcha_tasks.worker.flower_auth import (
+    EXIT_CONFIG,
+    EXIT_GRACE_S,
+    NO_AUTH_MESSAGE,
+    auth_problem,
+)
 
 USER, PASSWORD = "ops", "flower-" + os.urandom(4).hex()
 PROXY_PASSWORD = "SECRETPW" + os.urandom(3).hex()
@@ -152,6 +159,32 @@ def test_credentials_are_required_but_metrics_stay_open(output_dir: Path) -> Non
         assert requests.get(f"{flower.url}/metrics", timeout=5).status_code == 200
         for name in TASK_NAMES:
             assert name in flower.log_text()  # the "Registered tasks" banner
+
+
+#: How often Flower asks the workers to send events (flower.events.Events, not a setting).
+FLOWER_EVENTS_EVERY_S = 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_flower_stops_when_told_even_with_redis_down(output_dir: Path, sig: int) -> None:
+    redis_server = RedisServer(log_dir=output_dir).start()
+    env = _flower_env(FLOWER_BASIC_AUTH=f"{USER}:{PASSWORD}", REDIS_URL=redis_server.url)
+    flower = FlowerProcess(env, output_dir).start()
+    try:
+        redis_server.stop()
+        wait_until(lambda: "Failed to capture events" in flower.log_text(), 30, what="retries")
+        # An outage of a chosen length, not a synchronisation: every 5 s Flower asks the
+        # workers to send events, and that call now waits for the broker in one of its
+        # threads (the one that used to keep the process alive after the signal).
+        time.sleep(FLOWER_EVENTS_EVERY_S + 1)
+        assert flower.proc is not None
+        flower.proc.send_signal(sig)
+        flower.proc.wait(timeout=EXIT_GRACE_S + 2)  # not the minutes of a broker retry
+        assert flower.proc.returncode == 0
+    finally:
+        flower.stop()
+        redis_server.stop()
 
 
 # -- the task list in a real browser -------------------------------------------------------
