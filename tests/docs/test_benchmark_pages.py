@@ -27,8 +27,15 @@ def test_the_pattern_finds_both_ways_of_showing_an_image() -> None:
     assert [md or html for md, html in REFERENCE.findall(text)] == ["img/a.svg", "img/b.png"]
 
 
+#: Pages of scripts that do not draw yet (their plots come with the scripts' --plot).
+PLOTS_TO_COME = {"lanes.md"}
+
+
 @pytest.mark.parametrize("page", PAGES[1:], ids=lambda p: p.name)
 def test_each_benchmark_page_shows_a_plot(page: Path) -> None:
+    if page.name in PLOTS_TO_COME:
+        assert not images_of(page), f"{page.name} has its plot: take it off PLOTS_TO_COME"
+        return
     assert images_of(page), f"{page.relative_to(DOCS)} shows no plot"
 
 
