@@ -14,7 +14,7 @@ them are solved.  It prints, per event:
   results failed, and the thread leases left at the end and how long they took to go;
 * the master changes and the reconnects that the exporter counted.
 
-Not a timed test: the figures are quoted in docs/operations/failover.md and, with their
+Not a timed test: the figures are quoted in docs/guides/sentinel.md and, with their
 plots, in docs/benchmarks/failover.md.
 
     python scripts/bench_failover.py [--count 300] [--events switch,kill] [--plot DIR]

@@ -20,7 +20,11 @@ from .batch_io import ResultWriter, check_input, solved_indexes, tasks
 
 
 @click.command("solve")
-@click.option("--method", required=True, help="A method of the README's table, e.g. turnstile.")
+@click.option(
+    "--method",
+    required=True,
+    help="A method of the app guide's table (docs/guides/app.md), e.g. turnstile.",
+)
 @click.option("--sitekey", default=None)
 @click.option("--pageurl", default=None)
 @click.option("--param", "params", multiple=True, metavar="K=V", help="Extra API parameter.")

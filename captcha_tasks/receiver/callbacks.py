@@ -21,7 +21,7 @@ An accepted callback goes through the one completion path
 
 :meth:`Receiver.handle` knows no HTTP framework: :mod:`.server` (``captcha-tasks
 pingback-server``) and :func:`~.wsgi.make_wsgi_app` serve it, and a Flask or Django view
-can call :meth:`Receiver.handle_request` (see the README).
+can call :meth:`Receiver.handle_request` (see the pingback guide, docs/guides/pingback.md).
 """
 
 from __future__ import annotations

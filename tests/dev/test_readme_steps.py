@@ -1,6 +1,6 @@
-"""Steps a new user copies from the README, run as written: activating ``.venv`` in a new
-shell, the sandbox's documented key, and the ``pingback-server`` line of "Running the
-processes" (with its ``GET /health``)."""
+"""Steps a new user copies from the README and the site's "Running the processes", run as
+written: activating ``.venv`` in a new shell, the sandbox's documented key, the README's
+process lines (the site's own), and the ``pingback-server`` line (with its ``GET /health``)."""
 
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ def test_in_a_new_shell_activating_the_venv_is_what_makes_it_work() -> None:
 
 
 def test_the_documented_sandbox_key_is_the_one_it_accepts(tmp_path: Path) -> None:
-    [key] = set(re.findall(r"CAPTCHAAI_API_KEY=(sandbox-key)\b", README))
-    assert f"CAPTCHAAI_API_KEY={key}" in PROCESSES
-    assert "random key" in README  # and the quickstart's is said to be another one
+    [key] = set(re.findall(r"CAPTCHAAI_API_KEY=(sandbox-key)\b", PROCESSES))
+    # and the quickstart's is said to be another one, on the front page and the site
+    assert "random key" in README and "random key" in PROCESSES
     port = free_port()
     sandbox = subprocess.Popen(
         [sys.executable, "-m", "captcha_tasks.cli", "sandbox", "--port", str(port)],
@@ -73,13 +73,33 @@ def test_the_documented_sandbox_key_is_the_one_it_accepts(tmp_path: Path) -> Non
         sandbox.wait(10)
 
 
-def documented_pingback_server() -> str:
-    """The README's ``pingback-server`` command of "Running the processes", as one line."""
-    block = README.split("## Running the processes", 1)[1].split("```bash", 2)[2].split("```")[0]
-    joined = block.replace("\\\n", " ")
-    [line] = [line for line in joined.splitlines() if "captcha-tasks pingback-server" in line]
-    assert line in PROCESSES.replace("\\\n", " ")  # the site says the same
+def bash_blocks(page: str) -> list[str]:
+    """The ```bash blocks of a page, continued lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", page, re.S)
+    return [block.replace("\\\n", " ") for block in blocks]
+
+
+def test_the_readmes_process_lines_are_the_sites() -> None:
+    [running] = [b for b in bash_blocks(README) if "celery -A captcha_tasks worker" in b]
+    site = {command(line) for block in bash_blocks(PROCESSES) for line in block.splitlines()}
+    for line in running.splitlines():
+        assert command(line) in site, line
+
+
+def command(line: str) -> str:
+    """A shell line without its comment."""
     return line.split("#", 1)[0].strip()
+
+
+def documented_pingback_server() -> str:
+    """The ``pingback-server`` command of "Running the processes", as one line."""
+    [line] = [
+        line
+        for block in bash_blocks(PROCESSES)
+        for line in block.splitlines()
+        if "captcha-tasks pingback-server" in line
+    ]
+    return command(line)
 
 
 def test_the_documented_pingback_server_line_starts_and_answers_health() -> None:
