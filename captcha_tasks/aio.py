@@ -10,14 +10,21 @@ The same contract as the blocking API, for FastAPI, Starlette, aiohttp or Quart 
 
 How it waits, with no thread per call and no loop that polls Redis:
 
-* :func:`solve` subscribes to its result's channel (Celery's result key: the completion
-  script PUBLISHes the stored record there, as Celery's Redis backend does), waits until
-  Redis confirms the subscription, and only then sends the solve message.  One pub/sub
-  connection per event loop carries every subscription; a reader task hands each record to
-  its waiter, decoded by Celery's own result backend, so the outcome dict and the exception
+* :func:`solve` sends the solve message as ``solve.delay`` does (validation first, so the
+  same errors, Redis down included), then subscribes to its result's channel (Celery's
+  result key: the completion script PUBLISHes the stored record there, as Celery's Redis
+  backend does) and, once Redis confirms the subscription, reads the key once for a record
+  stored before it.  One pub/sub connection per event loop carries every subscription; a
+  reader task hands each ready record (``SUCCESS``, ``FAILURE``, ``REVOKED``) to its
+  waiter, decoded by Celery's own result backend, so the outcome dict and the exception
   type are those of ``solve.delay(...).get()``.
-* :func:`stream` reads its batch's Redis stream with ``XREAD BLOCK``, like the blocking
-  :func:`captcha_tasks.stream.stream`, whose bookkeeping it shares.
+* :func:`stream` reads its batch's Redis stream with ``XREAD BLOCK``: it is the asyncio
+  driver of :class:`captcha_tasks.batching.Batch`, whose other driver is the blocking
+  :func:`captcha_tasks.stream.stream`, so both have the same semantics, Redis outages
+  included.
+
+A Redis that does not answer raises :class:`~captcha_tasks.errors.StoreUnavailable`, with
+the message of the sync calls (``REDIS_URL``, password masked), never a redis-py error.
 
 Both use one ``redis.asyncio`` client (one connection pool) per event loop.  It is closed
 when the loop's tasks are cancelled at shutdown (``asyncio.run``, uvicorn), or by
@@ -34,11 +41,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
+import time
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
-    Awaitable,
     Callable,
     Iterable,
     Mapping,
@@ -46,7 +52,7 @@ from collections.abc import (
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from celery import states
@@ -55,25 +61,26 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import connections, errors
+from .batching import Abandon, Batch, Done, Emit, Fail, Pull, Read, Send, Wait
+from .connections import UNREACHABLE
 from .keys import Keys
 from .settings import Settings
-from .state.batches import CANCEL_TTL, entries
+from .state.batches import AsyncBatchStreams
+from .state.db import Db
 from .state.lua import text
-from .stream import Batch, rejected
+from .stream import abandon_failed, abandoned, new_batch, send_task
 from .worker.app import app
-from .worker.tasks import normalize_solve_args
 from .worker.tasks import solve as solve_task
 
 log = logging.getLogger(__name__)
 
-#: Longest single ``XREAD BLOCK`` of a stream (it also wakes for the next task timeout).
-MAX_BLOCK_MS = 10_000
 #: Pause before the pub/sub reader tries again after losing its connection.
 RECONNECT_S = 0.5
 #: ``CLIENT SETNAME`` of the asyncio connections (``CLIENT LIST`` tells them apart).
 CLIENT_NAME = "captcha-tasks-aio"
 
 Task = Mapping[str, Any]
+T = TypeVar("T")
 
 
 async def solve(
@@ -82,18 +89,15 @@ async def solve(
     """Solve one captcha and return its outcome dict, as ``solve.delay(...).get()`` does.
 
     Bad arguments raise :class:`~captcha_tasks.errors.ValidationError` before anything is
-    sent; a failed solve raises the same typed error as ``get()`` (``ProxyError``,
-    ``SolveTimeout``, ...).  Bound the wait with ``asyncio.timeout()`` if you need to.
+    sent, and Redis down :class:`~captcha_tasks.errors.StoreUnavailable`, as
+    ``solve.delay`` does; a failed solve raises the same typed error as ``get()``
+    (``ProxyError``, ``SolveTimeout``, ...).  Bound the wait with ``asyncio.timeout()`` if
+    you need to.
     """
     kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
-    normalize_solve_args((), kwargs)  # call-site validation, before any I/O
-    solve_id = str(uuid.uuid4())
     hub = _hubs().hub()
-
-    async def send() -> None:
-        await _publish(kwargs, task_id=solve_id)
-
-    record = await hub.wait_result(_result_key(solve_id), send)
+    sent = await _publish(partial(solve_task.apply_async, kwargs=kwargs))
+    record = await hub.wait_result(_result_key(sent.id))
     return _outcome(record)
 
 
@@ -111,32 +115,30 @@ async def stream(
     not submitted yet; ``async with contextlib.aclosing(stream(...))`` makes that happen
     at once rather than when the generator is collected.
     """
-    settings = app.runtime().settings
-    size = window or 2 * settings.capacity
-    if size < 1:
-        raise errors.ValidationError("window must be at least 1")
-    batch = Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
+    batch = new_batch(app.runtime().settings, window, timeout_per_task)
     hub = _hubs().hub()
-    source = _numbered(tasks)
-    exhausted = False
+    source = _iterate(tasks)
     try:
         while True:
-            while not exhausted and len(batch.pending) < size:
-                item = await anext(source, None)
-                if item is None:
-                    exhausted = True
-                    break
-                failure = await _queue(batch, *item)
-                if failure is not None:
-                    yield failure
-            if exhausted and not batch.pending:
+            action = batch.next_action(time.monotonic())
+            if isinstance(action, Emit):
+                for outcome in action.outcomes:
+                    yield outcome
+            elif isinstance(action, Pull):
+                await _pull(source, batch)
+            elif isinstance(action, Send):
+                await _send(batch, action)
+            elif isinstance(action, Read):
+                await _read(hub.batches, batch, action)
+            elif isinstance(action, Wait):
+                await asyncio.sleep(action.seconds)  # back-off while Redis is away
+            elif isinstance(action, Fail):
+                raise action.error
+            else:
+                assert isinstance(action, Done)
                 return
-            for outcome in await _arrived(hub, batch):
-                yield outcome
-            for outcome in batch.timed_out():
-                yield outcome
     finally:
-        await _abandon(hub, batch)
+        await _abandon(hub.batches, batch.close())
 
 
 async def aclose() -> None:
@@ -153,8 +155,9 @@ class Hubs:
     """The asyncio API's connections in one process, kept with the app's runtime: one
     :class:`_Hub` per event loop, and the one thread that publishes solve messages."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, db: Db) -> None:
         self.settings = settings
+        self.db = db  # the sync state's: its errors name REDIS_URL as every sync call's do
         self.hubs: dict[asyncio.AbstractEventLoop, _Hub] = {}
         self.publisher = ThreadPoolExecutor(1, thread_name_prefix="captcha-tasks-publish")
 
@@ -172,19 +175,26 @@ class Hubs:
 
 def _hubs() -> Hubs:
     runtime = app.runtime()
-    return runtime.resource("aio", lambda: Hubs(runtime.settings))
+    return runtime.resource("aio", lambda: Hubs(runtime.settings, runtime.state.db))
 
 
-async def _publish(kwargs: dict[str, Any], **options: Any) -> str:
-    """``solve.apply_async`` on the publisher thread; returns the solve's id."""
+async def _publish(call: Callable[[], T]) -> T:
+    """A blocking call of the sync API (``solve.apply_async``: validation, Redis, the
+    broker) on the publisher thread, with its errors."""
     loop = asyncio.get_running_loop()
-    call = partial(solve_task.apply_async, kwargs=kwargs, **options)
-    result = await loop.run_in_executor(_hubs().publisher, call)
-    return str(result.id)
+    return await loop.run_in_executor(_hubs().publisher, call)
 
 
 def _result_key(task_id: str) -> str:
     return text(app.backend.get_key_for_task(task_id))
+
+
+def _ready(record: str) -> bool:
+    """Whether a result record is final (in-flight states are published too)."""
+    try:
+        return app.backend.decode_result(record)["status"] in states.READY_STATES
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _outcome(record: str) -> dict[str, Any]:
@@ -203,7 +213,6 @@ def _outcome(record: str) -> dict[str, Any]:
 
 @dataclass
 class _Waiter:
-    confirmed: asyncio.Future[None]
     record: asyncio.Future[str]
 
 
@@ -218,24 +227,29 @@ class _Hub:
     waiters: dict[str, _Waiter] = field(default_factory=dict)
     subscribing: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    batches: AsyncBatchStreams = field(init=False)
+    lost: bool = False  #: the pub/sub connection is down (said once per outage)
+    chores: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        self.batches = AsyncBatchStreams(self.redis, self.owner.db)
         self.pubsub = self.redis.pubsub()
         # The reader is also the hub's keeper: cancelled at the loop's shutdown, it closes
         # the connections.
         self.reader = self.loop.create_task(self._read(), name="captcha-tasks-results")
 
-    async def wait_result(self, channel: str, send: Callable[[], Awaitable[None]]) -> str:
-        """Subscribe to ``channel``, run ``send()`` once Redis confirmed it, and return the
-        record published there."""
-        waiter = _Waiter(self.loop.create_future(), self.loop.create_future())
+    async def wait_result(self, channel: str) -> str:
+        """Subscribe to ``channel`` and return the ready record published there (or stored
+        before the subscription took effect)."""
+        waiter = _Waiter(self.loop.create_future())
         self.waiters[channel] = waiter
         try:
             async with self.subscribing:  # one SUBSCRIBE at a time on the shared connection
-                await self.pubsub.subscribe(channel)
+                try:
+                    await self.pubsub.subscribe(channel)
+                except UNREACHABLE as exc:
+                    raise self.owner.db.unavailable(exc, "the result is unavailable") from None
             self.started.set()
-            await waiter.confirmed
-            await send()
             return await waiter.record
         finally:
             del self.waiters[channel]
@@ -253,9 +267,14 @@ class _Hub:
                 except (RedisConnectionError, RedisTimeoutError) as exc:
                     # redis-py re-subscribes on reconnect; _dispatch then re-reads the
                     # records that may have been published meanwhile.
-                    log.warning("result channel lost (%s); reconnecting", exc)
+                    if not self.lost:
+                        log.warning("result channel lost (%s); reconnecting", exc)
+                        self.lost = True
                     await asyncio.sleep(RECONNECT_S)
                     continue
+                if self.lost:
+                    log.warning("result channel is back")
+                    self.lost = False
                 if message:
                     self._dispatch(message)
         finally:
@@ -268,10 +287,11 @@ class _Hub:
         if message["type"] == "message":
             _settle(waiter.record, text(message["data"]))
         elif message["type"] == "subscribe":
-            if waiter.confirmed.done():  # subscribed again after a reconnect
-                self.loop.create_task(self._reread(text(message["channel"])))
-            else:
-                waiter.confirmed.set_result(None)
+            # Subscribed (or again, after a reconnect): a record stored before then was
+            # published to nobody.
+            chore = self.loop.create_task(self._reread(text(message["channel"])))
+            self.chores.add(chore)
+            chore.add_done_callback(self.chores.discard)
 
     async def _reread(self, channel: str) -> None:
         with contextlib.suppress(RedisError):
@@ -290,67 +310,66 @@ class _Hub:
             del self.owner.hubs[self.loop]
         closed = errors.StoreUnavailable("this event loop's Redis client was closed")
         for waiter in self.waiters.values():
-            for future in (waiter.confirmed, waiter.record):
-                if not future.done():
-                    future.set_exception(closed)
+            if not waiter.record.done():
+                waiter.record.set_exception(closed)
         with contextlib.suppress(RedisError, OSError):
             await self.pubsub.aclose()  # type: ignore[no-untyped-call]
         with contextlib.suppress(RedisError, OSError):
             await self.redis.aclose()
 
 
-def _settle(future: asyncio.Future[str], value: str) -> None:
-    if not future.done():
-        future.set_result(value)
+def _settle(future: asyncio.Future[str], record: str) -> None:
+    if not future.done() and _ready(record):
+        future.set_result(record)
 
 
 # -- streams ------------------------------------------------------------------------------
 
 
-async def _numbered(tasks: Iterable[Task] | AsyncIterable[Task]) -> AsyncIterator[tuple[int, Task]]:
+async def _iterate(tasks: Iterable[Task] | AsyncIterable[Task]) -> AsyncIterator[Task]:
     if isinstance(tasks, AsyncIterable):
-        index = 0
         async for task in tasks:
-            yield index, task
-            index += 1
+            yield task
     else:
-        for index, task in enumerate(tasks):
-            yield index, task
+        for task in tasks:
+            yield task
 
 
-async def _queue(batch: Batch, index: int, task: Task) -> dict[str, Any] | None:
-    kwargs = {**task, "_batch": {"id": batch.batch_id, "index": index}}
+async def _pull(source: AsyncIterator[Task], batch: Batch) -> None:
     try:
-        task_id = await _publish(kwargs)
+        task = await anext(source)
+    except StopAsyncIteration:
+        batch.ended()
+    else:
+        batch.pulled(task)
+
+
+async def _send(batch: Batch, action: Send) -> None:
+    try:
+        await _publish(partial(send_task, batch.batch_id, action.index, action.task))
     except errors.ValidationError as exc:
-        return rejected(index, task, exc)
-    batch.sent(index, task_id, task.get("method"))
-    return None
+        batch.refused(exc)
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.sent(time.monotonic())
 
 
-async def _arrived(hub: _Hub, batch: Batch) -> list[dict[str, Any]]:
-    key = hub.keys.batch_results(batch.batch_id)
-    wait_s = batch.next_deadline() or 0.0
-    block_ms = max(1, min(MAX_BLOCK_MS, int(wait_s * 1000) + 1))
+async def _read(streams: AsyncBatchStreams, batch: Batch, action: Read) -> None:
     try:
-        reply = await hub.redis.xread({key: batch.last_id}, count=500, block=block_ms)
-        found = entries(reply)
-        if found:
-            await hub.redis.xtrim(key, minid=found[-1][0])
-    except (RedisConnectionError, RedisTimeoutError):
-        raise errors.StoreUnavailable("Redis is down: batch results are unavailable") from None
-    return batch.arrived(found)
+        found = await streams.read(batch.batch_id, action.after, block_ms=action.block_ms)
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.read(found)
 
 
-async def _abandon(hub: _Hub, batch: Batch) -> None:
-    keys = hub.keys
+async def _abandon(streams: AsyncBatchStreams, abandon: Abandon | None) -> None:
+    if abandon is None:
+        return  # nothing was queued (Redis down at the first task, say): nothing to cancel
     try:
-        async with hub.redis.pipeline(transaction=True) as pipe:
-            if batch.pending:
-                pipe.set(keys.batch_cancelled(batch.batch_id), "1", ex=CANCEL_TTL)
-            pipe.delete(keys.batch_results(batch.batch_id))
-            await pipe.execute()
-        if batch.pending:
-            log.info("batch %s abandoned: %d tasks cancelled", batch.batch_id, len(batch.pending))
-    except Exception:  # never hide the caller's own exception (a cancellation) behind ours
-        log.warning("could not cancel batch %s", batch.batch_id, exc_info=True)
+        await streams.abandon(abandon.batch_id, cancel=abandon.cancel)
+    except Exception as exc:  # never hide the caller's own exception (a cancellation) behind ours
+        abandon_failed(abandon, exc)
+    else:
+        abandoned(abandon)

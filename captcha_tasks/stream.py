@@ -15,6 +15,9 @@ A Redis outage once the batch has started (a restart, a failover) is ridden out:
 stream waits, with back-off, and goes on where it was when Redis is back; only tasks whose
 result is overdue meanwhile fail (``ERROR_SOLVE_TIMEOUT``).  Redis down at the very first
 task raises :class:`~captcha_tasks.errors.StoreUnavailable` at once.
+
+What to do when is decided by :class:`captcha_tasks.batching.Batch` (no I/O); this module
+is its driver on redis-py, and :func:`captcha_tasks.aio.stream` its driver on asyncio.
 """
 
 from __future__ import annotations
@@ -22,97 +25,19 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import deque
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from kombu.exceptions import OperationalError
 
 from . import errors
-from .outcome import Failed
+from .batching import Abandon, Batch, Done, Emit, Fail, Pull, Read, Send, Wait
+from .settings import Settings
 from .state.batches import BatchStreams
 from .worker.app import app
 from .worker.tasks import solve
 
 log = logging.getLogger(__name__)
-
-READ_BLOCK_MS = 500
-#: Seconds between looks while Redis is unreachable: from the first, doubling to the last.
-OUTAGE_WAIT_S = (0.2, 2.0)
-
-
-class Outage:
-    """Waits out a Redis outage with back-off, saying so once per outage."""
-
-    def __init__(self) -> None:
-        self.wait_s: float | None = None
-
-    def wait(self, exc: Exception) -> None:
-        if self.wait_s is None:
-            log.warning("Redis is unavailable (%s); the batch waits for it", exc)
-            self.wait_s = OUTAGE_WAIT_S[0]
-        time.sleep(self.wait_s)  # back-off between attempts while Redis is away
-        self.wait_s = min(OUTAGE_WAIT_S[1], self.wait_s * 2)
-
-    def over(self) -> None:
-        if self.wait_s is not None:
-            log.warning("Redis is back; the batch goes on")
-            self.wait_s = None
-
-
-@dataclass
-class Pending:
-    task_id: str
-    method: str | None
-    sent_at: float
-
-
-@dataclass
-class Batch:
-    """A batch's bookkeeping, without I/O (shared with :func:`captcha_tasks.aio.stream`)."""
-
-    batch_id: str
-    timeout: float
-    pending: dict[int, Pending] = field(default_factory=dict)
-    last_id: str = "0-0"
-    queued: int = 0
-
-    def sent(self, index: int, task_id: str, method: str | None) -> None:
-        self.pending[index] = Pending(task_id, method, time.monotonic())
-        self.queued += 1
-
-    def arrived(self, found: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
-        """The outcomes among stream entries ``found`` that this batch still waits for."""
-        out = []
-        for entry_id, outcome in found:
-            self.last_id = entry_id
-            if self.pending.pop(outcome["index"], None) is not None:
-                out.append(outcome)
-        return out
-
-    def timed_out(self) -> list[dict[str, Any]]:
-        """Failed outcomes for the tasks whose results are overdue (forgotten here)."""
-        now = time.monotonic()
-        late = [i for i, p in self.pending.items() if now - p.sent_at > self.timeout]
-        out = []
-        for index in late:
-            pending = self.pending.pop(index)
-            exc = errors.SolveTimeout(f"no result within {self.timeout:.0f}s")
-            out.append({**Failed.from_exception(exc, pending.method).to_dict(), "index": index})
-        return out
-
-    def next_deadline(self) -> float | None:
-        """Seconds until the first pending task times out (None when nothing is pending)."""
-        if not self.pending:
-            return None
-        first = min(p.sent_at for p in self.pending.values())
-        return first + self.timeout - time.monotonic()
-
-
-def rejected(index: int, task: Mapping[str, Any], exc: errors.ValidationError) -> dict[str, Any]:
-    """The failed outcome of a task that ``solve`` refused at the call site."""
-    return {**Failed.from_exception(exc, task.get("method")).to_dict(), "index": index}
 
 
 def stream(
@@ -131,83 +56,109 @@ def stream(
     result never arrives.
     """
     runtime = app.runtime()
-    settings, streams = runtime.settings, runtime.state.batches
-    size = window or 2 * settings.capacity
-    if size < 1:
-        raise errors.ValidationError("window must be at least 1")
-    batch = Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
-    source = enumerate(tasks)
-    backlog: deque[tuple[int, Mapping[str, Any]]] = deque()  # not queued for an outage
-    outage = Outage()
-    exhausted = False
+    batch = new_batch(runtime.settings, window, timeout_per_task)
+    streams = runtime.state.batches
+    source = iter(tasks)
     try:
         while True:
-            while len(batch.pending) < size:
-                item = backlog.popleft() if backlog else None
-                if item is None and not exhausted:
-                    item = next(source, None)
-                    exhausted = item is None
-                if item is None:
-                    break
-                try:
-                    failure = _queue(batch, *item)
-                except errors.StoreUnavailable as exc:
-                    if not batch.queued:
-                        raise  # down from the start: the caller hears it at once
-                    backlog.appendleft(item)
-                    outage.wait(exc)
-                    break
-                if failure is not None:
-                    yield failure
-            if exhausted and not backlog and not batch.pending:
-                return
-            try:
-                found = _read(streams, batch)
-            except errors.StoreUnavailable as exc:
-                outage.wait(exc)
+            action = batch.next_action(time.monotonic())
+            if isinstance(action, Emit):
+                yield from action.outcomes
+            elif isinstance(action, Pull):
+                _pull(source, batch)
+            elif isinstance(action, Send):
+                _send(batch, action)
+            elif isinstance(action, Read):
+                _read(streams, batch, action)
+            elif isinstance(action, Wait):
+                time.sleep(action.seconds)  # back-off while Redis is away
+            elif isinstance(action, Fail):
+                raise action.error
             else:
-                outage.over()
-                yield from found
-            yield from batch.timed_out()
+                assert isinstance(action, Done)
+                return
     finally:
-        _abandon(streams, batch)
+        _abandon(streams, batch.close())
 
 
-def _queue(batch: Batch, index: int, task: Mapping[str, Any]) -> dict[str, Any] | None:
-    task_id = str(uuid.uuid4())
-    kwargs = {**task, "_batch": {"id": batch.batch_id, "index": index}}
+def new_batch(settings: Settings, window: int | None, timeout_per_task: float | None) -> Batch:
+    """A batch with the defaults of ``settings`` (shared with :func:`captcha_tasks.aio.stream`)."""
+    return Batch(
+        uuid.uuid4().hex,
+        window=2 * settings.capacity if window is None else window,
+        timeout_s=settings.solve_timeout + 60 if timeout_per_task is None else timeout_per_task,
+    )
+
+
+def send_task(batch_id: str, index: int, task: Mapping[str, Any]) -> None:
+    """Queue ``task`` as task ``index`` of batch ``batch_id`` (validated by ``solve``:
+    :class:`~captcha_tasks.errors.ValidationError`; Redis down:
+    :class:`~captcha_tasks.errors.StoreUnavailable`).  Blocking: the asyncio driver runs
+    it on its publisher thread."""
+    kwargs = {**task, "_batch": {"id": batch_id, "index": index}}
     try:
-        solve.apply_async(kwargs=kwargs, task_id=task_id)
-    except errors.ValidationError as exc:
-        return rejected(index, task, exc)
+        solve.apply_async(kwargs=kwargs)
     except OperationalError:
         # The broker refused the message after Redis took note of it: housekeeping sends
-        # it again, under this id (see SolveTask.apply_async).
+        # it again, under its id (see SolveTask.apply_async).
         log.warning("task %d: the broker is unavailable; its message will be sent again", index)
-    batch.sent(index, task_id, task.get("method"))
-    return None
 
 
-def _read(streams: BatchStreams, batch: Batch) -> list[dict[str, Any]]:
-    """The outcomes that arrived (waiting up to :data:`READ_BLOCK_MS` for the first)."""
-    found = streams.read(batch.batch_id, batch.last_id, block_ms=READ_BLOCK_MS)
-    outcomes = batch.arrived(found)
-    if found:
-        try:
-            streams.trim(batch.batch_id, batch.last_id)
-        except errors.StoreUnavailable:  # read already: trimmed with the next ones
-            log.debug("could not trim batch %s", batch.batch_id)
-    return outcomes
-
-
-def _abandon(streams: BatchStreams, batch: Batch) -> None:
-    if not batch.queued:
-        return  # nothing was sent (Redis down at the first task, say): nothing to cancel
+def _pull(source: Iterator[Mapping[str, Any]], batch: Batch) -> None:
     try:
-        streams.abandon(batch.batch_id, cancel=bool(batch.pending))
-        if batch.pending:
-            log.info("batch %s abandoned: %d tasks cancelled", batch.batch_id, len(batch.pending))
-    except errors.StoreUnavailable as exc:  # the caller sees the outage itself, once
-        log.warning("could not cancel batch %s: %s", batch.batch_id, exc)
-    except Exception:  # never hide the caller's own exception (Ctrl-C) behind ours
-        log.warning("could not cancel batch %s", batch.batch_id, exc_info=True)
+        task = next(source)
+    except StopIteration:
+        batch.ended()
+    else:
+        batch.pulled(task)
+
+
+def _send(batch: Batch, action: Send) -> None:
+    try:
+        send_task(batch.batch_id, action.index, action.task)
+    except errors.ValidationError as exc:
+        batch.refused(exc)
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.sent(time.monotonic())
+
+
+def _read(streams: BatchStreams, batch: Batch, action: Read) -> None:
+    try:
+        found = streams.read(batch.batch_id, action.after, block_ms=action.block_ms)
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.read(found)
+
+
+def _abandon(streams: BatchStreams, abandon: Abandon | None) -> None:
+    if abandon is None:
+        return  # nothing was queued (Redis down at the first task, say): nothing to cancel
+    try:
+        streams.abandon(abandon.batch_id, cancel=abandon.cancel)
+    except Exception as exc:  # never hide the caller's own exception (Ctrl-C) behind ours
+        abandon_failed(abandon, exc)
+    else:
+        abandoned(abandon)
+
+
+def abandoned(abandon: Abandon) -> None:
+    """Log a batch cancelled by its caller (shared by both drivers)."""
+    if abandon.cancel:
+        log.info("batch %s abandoned: %d tasks cancelled", abandon.batch_id, abandon.unanswered)
+
+
+def abandon_failed(abandon: Abandon, exc: Exception) -> None:
+    """Log, in one line, a batch that could not be cleaned up: the caller sees the cause
+    itself (an outage) or is leaving with an exception of its own.  Only an unexpected
+    error keeps its traceback."""
+    expected = isinstance(exc, errors.CaptchaTasksError)
+    log.warning(
+        "could not %s batch %s: %s",
+        "cancel" if abandon.cancel else "drop the stream of",
+        abandon.batch_id,
+        exc,
+        exc_info=not expected,
+    )

@@ -1,0 +1,318 @@
+"""The batch reader's decisions, without I/O: one state machine for :func:`~captcha_tasks.
+stream.stream` and :func:`~captcha_tasks.aio.stream`.
+
+In the manner of h11, a :class:`Batch` is told what happened and answers what to do next
+as a value; a driver does the I/O and reports back.  The two drivers (redis-py in
+:mod:`captcha_tasks.stream`, ``redis.asyncio`` in :mod:`captcha_tasks.aio`) are each one
+loop over :meth:`Batch.next_action`, so they cannot drift apart.
+
+The conversation::
+
+    action = batch.next_action(now)     # the clock is passed in
+    Pull()            -> batch.pulled(task) | batch.ended()
+    Send(index, task) -> batch.sent(now) | batch.refused(exc) | batch.unavailable(exc, now)
+    Read(after, ...)  -> batch.read(entries) | batch.unavailable(exc, now)
+    Wait(seconds)     -> sleep, then ask again
+    Emit(outcomes)    -> yield them to the caller
+    Fail(error)       -> raise it
+    Done()            -> stop
+    batch.close()     -> Abandon(...) to carry out, or None (the caller left, or the batch ended)
+
+What it decides:
+
+* **Windowed submission**: at most ``window`` tasks are queued and unanswered at once.
+* **Completion order**: each outcome is emitted when it arrives, once, with its ``index``.
+* **Per-task deadline**: a task whose outcome is ``timeout_s`` late fails with
+  ``ERROR_SOLVE_TIMEOUT`` (a late outcome is then dropped).
+* **Redis outages are ridden out** once a task was queued: back off from
+  :data:`OUTAGE_WAIT_S` ``[0]`` to ``[1]`` seconds, and go on where the batch was when Redis
+  answers again.  Redis down before any task was queued fails at once, and an outage
+  longer than ``timeout_s`` (every task queued before it has timed out by then) ends the
+  batch with :class:`~captcha_tasks.errors.StoreUnavailable`.
+* **Leaving**: whatever is still unanswered when the batch closes is cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import errors
+from .outcome import Failed
+
+log = logging.getLogger(__name__)
+
+#: Longest single blocking read of the batch's stream (the sync client's socket timeout is
+#: longer); a read also wakes for the next task deadline.
+MAX_BLOCK_S = 5.0
+#: Seconds between attempts while Redis is unreachable: from the first, doubling to the last.
+OUTAGE_WAIT_S = (0.2, 2.0)
+
+Task = Mapping[str, Any]
+Outcome = dict[str, Any]
+
+
+# -- what to do next ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Take the next task from the caller's iterable; report :meth:`Batch.pulled` or
+    :meth:`Batch.ended`."""
+
+
+@dataclass(frozen=True)
+class Send:
+    """Queue ``task`` (a ``solve``'s keyword arguments) as the batch's task ``index``;
+    report :meth:`Batch.sent`, :meth:`Batch.refused` or :meth:`Batch.unavailable`."""
+
+    index: int
+    task: Task
+
+
+@dataclass(frozen=True)
+class Read:
+    """Read the batch's stream after entry ``after`` (the entries up to it are read and may
+    be trimmed), blocking up to ``block_ms`` for the first; report :meth:`Batch.read` or
+    :meth:`Batch.unavailable`."""
+
+    after: str
+    block_ms: int
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Redis is away: wait this long before the next attempt."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Emit:
+    """Hand these outcomes to the caller, in this order."""
+
+    outcomes: tuple[Outcome, ...]
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The batch cannot go on: raise ``error``."""
+
+    error: errors.CaptchaTasksError
+
+
+@dataclass(frozen=True)
+class Done:
+    """Every task has its outcome."""
+
+
+@dataclass(frozen=True)
+class Abandon:
+    """The batch is over: drop its stream, and mark it cancelled when ``cancel`` (then its
+    ``unanswered`` queued tasks end without calling the API)."""
+
+    batch_id: str
+    cancel: bool
+    unanswered: int
+
+
+Action = Pull | Send | Read | Wait | Emit | Fail | Done
+
+
+class ProtocolError(RuntimeError):
+    """A driver reported an event the batch did not ask for (a bug in the driver)."""
+
+
+# -- the state machine --------------------------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    method: str | None
+    deadline: float
+
+
+@dataclass
+class _Outage:
+    since: float
+    retry_at: float
+    wait_s: float
+    error: errors.StoreUnavailable
+
+
+@dataclass
+class Batch:
+    """One batch's bookkeeping and decisions.  Times are seconds on the driver's monotonic
+    clock, passed in with every event."""
+
+    batch_id: str
+    window: int
+    timeout_s: float
+    max_block_s: float = MAX_BLOCK_S
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    #: Tasks taken from the source and not queued yet: (index, task), oldest first.
+    backlog: deque[tuple[int, Task]] = field(default_factory=deque)
+    last_id: str = "0-0"
+    queued: int = 0
+    source_ended: bool = False
+    _taken: int = 0
+    _outbox: list[Outcome] = field(default_factory=list)
+    _asked: Action | None = None
+    _outage: _Outage | None = None
+    _failure: errors.CaptchaTasksError | None = None
+    _closed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise errors.ValidationError(f"window must be at least 1, not {self.window}")
+        if self.timeout_s <= 0:
+            raise errors.ValidationError(
+                f"timeout_per_task must be positive, not {self.timeout_s:g}"
+            )
+
+    # -- what to do next ------------------------------------------------------------------
+
+    def next_action(self, now: float) -> Action:
+        """The next step, at time ``now``."""
+        self._asked = action = self._decide(now)
+        if isinstance(action, Emit):
+            self._outbox = []
+        return action
+
+    def _decide(self, now: float) -> Action:
+        if self._closed:
+            raise ProtocolError("the batch is closed")
+        if self._failure is not None:
+            return Fail(self._failure)
+        self._expire(now)
+        if self._outbox:
+            return Emit(tuple(self._outbox))
+        if self._outage is not None:
+            if now - self._outage.since >= self.timeout_s:
+                return Fail(self._gave_up(now))
+            if now < self._outage.retry_at:
+                return Wait(self._outage.retry_at - now)
+        if len(self.pending) < self.window:
+            if self.backlog:
+                index, task = self.backlog[0]
+                return Send(index, task)
+            if not self.source_ended:
+                return Pull()
+        if not self.pending:
+            return Done()
+        return Read(self.last_id, self._block_ms(now))
+
+    def _block_ms(self, now: float) -> int:
+        first = min(p.deadline for p in self.pending.values())
+        return max(1, int(min(self.max_block_s, first - now) * 1000) + 1)
+
+    def _expire(self, now: float) -> None:
+        late = [i for i, p in self.pending.items() if now >= p.deadline]
+        for index in late:
+            pending = self.pending.pop(index)
+            exc = errors.SolveTimeout(f"no result within {self.timeout_s:g}s")
+            self._outbox.append(failed(index, pending.method, exc))
+
+    def _gave_up(self, now: float) -> errors.StoreUnavailable:
+        assert self._outage is not None
+        waited = now - self._outage.since
+        untold = [f"{len(self.backlog)} task(s) were not queued"] if self.backlog else []
+        if not self.source_ended:
+            untold.append("the rest of the input was not read")
+        self._failure = errors.StoreUnavailable(
+            f"{self._outage.error.message}; the batch stopped after {waited:.0f}s without "
+            f"Redis: {'; '.join(untold) or 'every task was queued'}"
+        )
+        return self._failure
+
+    # -- what happened --------------------------------------------------------------------
+
+    def pulled(self, task: Task) -> None:
+        """The source gave the next task."""
+        self._expect(Pull)
+        self.backlog.append((self._taken, task))
+        self._taken += 1
+
+    def ended(self) -> None:
+        """The source has no more tasks."""
+        self._expect(Pull)
+        self.source_ended = True
+
+    def sent(self, now: float) -> None:
+        """The task of the last :class:`Send` was queued (its outcome will carry its index)."""
+        index, task = self._sending()
+        self.backlog.popleft()
+        self.pending[index] = _Pending(_method(task), now + self.timeout_s)
+        self.queued += 1
+        self._redis_answered()
+
+    def refused(self, exc: errors.ValidationError) -> None:
+        """``solve`` refused the task of the last :class:`Send`: it fails, the batch goes on."""
+        index, task = self._sending()
+        self.backlog.popleft()
+        self._outbox.append(failed(index, _method(task), exc))
+
+    def read(self, found: Sequence[tuple[str, Outcome]]) -> None:
+        """The last :class:`Read` returned ``found`` (entry id, outcome), oldest first."""
+        self._expect(Read)
+        for entry_id, outcome in found:
+            self.last_id = entry_id
+            if self.pending.pop(outcome["index"], None) is not None:
+                self._outbox.append(outcome)
+        self._redis_answered()
+
+    def unavailable(self, exc: errors.StoreUnavailable, now: float) -> None:
+        """The last :class:`Send` or :class:`Read` failed because Redis is away."""
+        self._expect(Send, Read)
+        if self.queued == 0:
+            # Down from the start: the caller hears it at once (nothing to ride out for).
+            self._failure = exc
+            return
+        outage = self._outage
+        if outage is None:
+            log.warning("Redis is unavailable (%s); batch %s waits for it", exc, self.batch_id)
+            first = OUTAGE_WAIT_S[0]
+            self._outage = _Outage(since=now, retry_at=now + first, wait_s=first, error=exc)
+            return
+        outage.wait_s = min(OUTAGE_WAIT_S[1], outage.wait_s * 2)
+        outage.retry_at = now + outage.wait_s
+        outage.error = exc
+
+    def close(self) -> Abandon | None:
+        """The batch is over (done, failed, or the caller left): what to clean up, if
+        anything was queued."""
+        if self._closed or self.queued == 0:
+            self._closed = True
+            return None
+        self._closed = True
+        return Abandon(self.batch_id, cancel=bool(self.pending), unanswered=len(self.pending))
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _expect(self, *kinds: type) -> None:
+        if not isinstance(self._asked, kinds):
+            names = "/".join(k.__name__ for k in kinds)
+            raise ProtocolError(f"reported the outcome of a {names} that was not asked for")
+        self._asked = None
+
+    def _sending(self) -> tuple[int, Task]:
+        self._expect(Send)
+        return self.backlog[0]
+
+    def _redis_answered(self) -> None:
+        if self._outage is not None:
+            log.warning("Redis is back; batch %s goes on", self.batch_id)
+            self._outage = None
+
+
+def failed(index: int, method: str | None, exc: errors.CaptchaTasksError) -> Outcome:
+    """The failed outcome of the batch's task ``index``."""
+    return {**Failed.from_exception(exc, method).to_dict(), "index": index}
+
+
+def _method(task: Task) -> str | None:
+    method = task.get("method")
+    return method if isinstance(method, str) else None
