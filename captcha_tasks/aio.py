@@ -229,7 +229,9 @@ class _Hub:
     started: asyncio.Event = field(default_factory=asyncio.Event)
     batches: AsyncBatchStreams = field(init=False)
     lost: bool = False  #: the pub/sub connection is down (said once per outage)
-    chores: set[asyncio.Task[None]] = field(default_factory=set)
+    #: Channels just subscribed, whose records are read once (by one task, with MGET).
+    unread: set[str] = field(default_factory=set)
+    rereader: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
         self.batches = AsyncBatchStreams(self.redis, self.owner.db)
@@ -289,16 +291,24 @@ class _Hub:
         elif message["type"] == "subscribe":
             # Subscribed (or again, after a reconnect): a record stored before then was
             # published to nobody.
-            chore = self.loop.create_task(self._reread(text(message["channel"])))
-            self.chores.add(chore)
-            chore.add_done_callback(self.chores.discard)
+            self.unread.add(text(message["channel"]))
+            if self.rereader is None or self.rereader.done():
+                self.rereader = self.loop.create_task(self._reread())
 
-    async def _reread(self, channel: str) -> None:
-        with contextlib.suppress(RedisError):
-            record = await self.redis.get(channel)
-            waiter = self.waiters.get(channel)
-            if record is not None and waiter is not None:
-                _settle(waiter.record, text(record))
+    async def _reread(self) -> None:
+        while self.unread:
+            channels = [c for c in self.unread if c in self.waiters]
+            self.unread.clear()
+            if not channels:
+                continue
+            try:
+                records = await self.redis.mget(channels)
+            except RedisError:
+                return  # the channel is lost too: read again when it is back
+            for channel, record in zip(channels, records, strict=True):
+                waiter = self.waiters.get(channel)
+                if record is not None and waiter is not None:
+                    _settle(waiter.record, text(record))
 
     async def close(self) -> None:
         self.reader.cancel()

@@ -283,11 +283,11 @@ def test_ctrl_c_keeps_lines_and_prints_how_to_resume(
 
 
 def test_a_csv_file_with_another_name_is_explained_in_one_line(
-    sandbox: Any, tmp_path: Path
+    sandbox: Any, tmp_path: Path, env: dict[str, str]
 ) -> None:
     source = tmp_path / "tasks.txt"  # CSV content, saved under a name that means JSON lines
     source.write_text("method,sitekey,pageurl\n" + f"turnstile,k,{PAGE}\n" * 20)
-    proc = run_cli("batch", str(source), "-o", str(tmp_path / "out.jsonl"))
+    proc = run_cli("batch", str(source), "-o", str(tmp_path / "out.jsonl"), env=env)
     assert proc.returncode == 2
     first, summary = proc.stderr.strip().splitlines()
     assert "looks like a CSV header" in first and "rename it to .csv" in first
@@ -295,13 +295,15 @@ def test_a_csv_file_with_another_name_is_explained_in_one_line(
     assert sandbox.stats()["submits"] == 0
 
 
-def test_resume_with_everything_solved_says_so(sandbox: Any, tmp_path: Path) -> None:
+def test_resume_with_everything_solved_says_so(
+    sandbox: Any, tmp_path: Path, env: dict[str, str]
+) -> None:
     source = write_jsonl(tmp_path / "in.jsonl", [task(sitekey=f"k{i}") for i in range(3)])
     out = write_jsonl(
         tmp_path / "out.jsonl",
         [{"index": i, "status": "solved", "token": f"t{i}"} for i in range(3)],
     )
-    proc = run_cli("batch", str(source), "--resume", str(out))
+    proc = run_cli("batch", str(source), "--resume", str(out), env=env)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == f"all 3 tasks of {source} are already solved in {out}"
     assert len(read_jsonl(out)) == 3
