@@ -45,10 +45,13 @@ def redis_client(settings: Settings) -> redis.Redis:
 
 def async_redis_client(settings: Settings, **options: Any) -> aioredis.Redis:
     """A ``redis.asyncio`` client.  No socket timeout: pub/sub readers and ``XREAD BLOCK``
-    wait on purpose (``options`` add to or override the defaults)."""
+    wait on purpose (``options`` add to or override the defaults).  Said explicitly:
+    redis-py 8 reads with a 5 s timeout by default, which breaks a blocking read that
+    waits as long; redis-py 5 applies any socket timeout to pub/sub reads too."""
     kwargs: dict[str, Any] = {
         "decode_responses": True,
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": None,
         "socket_keepalive": True,
         **options,
     }
