@@ -256,7 +256,10 @@ class _Hub:
         finally:
             del self.waiters[channel]
             if not self.reader.done():
-                with contextlib.suppress(RedisError):
+                # Best effort: a channel left subscribed is ignored (no waiter), and the
+                # caller's own outcome or cancellation must not turn into ours.  A
+                # connection redis-py is tearing down raises AttributeError here.
+                with contextlib.suppress(RedisError, OSError, AttributeError):
                     async with self.subscribing:
                         await self.pubsub.unsubscribe(channel)
 
