@@ -21,7 +21,8 @@ How it waits, with no thread per call and no loop that polls Redis:
 * :func:`stream` reads its batch's Redis stream with ``XREAD BLOCK``: it is the asyncio
   driver of :class:`captcha_tasks.batching.Batch`, whose other driver is the blocking
   :func:`captcha_tasks.stream.stream`, so both have the same semantics, Redis outages
-  included.
+  and what a master change lost included (its looks for traceless tasks, re-sends and
+  reconnect reports are sync calls, made on the publisher thread).
 
 A Redis that does not answer raises :class:`~captcha_tasks.errors.StoreUnavailable`, with
 the message of the sync calls (``REDIS_URL``, password masked), never a redis-py error.
@@ -55,21 +56,29 @@ from functools import partial
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from celery import states
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import connections, errors
-from .batching import Abandon, Batch, Done, Emit, Fail, Pull, Read, Send, Wait
-from .connections import UNREACHABLE
+from .batching import Abandon, Batch, Done, Emit, Fail, Look, Pull, Read, Resend, Send, Wait
+from .connections import FAILOVERS, UNREACHABLE
 from .keys import Keys
 from .settings import Settings
+from .state import State
 from .state.batches import AsyncBatchStreams
 from .state.db import Db
 from .state.lua import text
-from .stream import abandon_failed, abandoned, new_batch, send_task
+from .stream import (
+    abandon_failed,
+    abandoned,
+    new_batch,
+    publish,
+    report_reconnects,
+    send_task,
+)
 from .worker.app import app
+from .worker.results import Results
 from .worker.tasks import solve as solve_task
 
 log = logging.getLogger(__name__)
@@ -115,11 +124,13 @@ async def stream(
     not submitted yet; ``async with contextlib.aclosing(stream(...))`` makes that happen
     at once rather than when the generator is collected.
     """
-    batch = new_batch(app.runtime().settings, window, timeout_per_task)
+    runtime = app.runtime()
+    batch = new_batch(runtime.settings, window, timeout_per_task)
     hub = _hubs().hub()
     source = _iterate(tasks)
     try:
         while True:
+            batch.saw_master(FAILOVERS.generation)
             action = batch.next_action(time.monotonic())
             if isinstance(action, Emit):
                 for outcome in action.outcomes:
@@ -129,7 +140,11 @@ async def stream(
             elif isinstance(action, Send):
                 await _send(batch, action)
             elif isinstance(action, Read):
-                await _read(hub.batches, batch, action)
+                await _read(hub.batches, runtime.state, batch, action)
+            elif isinstance(action, Look):
+                await _look(runtime.state, batch, action)
+            elif isinstance(action, Resend):
+                await _resend(batch, action)
             elif isinstance(action, Wait):
                 await asyncio.sleep(action.seconds)  # back-off while Redis is away
             elif isinstance(action, Fail):
@@ -186,26 +201,20 @@ async def _publish(call: Callable[[], T]) -> T:
 
 
 def _result_key(task_id: str) -> str:
-    return text(app.backend.get_key_for_task(task_id))
+    return Results(app).key(task_id)
 
 
 def _ready(record: str) -> bool:
-    """Whether a result record is final (in-flight states are published too)."""
+    """Whether a result record ends the wait (a solve in flight also says where it is)."""
     try:
-        return app.backend.decode_result(record)["status"] in states.READY_STATES
+        return Results(app).read(record).ready
     except (ValueError, KeyError, TypeError):
         return False
 
 
 def _outcome(record: str) -> dict[str, Any]:
     """The outcome in a stored result record, or its error raised (as ``get()`` does)."""
-    meta = app.backend.decode_result(record)
-    if meta["status"] == states.SUCCESS:
-        return dict(meta["result"])
-    result = meta["result"]
-    if isinstance(result, BaseException):
-        raise result
-    raise errors.CaptchaTasksError(f"solve ended in state {meta['status']}: {result!r}")
+    return Results(app).read(record).outcome()
 
 
 # -- one Redis client and pub/sub reader per event loop -----------------------------------
@@ -359,22 +368,42 @@ async def _pull(source: AsyncIterator[Task], batch: Batch) -> None:
 
 async def _send(batch: Batch, action: Send) -> None:
     try:
-        await _publish(partial(send_task, batch.batch_id, action.index, action.task))
+        task_id = await _publish(partial(send_task, batch.batch_id, action.index, action.task))
     except errors.ValidationError as exc:
         batch.refused(exc)
     except errors.StoreUnavailable as exc:
         batch.unavailable(exc, time.monotonic())
     else:
-        batch.sent(time.monotonic())
+        batch.sent(task_id, time.monotonic())
 
 
-async def _read(streams: AsyncBatchStreams, batch: Batch, action: Read) -> None:
+async def _read(streams: AsyncBatchStreams, state: State, batch: Batch, action: Read) -> None:
     try:
         found = await streams.read(batch.batch_id, action.after, block_ms=action.block_ms)
     except errors.StoreUnavailable as exc:
         batch.unavailable(exc, time.monotonic())
     else:
         batch.read(found)
+        if FAILOVERS.reconnects:  # a thread hop only when there is something to add
+            await _publish(partial(report_reconnects, state))
+
+
+async def _look(state: State, batch: Batch, action: Look) -> None:
+    try:
+        lost = await _publish(partial(state.records.traceless, action.task_ids))
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.looked(lost, time.monotonic())
+
+
+async def _resend(batch: Batch, action: Resend) -> None:
+    try:
+        await _publish(partial(publish, action.task_id, action.kwargs))
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.resent()
 
 
 async def _abandon(streams: AsyncBatchStreams, abandon: Abandon | None) -> None:

@@ -8,10 +8,14 @@ loop over :meth:`Batch.next_action`, so they cannot drift apart.
 
 The conversation::
 
+    batch.saw_master(generation)        # any time: the failover generation the driver sees
     action = batch.next_action(now)     # the clock is passed in
     Pull()            -> batch.pulled(task) | batch.ended()
-    Send(index, task) -> batch.sent(now) | batch.refused(exc) | batch.unavailable(exc, now)
+    Send(index, task) -> batch.sent(task_id, now) | batch.refused(exc)
+                         | batch.unavailable(exc, now)
     Read(after, ...)  -> batch.read(entries) | batch.unavailable(exc, now)
+    Look(task_ids)    -> batch.looked(traceless_ids, now) | batch.unavailable(exc, now)
+    Resend(id, kwargs)-> batch.resent() | batch.unavailable(exc, now)
     Wait(seconds)     -> sleep, then ask again
     Emit(outcomes)    -> yield them to the caller
     Fail(error)       -> raise it
@@ -29,6 +33,15 @@ What it decides:
   answers again.  Redis down before any task was queued fails at once, and an outage
   longer than ``timeout_s`` (every task queued before it has timed out by then) ends the
   batch with :class:`~captcha_tasks.errors.StoreUnavailable`.
+* **What a master change lost** (a Sentinel failover; a restart that lost writes): when
+  the driver sees the failover generation move (:meth:`Batch.saw_master`), the stream is
+  read from its start again (``"0-0"``: the new master's entries may sort before the old
+  one's; entries already emitted are skipped), and the pending tasks are looked at at
+  once.  Every :data:`TRACE_EVERY_S` anyway, the pending tasks at least that old are
+  looked at (:class:`Look`): each one of which Redis keeps no trace (no queued message
+  noted, no claim, no record, not parked or owed a message) lost its message before any
+  worker took it, and is sent again under the same task id and arguments
+  (:class:`Resend`).  A copy that was not lost after all is stopped by the solve's record.
 * **Leaving**: whatever is still unanswered when the batch closes is cancelled.
 """
 
@@ -50,6 +63,9 @@ log = logging.getLogger(__name__)
 MAX_BLOCK_S = 5.0
 #: Seconds between attempts while Redis is unreachable: from the first, doubling to the last.
 OUTAGE_WAIT_S = (0.2, 2.0)
+#: Seconds between looks for pending tasks of which Redis lost every trace, and the age a
+#: task must have to be looked at (younger, its message may still be on its way).
+TRACE_EVERY_S = 5.0
 
 Task = Mapping[str, Any]
 Outcome = dict[str, Any]
@@ -81,6 +97,24 @@ class Read:
 
     after: str
     block_ms: int
+
+
+@dataclass(frozen=True)
+class Look:
+    """Ask Redis which of these queued tasks it keeps no trace of; report
+    :meth:`Batch.looked` or :meth:`Batch.unavailable`."""
+
+    task_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Resend:
+    """Send the solve message of a task whose every trace Redis lost again, with the same
+    ``task_id`` and ``kwargs`` (``solve.apply_async(kwargs=kwargs, task_id=task_id)``);
+    report :meth:`Batch.resent` or :meth:`Batch.unavailable`."""
+
+    task_id: str
+    kwargs: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -119,7 +153,7 @@ class Abandon:
     unanswered: int
 
 
-Action = Pull | Send | Read | Wait | Emit | Fail | Done
+Action = Pull | Send | Read | Look | Resend | Wait | Emit | Fail | Done
 
 
 class ProtocolError(RuntimeError):
@@ -131,7 +165,9 @@ class ProtocolError(RuntimeError):
 
 @dataclass
 class _Pending:
-    method: str | None
+    task_id: str
+    task: Task
+    sent_at: float
     deadline: float
 
 
@@ -158,6 +194,13 @@ class Batch:
     last_id: str = "0-0"
     queued: int = 0
     source_ended: bool = False
+    #: The failover generation last seen (:meth:`saw_master`).
+    generation: int = 0
+    trace_every_s: float = TRACE_EVERY_S
+    #: When the pending tasks are next looked at.
+    look_at: float = float("-inf")
+    #: Tasks to send again (task id, index), oldest first.
+    resends: deque[tuple[str, int]] = field(default_factory=deque)
     _taken: int = 0
     _outbox: list[Outcome] = field(default_factory=list)
     _asked: Action | None = None
@@ -195,6 +238,9 @@ class Batch:
                 return Fail(self._gave_up(now))
             if now < self._outage.retry_at:
                 return Wait(self._outage.retry_at - now)
+        recovery = self._recovery(now)
+        if recovery is not None:
+            return recovery
         if len(self.pending) < self.window:
             if self.backlog:
                 index, task = self.backlog[0]
@@ -205,16 +251,34 @@ class Batch:
             return Done()
         return Read(self.last_id, self._block_ms(now))
 
+    def _recovery(self, now: float) -> Resend | Look | None:
+        while self.resends:
+            task_id, index = self.resends[0]
+            pending = self.pending.get(index)
+            if pending is not None and pending.task_id == task_id:
+                return Resend(task_id, solve_kwargs(self.batch_id, index, pending.task))
+            self.resends.popleft()  # answered (or timed out) meanwhile
+        if not self.pending or now < self.look_at:
+            return None
+        old = [p for p in self.pending.values() if now - p.sent_at >= self.trace_every_s]
+        if not old:
+            # Nothing old enough yet: look when the oldest is.
+            first = min(p.sent_at for p in self.pending.values())
+            self.look_at = first + self.trace_every_s
+            return None
+        return Look(tuple(p.task_id for p in old))
+
     def _block_ms(self, now: float) -> int:
         first = min(p.deadline for p in self.pending.values())
-        return max(1, int(min(self.max_block_s, first - now) * 1000) + 1)
+        wake = min(self.max_block_s, first - now, self.look_at - now)
+        return max(1, int(wake * 1000) + 1)
 
     def _expire(self, now: float) -> None:
         late = [i for i, p in self.pending.items() if now >= p.deadline]
         for index in late:
             pending = self.pending.pop(index)
             exc = errors.SolveTimeout(f"no result within {self.timeout_s:g}s")
-            self._outbox.append(failed(index, pending.method, exc))
+            self._outbox.append(failed(index, _method(pending.task), exc))
 
     def _gave_up(self, now: float) -> errors.StoreUnavailable:
         assert self._outage is not None
@@ -241,13 +305,51 @@ class Batch:
         self._expect(Pull)
         self.source_ended = True
 
-    def sent(self, now: float) -> None:
-        """The task of the last :class:`Send` was queued (its outcome will carry its index)."""
+    def sent(self, task_id: str, now: float) -> None:
+        """The task of the last :class:`Send` was queued as ``task_id`` (its outcome will
+        carry its index)."""
         index, task = self._sending()
         self.backlog.popleft()
-        self.pending[index] = _Pending(_method(task), now + self.timeout_s)
+        self.pending[index] = _Pending(task_id, task, now, now + self.timeout_s)
         self.queued += 1
         self._redis_answered()
+
+    def looked(self, traceless: Sequence[str], now: float) -> None:
+        """The last :class:`Look` found no trace in Redis of the tasks ``traceless``: they
+        are sent again."""
+        self._expect(Look)
+        self.look_at = now + self.trace_every_s
+        lost = set(traceless)
+        for index, pending in self.pending.items():
+            if pending.task_id in lost:
+                log.warning(
+                    "batch %s: Redis lost every trace of task %d (%s); sending it again",
+                    self.batch_id,
+                    index,
+                    pending.task_id,
+                )
+                self.resends.append((pending.task_id, index))
+        self._redis_answered()
+
+    def resent(self) -> None:
+        """The message of the last :class:`Resend` was sent again."""
+        self._expect(Resend)
+        self.resends.popleft()
+        self._redis_answered()
+
+    def saw_master(self, generation: int) -> None:
+        """The failover generation the driver sees now (any time; see
+        :data:`captcha_tasks.connections.FAILOVERS`).  When it moved, the stream is read
+        from its start again and the pending tasks are looked at."""
+        if generation == self.generation:
+            return
+        log.warning(
+            "batch %s: the Redis master changed; reading its results again from the start",
+            self.batch_id,
+        )
+        self.generation = generation
+        self.last_id = "0-0"
+        self.look_at = float("-inf")
 
     def refused(self, exc: errors.ValidationError) -> None:
         """``solve`` refused the task of the last :class:`Send`: it fails, the batch goes on."""
@@ -265,8 +367,14 @@ class Batch:
         self._redis_answered()
 
     def unavailable(self, exc: errors.StoreUnavailable, now: float) -> None:
-        """The last :class:`Send` or :class:`Read` failed because Redis is away."""
-        self._expect(Send, Read)
+        """The last :class:`Send`, :class:`Read`, :class:`Look` or :class:`Resend` failed
+        because Redis is away."""
+        asked = self._asked
+        self._expect(Send, Read, Look, Resend)
+        if isinstance(asked, Resend):
+            # What was traceless before the outage is looked at again after it.
+            self.resends.clear()
+            self.look_at = float("-inf")
         if self.queued == 0:
             # Down from the start: the caller hears it at once (nothing to ride out for).
             self._failure = exc
@@ -311,6 +419,12 @@ class Batch:
 def failed(index: int, method: str | None, exc: errors.CaptchaTasksError) -> Outcome:
     """The failed outcome of the batch's task ``index``."""
     return {**Failed.from_exception(exc, method).to_dict(), "index": index}
+
+
+def solve_kwargs(batch_id: str, index: int, task: Task) -> dict[str, Any]:
+    """The keyword arguments of ``solve`` for the batch's task ``index``: the caller's, and
+    where its outcome goes."""
+    return {**task, "_batch": {"id": batch_id, "index": index}}
 
 
 def _method(task: Task) -> str | None:

@@ -8,8 +8,9 @@
     │   │   └── BadMac                 ... or whose MAC is wrong (forged, another secret)
     │   └── BadMessage                 a Kafka task message the bridge cannot answer
     ├── RetryableError                 back off and try the same request again
-    │   ├── NoSlotError                no free provider thread (ERROR_NO_SLOT_AVAILABLE,
-    │   │                              ERROR_ZERO_BALANCE)
+    │   ├── NoSlotError                no free provider thread (ERROR_NO_SLOT_AVAILABLE)
+    │   ├── ProviderDown               the provider is out of rotation: the captcha goes
+    │   │                              to another one
     │   ├── TransportError             timeout, connection error, HTTP 5xx, HTML or empty body
     │   ├── RateLimited                HTTP 429: wait ``retry_after`` s (account wide)
     │   ├── ServerError                ERROR_SERVER_ERROR, MAX_USER_TURN
@@ -25,12 +26,16 @@
     │   └── TokenExpired               the answer's life ran out before delivery
     ├── FatalError                     fail fast, never retried
     │   ├── AuthError                  ERROR_WRONG_USER_KEY, ERROR_KEY_DOES_NOT_EXIST, IP_BANNED
+    │   ├── ZeroBalance                ERROR_ZERO_BALANCE at every provider that takes it
     │   ├── BadRequestError            ERROR_GOOGLEKEY, ERROR_PAGEURL, ERROR_BAD_PARAMETERS, ...
     │   ├── ProxyError                 ERROR_PROXY_CONNECTION_FAILED, ERROR_BAD_PROXY
-    │   └── UnknownAPIError            any other ERROR_* code (kept on ``code``)
+    │   ├── UnknownAPIError            any other ERROR_* code (kept on ``code``)
+    │   └── InternalError              ERROR_INTERNAL: a failure inside captcha-tasks ended
+    │                                  the solve (the message names the exception's type)
     └── GaveUpError                    a budget ran out; the last cause is kept
         ├── SolveTimeout               the solve deadline passed
-        └── RetriesExhausted           transport / resubmit budget used up
+        ├── RetriesExhausted           transport / resubmit budget used up
+        └── Revoked                    ERROR_REVOKED: revoked, or expired before its submit
 
 "Not ready yet" is a value (``captcha_tasks.client.NOT_READY``), never an exception.
 
@@ -111,10 +116,17 @@ class RetryableError(CaptchaTasksError):
 
 
 class NoSlotError(RetryableError):
-    """The provider has no free thread for the account (or the balance is zero): the submit waits
-    and is tried again; check the plan and `captcha-tasks account` if it lasts."""
+    """The provider has no free thread for the account: the submit waits and is tried again;
+    check the plan and `captcha-tasks account` if it lasts."""
 
     default_code = "ERROR_NO_SLOT_AVAILABLE"
+
+
+class ProviderDown(RetryableError):
+    """The provider is out of rotation (its circuit is open: it stopped answering, or refused
+    the key): the captcha it had is submitted to another provider for you."""
+
+    default_code = "ERROR_PROVIDER_DOWN"
 
 
 class TransportError(RetryableError):
@@ -222,6 +234,14 @@ class AuthError(FatalError):
     default_code = "ERROR_WRONG_USER_KEY"
 
 
+class ZeroBalance(FatalError):
+    """The account's balance is empty (`ERROR_ZERO_BALANCE`) at every provider that takes the
+    method: top one up (`captcha-tasks providers` shows each balance).  The provider is out of
+    rotation until a probe finds money on it again."""
+
+    default_code = "ERROR_ZERO_BALANCE"
+
+
 class BadRequestError(FatalError):
     """The API refused the parameters (bad sitekey, pageurl, image or parameters): fix the call."""
 
@@ -240,6 +260,14 @@ class UnknownAPIError(FatalError):
     in the provider's documentation."""
 
     default_code = "ERROR_UNKNOWN"
+
+
+class InternalError(FatalError):
+    """Something inside captcha-tasks failed while the solve was worked (a bug, or a reply
+    nothing expected): the solve ended, its thread was freed.  The message names the
+    exception's type and where; the worker's log has the traceback.  Report it."""
+
+    default_code = "ERROR_INTERNAL"
 
 
 class GaveUpError(CaptchaTasksError):
@@ -262,9 +290,17 @@ class RetriesExhausted(GaveUpError):
     default_code = "ERROR_RETRIES_EXHAUSTED"
 
 
+class Revoked(GaveUpError):
+    """The solve was revoked (``AsyncResult.revoke()``), or its ``expires`` passed before it
+    was submitted: no captcha was sent for it, or its answer was discarded.  From
+    ``AsyncResult.get()`` it is Celery's ``TaskRevokedError``, as for any revoked task."""
+
+    default_code = "ERROR_REVOKED"
+
+
 _BY_CODE: dict[str, type[CaptchaTasksError]] = {
     "ERROR_NO_SLOT_AVAILABLE": NoSlotError,
-    "ERROR_ZERO_BALANCE": NoSlotError,
+    "ERROR_ZERO_BALANCE": ZeroBalance,
     "ERROR_SERVER_ERROR": ServerError,
     "MAX_USER_TURN": ServerError,
     "ERROR_CAPTCHA_UNSOLVABLE": UnsolvableError,
@@ -295,6 +331,9 @@ for _cls in (
     SolveTimeout,
     RetriesExhausted,
     UnknownAPIError,
+    InternalError,
+    Revoked,
+    ProviderDown,
 ):
     _BY_CODE.setdefault(_cls.default_code, _cls)
 

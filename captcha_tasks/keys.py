@@ -2,6 +2,13 @@
 
 No other module builds a key string: they all ask a :class:`Keys` instance.  Celery's own
 broker and result keys (``celery``, ``celery-task-meta-*``, ``_kombu.*``) are Celery's.
+
+A provider's own state (its thread slots, parked and deferred submits, request budgets,
+board of captchas, solve times and counters) lives under keys *scoped* by the provider
+(:meth:`Keys.scoped`): ``<prefix>:provider:<name>:...``.  The primary's scope is None: its
+keys keep the names of a deployment with one provider.  Every other key (a solve's
+record, the submits owed a message, pools, sessions, batches) is the deployment's, the
+same under any scope.
 """
 
 from __future__ import annotations
@@ -12,9 +19,45 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Keys:
     prefix: str = "captcha"
+    #: The provider whose keys the scoped names are (None: the primary).
+    scope: str | None = None
 
     def _k(self, *parts: str) -> str:
         return ":".join((self.prefix, *parts))
+
+    def _p(self, *parts: str) -> str:
+        """A key of the provider this instance is scoped to."""
+        if self.scope is None:
+            return self._k(*parts)
+        return self._k("provider", self.scope, *parts)
+
+    def scoped(self, provider: str | None) -> Keys:
+        """These key names for ``provider``'s own state (None: the primary's)."""
+        return Keys(self.prefix, provider)
+
+    # -- providers -------------------------------------------------------------------
+    def circuit(self, provider: str) -> str:
+        """Hash: a provider's circuit (state, reason, failures, next probe, balance, last
+        error)."""
+        return self._k("providers", provider, "circuit")
+
+    def deferred(self) -> str:
+        """Sorted set (scoped): submits holding a slot that wait for a request budget or a
+        back-off, score = when they go (ms)."""
+        return self._p("limiter", "deferred")
+
+    def prepaid(self) -> str:
+        """Set (scoped): deferred submits handed out with their ``in.php`` request counted."""
+        return self._p("limiter", "prepaid")
+
+    def budget_waits(self) -> str:
+        """Hash (scoped): submits deferred for a budget, by budget; ``warned`` = when the
+        last warning was logged."""
+        return self._p("stats", "budget-waits")
+
+    def resubmits(self) -> str:
+        """Hash: new captchas submitted for solves whose captcha failed, by reason."""
+        return self._k("stats", "resubmits")
 
     # -- core pipeline ---------------------------------------------------------------
     def submission(self, solve_id: str) -> str:
@@ -26,21 +69,38 @@ class Keys:
         """String with a TTL: one copy of a solve's submit is calling ``in.php`` right now."""
         return self._k("solve", solve_id, "claim")
 
+    def revoked(self, solve_id: str) -> str:
+        """String with a TTL: the caller revoked the solve (``AsyncResult.revoke()``)."""
+        return self._k("solve", solve_id, "revoked")
+
+    def followup(self, solve_id: str) -> str:
+        """String with a TTL: what runs when the solve ends (Celery's callbacks, chain and
+        chord part, JSON), until the completion takes it."""
+        return self._k("solve", solve_id, "followup")
+
+    def followups_owed(self) -> str:
+        """Hash: solve id -> the follow-up of a solve that ended, until it has been run."""
+        return self._k("followups", "owed")
+
+    def followups_due(self) -> str:
+        """Sorted set: solve id -> when its owed follow-up counts as lost (ms)."""
+        return self._k("followups", "due")
+
     def request_secrets(self, solve_id: str) -> str:
         """Hash with a TTL: a solve's proxy and cookies, kept out of task messages."""
         return self._k("solve", solve_id, "secrets")
 
     def solve_times(self, method: str) -> str:
         """List: recent observed solve times of a method (adaptive first poll)."""
-        return self._k("stats", "solve-times", method)
+        return self._p("stats", "solve-times", method)
 
     def bulk_support(self) -> str:
         """String: whether the API answers ``res.php?ids=`` ("1" / "0"), with a TTL."""
-        return self._k("api", "bulk")
+        return self._p("api", "bulk")
 
     def api_errors(self) -> str:
         """Hash: count of API error answers by code."""
-        return self._k("stats", "api-errors")
+        return self._p("stats", "api-errors")
 
     def pingback_callbacks(self) -> str:
         """Hash: provider callbacks by verdict ("accepted" or a rejection reason)."""
@@ -48,33 +108,33 @@ class Keys:
 
     def solved_counter(self, method: str) -> str:
         """Hash: solves of a method, by source."""
-        return self._k("stats", "solved", method)
+        return self._p("stats", "solved", method)
 
     # -- captchas at the provider and their polls -------------------------------------
     def board(self) -> str:
         """Hash: captcha id -> the job of a captcha at the provider (JSON)."""
-        return self._k("poll", "inflight")
+        return self._p("poll", "inflight")
 
     def poll_due(self) -> str:
         """Sorted set: captcha id -> when it is next polled (ms, Redis clock)."""
-        return self._k("poll", "due")
+        return self._p("poll", "due")
 
     def poll_state(self) -> str:
         """Hash: captcha id -> "<last polled, ms>|<transport errors>"."""
-        return self._k("poll", "state")
+        return self._p("poll", "state")
 
     def poll_round(self) -> str:
         """String with a TTL: when the next poll round message is due (ms, Redis clock)."""
-        return self._k("poll", "round")
+        return self._p("poll", "round")
 
     # -- thread limiter --------------------------------------------------------------
     def slots(self) -> str:
         """Sorted set: held provider threads, member = lease id, score = lease expiry (ms)."""
-        return self._k("limiter", "slots")
+        return self._p("limiter", "slots")
 
     def parked(self) -> str:
         """Sorted set: parked submits waiting for a slot, score = arrival sequence."""
-        return self._k("limiter", "parked")
+        return self._p("limiter", "parked")
 
     def waiting(self) -> str:
         """Hash: lease id -> "<deadline ms>|<job JSON>" of a submit that is parked or owed
@@ -100,15 +160,24 @@ class Keys:
     def external_threads(self) -> str:
         """String with a TTL: provider threads another client of the key holds (the slots
         ``external:1..N`` stand for them)."""
-        return self._k("limiter", "external")
+        return self._p("limiter", "external")
 
     def threads_check_lock(self) -> str:
         """String with a PX: one check of the provider's thread count per interval."""
-        return self._k("limiter", "threads-check")
+        return self._p("limiter", "threads-check")
 
     def rate(self, endpoint: str) -> str:
         """Sorted set: recent requests to ``in.php`` / ``res.php`` (sliding window)."""
-        return self._k("limiter", "rate", endpoint)
+        return self._p("limiter", "rate", endpoint)
+
+    def redis_master(self) -> str:
+        """String: the run id of the Redis master that housekeeping last saw (a new one
+        means a failover or a restart: time to reconcile)."""
+        return self._k("redis", "master")
+
+    def redis_events(self) -> str:
+        """Hash: ``master_changes`` and ``reconnects:<process kind>`` counters."""
+        return self._k("redis", "events")
 
     def housekeeping_lock(self) -> str:
         """String with a short TTL: one worker per tick runs the housekeeping sweep."""

@@ -19,11 +19,22 @@ Exposed (``captcha_tasks_`` prefix):
   ``pool_refills_in_flight``, ``pool_hit_ratio``, ``pool_waste_ratio``,
   ``pool_takes_per_second``, and the counters ``pool_tokens_added_total``,
   ``pool_tokens_taken_total``, ``pool_tokens_expired_total``, ``pool_misses_total``
-* ``api_errors_total{code}``, ``solved_total{method,source}`` (source: ``pingback``,
-  ``bulk_poll``, ``poll`` or ``pool``)
+* ``api_errors_total{code,provider}``, ``solved_total{method,source,provider}`` (source:
+  ``pingback``, ``bulk_poll``, ``poll`` or ``pool``), ``resubmits_total{reason}`` (new
+  captchas for solves whose captcha failed: ``unsolvable``, ``expired``, ``bad_proxy``,
+  ``provider_down``)
+* per provider: ``provider_up``, ``provider_circuit_state{state}`` (1 for the state it is
+  in: ``closed`` or ``open``), ``provider_balance`` (as last read), ``provider_threads_in_use``,
+  ``provider_threads_capacity``, ``provider_parked_submits``, ``provider_deferred_submits``,
+  ``provider_captchas_in_flight``, ``budget_waits_total{budget}`` (submits deferred by a
+  request budget, not by threads: ``submit_rate``, ``no_slot``, ``pause``)
 * ``pingback_accepted_total``, ``pingback_rejected_total{reason}``: provider callbacks
-* ``solve_seconds{method}``: a gauge histogram of the recent solve times per method (the
-  samples the adaptive first poll keeps), for ``histogram_quantile``
+* ``solve_seconds{method,provider}``: a gauge histogram of the recent solve times per method
+  (the samples the adaptive first poll keeps), for ``histogram_quantile``
+* ``redis_master_changes_total``: Redis masters that took over (a failover, or a restart
+  that lost the master's identity), counted once each by housekeeping;
+  ``redis_reconnects_total{process}``: connections to the master opened again (behind
+  Sentinel), added up per kind of process (worker, beat, exporter, receiver, kafka, app)
 """
 
 from __future__ import annotations
@@ -58,6 +69,9 @@ PREFIX = "captcha_tasks"
 DEFAULT_PORT = 9808
 #: Upper bounds (s) of the solve-time buckets: image captchas take seconds, tokens tens.
 SOLVE_TIME_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0)
+#: Reasons of ``resubmits_total`` and budgets of ``budget_waits_total``, shown from 0.
+RESUBMIT_REASONS = ("unsolvable", "expired", "bad_proxy", "provider_down")
+BUDGETS = ("submit_rate", "no_slot", "pause")
 #: Errors that mean "Redis is not answering", not "the exporter is broken".
 UNAVAILABLE = (StoreUnavailable, redis.RedisError, OSError)
 
@@ -105,6 +119,8 @@ class StoreCollector(Collector):
         yield from self._api_errors()
         yield from self._solves()
         yield from self._callbacks()
+        yield from self._providers()
+        yield from self._failovers()
 
     def describe(self) -> Iterable[Metric]:
         # Nothing up front: registering must not need Redis (metrics are read per scrape).
@@ -154,32 +170,44 @@ class StoreCollector(Collector):
             yield counter
 
     def _api_errors(self) -> Iterator[Metric]:
-        counts = self.state.stats.api_errors()
         family = CounterMetricFamily(
-            _name("api_errors"), "Error answers and failures by code.", labels=["code"]
+            _name("api_errors"),
+            "Error answers and failures by code and provider.",
+            labels=["code", "provider"],
         )
-        for code, count in sorted(counts.items()):
-            family.add_metric([code], float(count))
+        for name, at in self.state.providers.items():
+            for code, count in sorted(at.stats.api_errors().items()):
+                family.add_metric([code, name], float(count))
         yield family
+        resubmits = CounterMetricFamily(
+            _name("resubmits"),
+            "New captchas submitted for solves whose captcha failed, by reason.",
+            labels=["reason"],
+        )
+        counts = {reason: 0 for reason in RESUBMIT_REASONS}
+        counts.update(self.state.stats.resubmits())
+        for reason, count in sorted(counts.items()):
+            resubmits.add_metric([reason], float(count))
+        yield resubmits
 
     def _solves(self) -> Iterator[Metric]:
-        stats, times_of = self.state.stats, self.state.solve_times
         solved = CounterMetricFamily(
             _name("solved"),
-            "Captchas solved, by method and source (pingback / bulk_poll / poll / pool).",
-            labels=["method", "source"],
+            "Captchas solved, by method, source (pingback / bulk_poll / poll / pool) and provider.",
+            labels=["method", "source", "provider"],
         )
         times = GaugeHistogramMetricFamily(
             _name("solve_seconds"),
-            "Recent solve times (submit to answer seen) per method; a sliding window.",
-            labels=["method"],
+            "Recent solve times (submit to answer seen) per method and provider; a sliding window.",
+            labels=["method", "provider"],
         )
-        for method in sorted(METHODS):
-            for source, count in sorted(stats.solved(method).items()):
-                solved.add_metric([method, source], float(count))
-            samples = times_of.samples(method)
-            if samples:
-                times.add_metric([method], _buckets(samples), sum(samples))
+        for name, at in self.state.providers.items():
+            for method in sorted(METHODS):
+                for source, count in sorted(at.stats.solved(method).items()):
+                    solved.add_metric([method, source, name], float(count))
+                samples = at.solve_times.samples(method)
+                if samples:
+                    times.add_metric([method, name], _buckets(samples), sum(samples))
         yield solved
         yield times
 
@@ -196,6 +224,92 @@ class StoreCollector(Collector):
         for reason, count in sorted(counts.items()):
             rejected.add_metric([reason], float(count))
         yield rejected
+
+    def _providers(self) -> Iterator[Metric]:
+        circuits = self.state.circuits.read()
+        families = {
+            "up": GaugeMetricFamily(
+                _name("provider_up"), "1 while the provider is in rotation.", labels=["provider"]
+            ),
+            "state": GaugeMetricFamily(
+                _name("provider_circuit_state"),
+                "1 for the state the provider's circuit is in (closed: in rotation).",
+                labels=["provider", "state"],
+            ),
+            "balance": GaugeMetricFamily(
+                _name("provider_balance"),
+                "The provider's balance, as last read (probes, periodic checks).",
+                labels=["provider"],
+            ),
+            "in_use": GaugeMetricFamily(
+                _name("provider_threads_in_use"),
+                "Threads held at the provider.",
+                labels=["provider"],
+            ),
+            "capacity": GaugeMetricFamily(
+                _name("provider_threads_capacity"),
+                "Threads this deployment may use at the provider.",
+                labels=["provider"],
+            ),
+            "parked": GaugeMetricFamily(
+                _name("provider_parked_submits"),
+                "Submits waiting for one of the provider's threads.",
+                labels=["provider"],
+            ),
+            "deferred": GaugeMetricFamily(
+                _name("provider_deferred_submits"),
+                "Submits waiting for the provider's request budget or a back-off.",
+                labels=["provider"],
+            ),
+            "in_flight": GaugeMetricFamily(
+                _name("provider_captchas_in_flight"),
+                "Captchas at the provider (submitted, not answered yet).",
+                labels=["provider"],
+            ),
+        }
+        waits = CounterMetricFamily(
+            _name("budget_waits"),
+            "Submits deferred by a request budget of the provider (not by its threads).",
+            labels=["provider", "budget"],
+        )
+        for name, at in self.state.providers.items():
+            circuit = circuits[name]
+            families["up"].add_metric([name], float(circuit.up))
+            for state in ("closed", "open"):
+                families["state"].add_metric([name, state], float(circuit.state == state))
+            if circuit.balance is not None:
+                families["balance"].add_metric([name], circuit.balance)
+            limiter = at.limiter
+            families["in_use"].add_metric([name], float(limiter.in_use()))
+            families["capacity"].add_metric([name], float(limiter.config.capacity))
+            families["parked"].add_metric([name], float(limiter.parked_count()))
+            families["deferred"].add_metric([name], float(limiter.deferred_count()))
+            families["in_flight"].add_metric([name], float(at.board.in_flight_count()))
+            counts = {budget: 0 for budget in BUDGETS}
+            counts.update(limiter.budget_waits())
+            for budget, count in sorted(counts.items()):
+                waits.add_metric([name, budget], float(count))
+        yield from families.values()
+        yield waits
+
+    def _failovers(self) -> Iterator[Metric]:
+        failovers = self.state.failovers
+        failovers.report("exporter")
+        counts = failovers.counts()
+        yield CounterMetricFamily(
+            _name("redis_master_changes"),
+            "Redis masters that took over (failover, or restart) as housekeeping saw them.",
+            value=float(counts.pop("master_changes", 0)),
+        )
+        reconnects = CounterMetricFamily(
+            _name("redis_reconnects"),
+            "Connections to the Redis master opened again, by kind of process.",
+            labels=["process"],
+        )
+        for field, count in sorted(counts.items()):
+            if field.startswith("reconnects:"):
+                reconnects.add_metric([field.split(":", 1)[1]], float(count))
+        yield reconnects
 
 
 def _gauge(suffix: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -3,12 +3,18 @@
 Solved::
 
     {"status": "solved", "token": "03A...", "captcha_id": "7000001", "method": "turnstile",
-     "source": "api", "elapsed_s": 12.4, "solved_at": "2026-...Z", "expires_at": "2026-...Z"}
+     "source": "api", "elapsed_s": 12.4, "solved_at": "2026-...Z", "expires_at": "2026-...Z",
+     "provider": "captchaai"}
 
 Failed::
 
     {"status": "failed", "error": "ERROR_CAPTCHA_UNSOLVABLE", "message": "...",
-     "captcha_id": "7000001", "method": "turnstile", "elapsed_s": 40.2}
+     "captcha_id": "7000001", "method": "turnstile", "elapsed_s": 40.2,
+     "provider": "captchaai"}
+
+``provider`` names the provider that solved the captcha (``captcha_id`` is its id: two
+providers may issue the same one); a failure names the provider it last went to, and has
+none when it never reached one.
 
 ``token`` is a string, an object (GeeTest, Lemin) or a list of cells (grid, BLS).  Times are
 ISO 8601 in UTC.  ``user_agent`` is there when the provider returned one (the Cloudflare
@@ -50,11 +56,14 @@ class Solved:
     status: Literal["solved"] = "solved"
     #: The user agent the provider solved with; the token must be used with it.
     user_agent: str | None = None
+    #: The provider that solved it (a pooled token: the one that solved it for the pool).
+    provider: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if data["user_agent"] is None:
-            del data["user_agent"]
+        for optional in ("user_agent", "provider"):
+            if data[optional] is None:
+                del data[optional]
         data["solved_at"], data["expires_at"] = iso(self.solved_at), iso(self.expires_at)
         # status first, the token last: a truncated repr shows the facts, not the secret
         return {
@@ -72,17 +81,28 @@ class Failed:
     captcha_id: str | None = None
     elapsed_s: float | None = None
     status: Literal["failed"] = "failed"
+    #: The provider it last went to (None: it never reached one).
+    provider: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["provider"] is None:
+            del data["provider"]
+        return data
 
     @classmethod
     def from_exception(
-        cls, exc: BaseException, method: str | None = None, elapsed_s: float | None = None
+        cls,
+        exc: BaseException,
+        method: str | None = None,
+        elapsed_s: float | None = None,
+        provider: str | None = None,
     ) -> Failed:
         if isinstance(exc, CaptchaTasksError):
-            return cls(exc.code, exc.message or exc.code, method, exc.captcha_id, elapsed_s)
-        return cls("ERROR_INTERNAL", f"{type(exc).__name__}: {exc}", method, None, elapsed_s)
+            message = exc.message or exc.code
+            return cls(exc.code, message, method, exc.captcha_id, elapsed_s, provider=provider)
+        message = f"{type(exc).__name__}: {exc}"
+        return cls("ERROR_INTERNAL", message, method, None, elapsed_s, provider=provider)
 
 
 Outcome = Solved | Failed
@@ -97,6 +117,7 @@ def outcome_from_dict(data: dict[str, Any]) -> Outcome:
             data.get("method"),
             data.get("captcha_id"),
             data.get("elapsed_s"),
+            provider=data.get("provider"),
         )
     return Solved(
         data["token"],
@@ -107,4 +128,5 @@ def outcome_from_dict(data: dict[str, Any]) -> Outcome:
         parse_iso(data["solved_at"]),
         parse_iso(data["expires_at"]),
         user_agent=data.get("user_agent"),
+        provider=data.get("provider"),
     )

@@ -1,11 +1,14 @@
 """Pingback URLs: where the provider calls back when a captcha is done.
 
-Every submit sends ``pingback=<base>/<ticket>``, where the ticket names the solve and its
-attempt and carries an HMAC of both under ``CAPTCHAAI_PINGBACK_SECRET``::
+Every submit sends ``pingback=<base>/<ticket>``, where the ticket names the solve, its
+attempt and (for any provider but the primary) the provider it went to, and carries an
+HMAC of them under ``CAPTCHAAI_PINGBACK_SECRET``::
 
     https://hooks.example.com/captcha/3f2c...e1.0.9b4d...77
+    https://hooks.example.com/captcha/3f2c...e1.0.backup.51ce...02
 
-A leaked URL therefore speaks for one attempt of one solve only: the receiver
+A leaked URL therefore speaks for one attempt of one solve at one provider only: the
+receiver
 (:mod:`captcha_tasks.receiver`) accepts a callback when the ticket's MAC is right *and* the
 callback's captcha id is the one that attempt has at the provider.
 
@@ -24,6 +27,7 @@ from .errors import BadMac, BadTicket
 #: Hex digits of the MAC in a ticket (128 bits).
 MAC_HEX = 32
 _SOLVE_ID = re.compile(r"[A-Za-z0-9_\-]{1,100}")
+_PROVIDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,31}")
 
 
 __all__ = ["BadMac", "BadTicket", "Ticket", "callback_url", "read_ticket", "ticket"]
@@ -31,37 +35,50 @@ __all__ = ["BadMac", "BadTicket", "Ticket", "callback_url", "read_ticket", "tick
 
 @dataclass(frozen=True)
 class Ticket:
-    """One attempt of one solve, as a callback URL names it."""
+    """One attempt of one solve, as a callback URL names it; ``provider`` None: the
+    primary."""
 
     solve_id: str
     attempt: int
+    provider: str | None = None
 
 
-def _mac(secret: str, solve_id: str, attempt: int) -> str:
-    message = f"{solve_id}.{attempt}".encode()
-    return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()[:MAC_HEX]
+def _mac(secret: str, solve_id: str, attempt: int, provider: str | None) -> str:
+    named = f"{solve_id}.{attempt}" if provider is None else f"{solve_id}.{attempt}.{provider}"
+    return hmac.new(secret.encode(), named.encode(), hashlib.sha256).hexdigest()[:MAC_HEX]
 
 
-def ticket(secret: str, solve_id: str, attempt: int) -> str:
-    """The last path segment of the callback URL of one attempt."""
+def ticket(secret: str, solve_id: str, attempt: int, provider: str | None = None) -> str:
+    """The last path segment of the callback URL of one attempt (at ``provider``; None:
+    the primary)."""
     if not _SOLVE_ID.fullmatch(solve_id):
         raise ValueError("a solve id is letters, digits, '-' or '_'")
-    return f"{solve_id}.{attempt}.{_mac(secret, solve_id, attempt)}"
+    if provider is not None and not _PROVIDER.fullmatch(provider):
+        raise ValueError("a provider's name is letters, digits, '-' or '_'")
+    middle = f"{attempt}" if provider is None else f"{attempt}.{provider}"
+    return f"{solve_id}.{middle}.{_mac(secret, solve_id, attempt, provider)}"
 
 
-def callback_url(base: str, secret: str, solve_id: str, attempt: int) -> str:
+def callback_url(
+    base: str, secret: str, solve_id: str, attempt: int, provider: str | None = None
+) -> str:
     """``<base>/<ticket>``: the ``pingback`` of one attempt's ``in.php`` call."""
-    return f"{base.rstrip('/')}/{ticket(secret, solve_id, attempt)}"
+    return f"{base.rstrip('/')}/{ticket(secret, solve_id, attempt, provider)}"
 
 
 def read_ticket(secret: str, segment: str) -> Ticket:
     """The attempt a callback path segment names; :class:`BadTicket` unless its MAC is
     right (compared in constant time)."""
-    solve_id, _, rest = segment.partition(".")
-    attempt, _, mac = rest.partition(".")
+    parts = segment.split(".")
+    if len(parts) == 3:
+        (solve_id, attempt, mac), provider = parts, None
+    elif len(parts) == 4 and _PROVIDER.fullmatch(parts[2]):
+        solve_id, attempt, provider, mac = parts
+    else:
+        raise BadTicket("the callback path is not a pingback ticket")
     counted = attempt.isascii() and attempt.isdigit() and len(attempt) <= 6
     if not (_SOLVE_ID.fullmatch(solve_id) and counted and len(mac) == MAC_HEX):
         raise BadTicket("the callback path is not a pingback ticket")
-    if not hmac.compare_digest(mac, _mac(secret, solve_id, int(attempt))):
+    if not hmac.compare_digest(mac, _mac(secret, solve_id, int(attempt), provider)):
         raise BadMac("the callback's MAC is wrong")
-    return Ticket(solve_id, int(attempt))
+    return Ticket(solve_id, int(attempt), provider)

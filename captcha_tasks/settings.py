@@ -12,19 +12,29 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
-from functools import lru_cache
+from dataclasses import MISSING, dataclass, field, fields, replace
+from functools import cached_property, lru_cache
+from ipaddress import IPv4Network, IPv6Network, ip_network
+from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from .errors import ConfigurationError
 from .poolspec import parse_pools
+from .providers import KINDS, NAME_RE, ProviderSpec, parse_budgets, parse_providers
 from .proxyspec import mask, split
 
 T = TypeVar("T")
+#: An IPv4 or IPv6 network, as CAPTCHAAI_PINGBACK_ALLOW and ..._TRUSTED_PROXIES list them.
+Network = IPv4Network | IPv6Network
 
+#: Bulk polls a captcha past its likely finish gets per poll interval, by default: every
+#: 0.33 s with the default 5 s interval (an answer waits about half of that for its poll).
+BULK_WINDOWS_PER_POLL = 15
 DEFAULT_BASE_URL = "https://ocr.captchaai.com"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+#: Port of a sentinel whose address in REDIS_URL names none (Redis Sentinel's own default).
+DEFAULT_SENTINEL_PORT = 26379
 #: The Celery queues, one per kind of task, so a flood of one cannot starve the others.
 QUEUE_KINDS = ("solve", "submit", "poll", "housekeeping")
 _QUEUE_PREFIX = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
@@ -38,8 +48,21 @@ class Settings:
     api_key: str = field(default="", repr=False)
     #: CAPTCHAAI_BASE_URL: the API's base URL (the sandbox's URL in development).
     base_url: str = DEFAULT_BASE_URL
-    #: REDIS_URL: broker, result backend and state store (``redis://`` or ``rediss://``).
+    #: REDIS_URL: broker, result backend and state store (``redis://``, ``rediss://``, or
+    #: Celery's Sentinel form ``sentinel://[:password@]host:port[/db];sentinel://...``).
     redis_url: str = field(default=DEFAULT_REDIS_URL, repr=False)
+    #: REDIS_SENTINEL_MASTER: the master's name the sentinels monitor (required with a
+    #: ``sentinel://`` REDIS_URL, read only with one).
+    redis_sentinel_master: str | None = None
+    #: REDIS_SENTINEL_PASSWORD: the sentinels' own password (their ``requirepass``), not the
+    #: master's (that one is in REDIS_URL).
+    redis_sentinel_password: str = field(default="", repr=False)
+    #: REDIS_SENTINEL_TLS: TLS to the sentinels and to the Redis servers they name, both or
+    #: neither (certificates verified).
+    redis_sentinel_tls: bool = False
+    #: REDIS_SENTINEL_TLS_CA_FILE: PEM file of the CA that signed the sentinels' and the
+    #: servers' certificates (unset: the system's trusted CAs).
+    redis_sentinel_tls_ca_file: str | None = None
     #: CAPTCHAAI_THREADS: the plan's concurrent thread count.
     threads: int = 10
     #: CAPTCHAAI_POLL_INTERVAL: seconds between polls of one captcha.
@@ -91,14 +114,33 @@ class Settings:
     #: CAPTCHAAI_VISIBILITY_TIMEOUT: seconds before a dead worker's unacknowledged
     #: messages are delivered again (every countdown stays below half of it).
     visibility_timeout: float = 60.0
-    #: CAPTCHAAI_SUBMIT_RATE: ``in.php`` requests allowed per 3 s, account wide (2captcha
-    #: bans clients above 60).
-    submit_rate: int = 60
+    #: CAPTCHAAI_SUBMIT_RATE: ``in.php`` requests the primary takes per 3 s, account wide
+    #: (unset: its kind's budget, none for captchaai, 60 for 2captcha; 0: none).
+    submit_rate: int | None = None
+    #: CAPTCHAAI_PROVIDER_NAME: the primary's name in metrics, outcomes and logs.
+    provider_name: str = "captchaai"
+    #: CAPTCHAAI_PROVIDER_KIND: the primary's kind, whose request budgets it gets:
+    #: "captchaai" (threads only) or "2captcha" (60 in.php per 3 s, 3 NO_SLOT errors per
+    #: captcha, 20 res.php per captcha + 1,200 an hour).
+    provider_kind: str = "captchaai"
+    #: CAPTCHAAI_BUDGETS: JSON object overriding the primary's budgets (``submit_rate``,
+    #: ``no_slot_ratio``, ``res_per_captcha``, ``res_base``; null: none).
+    budgets: Mapping[str, Any] = field(default_factory=dict)
+    #: CAPTCHAAI_PROVIDERS: further providers, a JSON list of ``{name, base_url, key_env,
+    #: threads, methods, role, kind, ...budgets}``; each key is read from the variable
+    #: ``key_env`` names.
+    providers: tuple[ProviderSpec, ...] = ()
+    #: CAPTCHAAI_OVERFLOW_AFTER: seconds a captcha may be expected to wait for the primary's
+    #: threads before an ``overflow`` provider takes it (unset: never).
+    overflow_after: float | None = None
+    #: CAPTCHAAI_CIRCUIT_FAILURES: consecutive transport errors, 5xx replies or timeouts
+    #: that take a provider out of rotation until a probe answers.
+    circuit_failures: int = 3
     #: CAPTCHAAI_BULK_POLL: "auto" (ask for many captchas in one ``ids=`` request where the
     #: API supports it) or "off" (one id per request).
     bulk_poll: str = "auto"
     #: CAPTCHAAI_BULK_WINDOW: at most one bulk request per this many seconds
-    #: (unset: a tenth of the poll interval).
+    #: (unset: a fifteenth of the poll interval).
     bulk_window: float | None = None
     #: CAPTCHAAI_PINGBACK_URL: base URL where the provider can reach our receiver
     #: (``captcha-tasks pingback-server``); set, every submit asks for a callback.
@@ -109,6 +151,13 @@ class Settings:
     #: CAPTCHAAI_PINGBACK_FALLBACK_POLL: with callbacks on, a captcha still waiting this many
     #: seconds after its expected solve time is polled (a lost callback costs latency only).
     pingback_fallback_poll: float = 10.0
+    #: CAPTCHAAI_PINGBACK_TRUSTED_PROXIES: networks (CIDRs) of the reverse proxies in front
+    #: of the receiver; a request from one of them is judged by the client address its
+    #: ``X-Forwarded-For`` names (the right-most one outside these networks).
+    pingback_trusted_proxies: tuple[Network, ...] = ()
+    #: CAPTCHAAI_PINGBACK_ALLOW: networks (CIDRs) the receiver takes requests from (empty:
+    #: any); a connection from elsewhere is closed before anything is read.
+    pingback_allow: tuple[Network, ...] = ()
     #: KAFKA_BOOTSTRAP_SERVERS: the Kafka brokers of the bridge and the producer helper.
     kafka_bootstrap_servers: str = "localhost:9092"
     #: KAFKA_TASKS_TOPIC: tasks to solve (JSON with task_id, method, sitekey, pageurl, ...).
@@ -132,7 +181,7 @@ class Settings:
 
     def __post_init__(self) -> None:
         _check_url("CAPTCHAAI_BASE_URL", self.base_url, ("http", "https"))
-        _check_url("REDIS_URL", self.redis_url, ("redis", "rediss", "unix"))
+        self._check_redis()
         _check("CAPTCHAAI_THREADS", self.threads >= 1, "must be at least 1")
         _check("CAPTCHAAI_POLL_INTERVAL", self.poll_interval > 0, "must be > 0")
         _check(
@@ -171,7 +220,7 @@ class Settings:
         )
         _check("CAPTCHAAI_PREWARM_EVERY", self.prewarm_every > 0, "must be > 0")
         _check("CAPTCHAAI_PROXY_COOLOFF", self.proxy_cooloff > 0, "must be > 0")
-        _check("CAPTCHAAI_SUBMIT_RATE", self.submit_rate >= 1, "must be at least 1")
+        self._check_providers()
         _check("CAPTCHAAI_VISIBILITY_TIMEOUT", self.visibility_timeout >= 4, "must be >= 4")
         http = self.connect_timeout + self.read_timeout
         _check(
@@ -191,8 +240,98 @@ class Settings:
             _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
         self._check_kafka()
 
+    def _check_providers(self) -> None:
+        _check(
+            "CAPTCHAAI_SUBMIT_RATE",
+            self.submit_rate is None or self.submit_rate >= 0,
+            "must be >= 0 (0: no budget)",
+        )
+        _check(
+            "CAPTCHAAI_PROVIDER_NAME",
+            bool(NAME_RE.fullmatch(self.provider_name)),
+            "must be 1-32 letters, digits, '_' or '-'",
+        )
+        _check("CAPTCHAAI_PROVIDER_KIND", self.provider_kind in KINDS, f"must be one of {KINDS}")
+        _check(
+            "CAPTCHAAI_OVERFLOW_AFTER",
+            self.overflow_after is None or self.overflow_after > 0,
+            "must be > 0",
+        )
+        _check("CAPTCHAAI_CIRCUIT_FAILURES", self.circuit_failures >= 1, "must be at least 1")
+        names = [self.provider_name, *(p.name for p in self.providers)]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        _check("CAPTCHAAI_PROVIDERS", not dup, f"names {', '.join(dup)} more than once")
+        self.primary  # noqa: B018  (the budgets are checked once here)
+
+    @cached_property
+    def primary(self) -> ProviderSpec:
+        """The primary provider: ``CAPTCHAAI_BASE_URL`` with ``CAPTCHAAI_API_KEY``."""
+        budgets = parse_budgets(dict(self.budgets) or None, self.provider_kind, "CAPTCHAAI_BUDGETS")
+        if self.submit_rate is not None:
+            budgets = replace(budgets, submit_rate=self.submit_rate or None)
+        return ProviderSpec(
+            name=self.provider_name,
+            base_url=self.base_url,
+            api_key=self.api_key,
+            threads=self.threads,
+            role="primary",
+            kind=self.provider_kind,  # type: ignore[arg-type]
+            budgets=budgets,
+            reserved=self.threads_reserved,
+        )
+
+    @property
+    def all_providers(self) -> tuple[ProviderSpec, ...]:
+        """Every provider, the primary first, in the order captchas go to them."""
+        return (self.primary, *self.providers)
+
+    def provider(self, name: str | None) -> ProviderSpec:
+        """The provider named ``name`` (None: the primary); KeyError if there is none."""
+        if name is None or name == self.provider_name:
+            return self.primary
+        for spec in self.providers:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def _check_redis(self) -> None:
+        if self.redis_url.startswith(SENTINEL_SCHEME + "://"):
+            self.redis_sentinel  # noqa: B018  (parsed once here: a bad URL fails at start-up)
+            return
+        _check_url("REDIS_URL", self.redis_url, ("redis", "rediss", "unix"))
+        for var, value in (
+            ("REDIS_SENTINEL_MASTER", self.redis_sentinel_master),
+            ("REDIS_SENTINEL_PASSWORD", self.redis_sentinel_password),
+            ("REDIS_SENTINEL_TLS", self.redis_sentinel_tls),
+            ("REDIS_SENTINEL_TLS_CA_FILE", self.redis_sentinel_tls_ca_file),
+        ):
+            _check(var, not value, "is read only with a sentinel:// REDIS_URL")
+
+    @cached_property
+    def redis_sentinel(self) -> RedisSentinel | None:
+        """REDIS_URL and the REDIS_SENTINEL_* settings as one value, when REDIS_URL names
+        sentinels (None otherwise)."""
+        if not self.redis_url.startswith(SENTINEL_SCHEME + "://"):
+            return None
+        return parse_sentinel(
+            self.redis_url,
+            master=self.redis_sentinel_master,
+            sentinel_password=self.redis_sentinel_password or None,
+            tls=self.redis_sentinel_tls,
+            tls_ca_file=self.redis_sentinel_tls_ca_file,
+        )
+
     def _check_pingback(self) -> None:
         _check("CAPTCHAAI_PINGBACK_FALLBACK_POLL", self.pingback_fallback_poll > 0, "must be > 0")
+        for var, networks in (
+            ("CAPTCHAAI_PINGBACK_TRUSTED_PROXIES", self.pingback_trusted_proxies),
+            ("CAPTCHAAI_PINGBACK_ALLOW", self.pingback_allow),
+        ):
+            _check(
+                var,
+                all(isinstance(n, IPv4Network | IPv6Network) for n in networks),
+                "must be a list of networks (ipaddress.ip_network values)",
+            )
         if self.pingback_url is None:
             return
         _check_url("CAPTCHAAI_PINGBACK_URL", self.pingback_url, ("http", "https"))
@@ -240,7 +379,13 @@ class Settings:
             raw = env.get(var)
             if raw is None or raw.strip() == "":
                 continue
+            if parse is _providers:
+                continue  # needs the other variables (the keys): below
             values[name] = _parse(var, raw.strip(), parse)
+        raw = env.get("CAPTCHAAI_PROVIDERS", "").strip()
+        if raw:
+            primary = values.get("provider_name", "captchaai")
+            values["providers"] = parse_providers(raw, env, primary)
         return cls(**values)
 
     @property
@@ -266,7 +411,9 @@ class Settings:
 
     @property
     def bulk_window_s(self) -> float:
-        return self.bulk_window if self.bulk_window is not None else self.poll_interval / 10
+        if self.bulk_window is not None:
+            return self.bulk_window
+        return self.poll_interval / BULK_WINDOWS_PER_POLL
 
     @property
     def refill_reserve(self) -> int:
@@ -280,8 +427,108 @@ class Settings:
         return Settings(**data)
 
 
+#: REDIS_URL's scheme for sentinels (Celery's and kombu's).
+SENTINEL_SCHEME = "sentinel"
+
+
+@dataclass(frozen=True)
+class RedisSentinel:
+    """A Redis deployment behind Sentinel: where the sentinels are, which master they
+    watch, and how to talk to both (read from REDIS_URL and REDIS_SENTINEL_*)."""
+
+    #: The sentinels' addresses, in REDIS_URL's order.
+    sentinels: tuple[tuple[str, int], ...]
+    #: The master's name (the sentinels' ``sentinel monitor <name> ...``).
+    master: str
+    db: int = 0
+    #: The Redis servers' password (REDIS_URL's).
+    password: str | None = field(default=None, repr=False)
+    #: The sentinels' own password (REDIS_SENTINEL_PASSWORD).
+    sentinel_password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    tls_ca_file: str | None = None
+
+
+def parse_sentinel(
+    url: str,
+    *,
+    master: str | None,
+    sentinel_password: str | None = None,
+    tls: bool = False,
+    tls_ca_file: str | None = None,
+) -> RedisSentinel:
+    """``sentinel://[:password@]host:port[/db];sentinel://...`` and its companions as one
+    value; :class:`ConfigurationError` names the variable that is wrong."""
+    parts = [_sentinel_part(chunk) for chunk in url.split(";") if chunk.strip()]
+    _check("REDIS_URL", bool(parts), "names no sentinel")
+    passwords = {unquote(p.password) for p in parts if p.password is not None}
+    _check(
+        "REDIS_URL",
+        len(passwords) <= 1,
+        "gives different passwords to its sentinel:// parts (the Redis password is one)",
+    )
+    dbs = {_db(p) for p in parts if p.path.strip("/")}
+    _check("REDIS_URL", len(dbs) <= 1, "gives different databases to its sentinel:// parts")
+    if not master or not master.strip():
+        raise ConfigurationError(
+            "REDIS_SENTINEL_MASTER must name the master when REDIS_URL is a sentinel:// URL"
+        )
+    _check("REDIS_SENTINEL_MASTER", not re.search(r"\s", master), "must not contain spaces")
+    _check(
+        "REDIS_SENTINEL_TLS_CA_FILE",
+        tls_ca_file is None or tls,
+        "is read only with REDIS_SENTINEL_TLS=1",
+    )
+    _check(
+        "REDIS_SENTINEL_TLS_CA_FILE",
+        tls_ca_file is None or Path(tls_ca_file).is_file(),
+        "must be a readable PEM file",
+    )
+    return RedisSentinel(
+        sentinels=tuple((str(p.hostname), p.port or DEFAULT_SENTINEL_PORT) for p in parts),
+        master=master,
+        db=dbs.pop() if dbs else 0,
+        password=passwords.pop() if passwords else None,
+        sentinel_password=sentinel_password,
+        tls=tls,
+        tls_ca_file=tls_ca_file,
+    )
+
+
+def _sentinel_part(chunk: str) -> SplitResult:
+    why = "must be sentinel://[:password@]host:port[/db] parts joined by ';'"
+    parts = urlsplit(chunk.strip())
+    try:
+        parts.port  # noqa: B018  (raises ValueError on a port that is not a number)
+    except ValueError:
+        raise ConfigurationError(f"REDIS_URL {why}") from None
+    _check("REDIS_URL", parts.scheme == SENTINEL_SCHEME and bool(parts.hostname), why)
+    _check(
+        "REDIS_URL",
+        not parts.query and not parts.fragment,
+        "takes no options in a sentinel:// URL (use the REDIS_SENTINEL_* settings)",
+    )
+    # ACL users are not wired through every client yet: refuse one rather than have only
+    # some clients (kombu's, Celery's) log in as it.
+    _check(
+        "REDIS_URL",
+        not parts.username,
+        "takes a password only in a sentinel:// URL (sentinel://:password@host), no user",
+    )
+    return parts
+
+
+def _db(parts: SplitResult) -> int:
+    raw = parts.path.strip("/")
+    _check("REDIS_URL", raw.isdigit(), "must name its database as /<number> (or not at all)")
+    return int(raw)
+
+
 def mask_url(url: str) -> str:
-    """``url`` with its password (if any) shown as ``***``: safe for messages and logs."""
+    """``url`` with its password (if any) shown as ``***``: safe for messages and logs.
+    A ``sentinel://...;sentinel://...`` URL is masked part by part."""
+    if ";" in url:
+        return ";".join(mask_url(part) for part in url.split(";"))
     parts = urlsplit(url)
     if not parts.password:
         return url
@@ -331,6 +578,31 @@ def _proxies(raw: str) -> tuple[str, ...]:
     return items
 
 
+def _networks(raw: str) -> tuple[Network, ...]:
+    found = []
+    for item in raw.replace(",", " ").split():
+        try:
+            # strict=False: 10.1.2.3/8 means the /8 it lies in, as firewalls read it
+            found.append(ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(
+                f"{item!r} is not an address or a CIDR network (like 203.0.113.0/24 or"
+                " 2001:db8::/32)"
+            ) from None
+    return tuple(found)
+
+
+def _providers(raw: str) -> tuple[ProviderSpec, ...]:
+    raise AssertionError("CAPTCHAAI_PROVIDERS is read by Settings.from_env")  # pragma: no cover
+
+
+def _budgets(raw: str) -> dict[str, Any]:
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object of budget -> value")
+    return data
+
+
 def _flag(raw: str) -> bool:
     value = raw.lower()
     if value in ("1", "true", "yes", "on"):
@@ -355,6 +627,10 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "api_key": ("CAPTCHAAI_API_KEY", str),
     "base_url": ("CAPTCHAAI_BASE_URL", lambda s: s.rstrip("/")),
     "redis_url": ("REDIS_URL", str),
+    "redis_sentinel_master": ("REDIS_SENTINEL_MASTER", str),
+    "redis_sentinel_password": ("REDIS_SENTINEL_PASSWORD", str),
+    "redis_sentinel_tls": ("REDIS_SENTINEL_TLS", _flag),
+    "redis_sentinel_tls_ca_file": ("REDIS_SENTINEL_TLS_CA_FILE", str),
     "threads": ("CAPTCHAAI_THREADS", int),
     "poll_interval": ("CAPTCHAAI_POLL_INTERVAL", float),
     "initial_wait": ("CAPTCHAAI_INITIAL_WAIT", float),
@@ -378,12 +654,20 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "proxy_cooloff": ("CAPTCHAAI_PROXY_COOLOFF", float),
     "visibility_timeout": ("CAPTCHAAI_VISIBILITY_TIMEOUT", float),
     "submit_rate": ("CAPTCHAAI_SUBMIT_RATE", int),
+    "provider_name": ("CAPTCHAAI_PROVIDER_NAME", str),
+    "provider_kind": ("CAPTCHAAI_PROVIDER_KIND", lambda s: s.lower()),
+    "budgets": ("CAPTCHAAI_BUDGETS", _budgets),
+    "providers": ("CAPTCHAAI_PROVIDERS", _providers),
+    "overflow_after": ("CAPTCHAAI_OVERFLOW_AFTER", float),
+    "circuit_failures": ("CAPTCHAAI_CIRCUIT_FAILURES", int),
     "bulk_poll": ("CAPTCHAAI_BULK_POLL", lambda s: s.lower()),
     "bulk_window": ("CAPTCHAAI_BULK_WINDOW", float),
     "flower_no_auth": ("CAPTCHAAI_FLOWER_NO_AUTH", _flag),
     "pingback_url": ("CAPTCHAAI_PINGBACK_URL", lambda s: s.rstrip("/")),
     "pingback_secret": ("CAPTCHAAI_PINGBACK_SECRET", str),
     "pingback_fallback_poll": ("CAPTCHAAI_PINGBACK_FALLBACK_POLL", float),
+    "pingback_trusted_proxies": ("CAPTCHAAI_PINGBACK_TRUSTED_PROXIES", _networks),
+    "pingback_allow": ("CAPTCHAAI_PINGBACK_ALLOW", _networks),
     "kafka_bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS", str),
     "kafka_tasks_topic": ("KAFKA_TASKS_TOPIC", str),
     "kafka_results_topic": ("KAFKA_RESULTS_TOPIC", str),
@@ -394,6 +678,9 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "kafka_client_config": ("KAFKA_CLIENT_CONFIG", _client_config),
 }
 
+#: Variables Docker Compose passes to workers for the keys of CAPTCHAAI_PROVIDERS: name one
+#: in a provider's ``key_env`` (any other name works outside Compose).
+PROVIDER_KEY_SLOTS = ("CAPTCHAAI_PROVIDER_KEY_1", "CAPTCHAAI_PROVIDER_KEY_2")
 #: Every environment variable the settings read (used by the compose-file check).
 ENVIRONMENT_VARIABLES = frozenset(var for var, _ in _ENV.values())
 

@@ -16,6 +16,15 @@ stream waits, with back-off, and goes on where it was when Redis is back; only t
 result is overdue meanwhile fail (``ERROR_SOLVE_TIMEOUT``).  Redis down at the very first
 task raises :class:`~captcha_tasks.errors.StoreUnavailable` at once.
 
+Writes can be lost with a master (a failover; a restart without ``appendfsync always``),
+so the stream recovers what only it still knows: when the master changed, it reads the
+batch's stream from its start again (entries it has are skipped), and every
+:data:`~captcha_tasks.batching.TRACE_EVERY_S` it sends again, under the same task id, each
+pending task of which Redis has no trace left (no queued message noted, no claim, no
+record, not parked): its message was lost before any worker took it.  A copy that was not
+lost after all is stopped by the solve's record.  After a good read it adds the
+reconnects this process counted to the deployment's (``redis_reconnects_total``).
+
 What to do when is decided by :class:`captcha_tasks.batching.Batch` (no I/O); this module
 is its driver on redis-py, and :func:`captcha_tasks.aio.stream` its driver on asyncio.
 """
@@ -31,8 +40,23 @@ from typing import Any
 from kombu.exceptions import OperationalError
 
 from . import errors
-from .batching import Abandon, Batch, Done, Emit, Fail, Pull, Read, Send, Wait
+from .batching import (
+    Abandon,
+    Batch,
+    Done,
+    Emit,
+    Fail,
+    Look,
+    Pull,
+    Read,
+    Resend,
+    Send,
+    Wait,
+    solve_kwargs,
+)
+from .connections import FAILOVERS
 from .settings import Settings
+from .state import State
 from .state.batches import BatchStreams
 from .worker.app import app
 from .worker.tasks import solve
@@ -57,10 +81,12 @@ def stream(
     """
     runtime = app.runtime()
     batch = new_batch(runtime.settings, window, timeout_per_task)
-    streams = runtime.state.batches
+    state = runtime.state
+    streams = state.batches
     source = iter(tasks)
     try:
         while True:
+            batch.saw_master(FAILOVERS.generation)
             action = batch.next_action(time.monotonic())
             if isinstance(action, Emit):
                 yield from action.outcomes
@@ -69,7 +95,11 @@ def stream(
             elif isinstance(action, Send):
                 _send(batch, action)
             elif isinstance(action, Read):
-                _read(streams, batch, action)
+                _read(state, batch, action)
+            elif isinstance(action, Look):
+                _look(state, batch, action)
+            elif isinstance(action, Resend):
+                _resend(batch, action)
             elif isinstance(action, Wait):
                 time.sleep(action.seconds)  # back-off while Redis is away
             elif isinstance(action, Fail):
@@ -87,21 +117,38 @@ def new_batch(settings: Settings, window: int | None, timeout_per_task: float | 
         uuid.uuid4().hex,
         window=2 * settings.capacity if window is None else window,
         timeout_s=settings.solve_timeout + 60 if timeout_per_task is None else timeout_per_task,
+        # A move before the batch started lost none of its writes.
+        generation=FAILOVERS.generation,
     )
 
 
-def send_task(batch_id: str, index: int, task: Mapping[str, Any]) -> None:
-    """Queue ``task`` as task ``index`` of batch ``batch_id`` (validated by ``solve``:
-    :class:`~captcha_tasks.errors.ValidationError`; Redis down:
+def send_task(batch_id: str, index: int, task: Mapping[str, Any]) -> str:
+    """Queue ``task`` as task ``index`` of batch ``batch_id`` and return its task id
+    (validated by ``solve``: :class:`~captcha_tasks.errors.ValidationError`; Redis down:
     :class:`~captcha_tasks.errors.StoreUnavailable`).  Blocking: the asyncio driver runs
     it on its publisher thread."""
-    kwargs = {**task, "_batch": {"id": batch_id, "index": index}}
+    task_id = str(uuid.uuid4())  # chosen here: a refused publish still has it
+    publish(task_id, solve_kwargs(batch_id, index, task))
+    return task_id
+
+
+def publish(task_id: str, kwargs: Mapping[str, Any]) -> None:
+    """Send the solve message of ``task_id`` (a first time, or again, under the same id)."""
     try:
-        solve.apply_async(kwargs=kwargs)
+        solve.apply_async(kwargs=dict(kwargs), task_id=task_id)
     except OperationalError:
         # The broker refused the message after Redis took note of it: housekeeping sends
         # it again, under its id (see SolveTask.apply_async).
-        log.warning("task %d: the broker is unavailable; its message will be sent again", index)
+        log.warning("task %s: the broker is unavailable; its message will be sent again", task_id)
+
+
+def report_reconnects(state: State) -> None:
+    """Add this process's reconnects to the deployment's count; kept for the next time
+    when Redis is away again (the caller's read went through: it is not told)."""
+    try:
+        state.failovers.report("app")
+    except errors.StoreUnavailable as exc:
+        log.debug("reconnects not reported yet: %s", exc)
 
 
 def _pull(source: Iterator[Mapping[str, Any]], batch: Batch) -> None:
@@ -115,22 +162,41 @@ def _pull(source: Iterator[Mapping[str, Any]], batch: Batch) -> None:
 
 def _send(batch: Batch, action: Send) -> None:
     try:
-        send_task(batch.batch_id, action.index, action.task)
+        task_id = send_task(batch.batch_id, action.index, action.task)
     except errors.ValidationError as exc:
         batch.refused(exc)
     except errors.StoreUnavailable as exc:
         batch.unavailable(exc, time.monotonic())
     else:
-        batch.sent(time.monotonic())
+        batch.sent(task_id, time.monotonic())
 
 
-def _read(streams: BatchStreams, batch: Batch, action: Read) -> None:
+def _read(state: State, batch: Batch, action: Read) -> None:
     try:
-        found = streams.read(batch.batch_id, action.after, block_ms=action.block_ms)
+        found = state.batches.read(batch.batch_id, action.after, block_ms=action.block_ms)
     except errors.StoreUnavailable as exc:
         batch.unavailable(exc, time.monotonic())
     else:
         batch.read(found)
+        report_reconnects(state)
+
+
+def _look(state: State, batch: Batch, action: Look) -> None:
+    try:
+        lost = state.records.traceless(action.task_ids)
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.looked(lost, time.monotonic())
+
+
+def _resend(batch: Batch, action: Resend) -> None:
+    try:
+        publish(action.task_id, action.kwargs)
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.resent()
 
 
 def _abandon(streams: BatchStreams, abandon: Abandon | None) -> None:

@@ -30,9 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import redis
-
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until, write_tasks
+from captcha_tasks.dev.devstack import (
+    CeleryProcess,
+    RedisServer,
+    redis_client,
+    wait_until,
+    write_tasks,
+)
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 
 KEY = "bench-key"
@@ -115,7 +119,7 @@ def run_ours(
     workers: int = 2,
     concurrency: int = 16,
 ) -> Run:
-    redis.Redis.from_url(env["REDIS_URL"]).flushall()
+    redis_client(env["REDIS_URL"]).flushall()
     procs = [
         CeleryProcess(
             "worker", env=env, concurrency=concurrency, log_dir=log_dir, name=f"{name}-w{n}"

@@ -18,9 +18,22 @@ it runs the 200 captchas twice on a fresh Redis:
      reached the caller minus the time the sandbox had its answer ready
      (``GET /sandbox/ready``).
 
+And (d), the attacked receiver: callbacks on, and while the batch runs (through
+``captcha-tasks batch``) 600 slow connections from 127.0.0.2 and 400 from 40 other
+addresses (127.0.0.3-42, 10 each) are held open against the receiver
+(:mod:`captcha_tasks.dev.slowloris`, in a process of its own: connections the receiver
+closes are opened again), and ``/health`` is asked every 0.5 s from the provider's
+address (127.0.0.1, where the sandbox calls back from).  It reports the span from the
+first solve's start to the last answer against 1.10 x ideal + 1 s, res.php requests per
+captcha, and the worst /health latency.
+
 Not a timed test: the targets are printed as MET / MISSED.
 
-    python scripts/bench_pingback.py [--count 200]
+    python scripts/bench_pingback.py [--count 200] [--only on|lossy|off|attacked ...]
+        [--solve-time 1.5 --jitter 0.3]
+
+At real time scale (the issue's polling latency): ``--only off --count 60 --solve-time 15
+--jitter 3``.
 """
 
 from __future__ import annotations
@@ -32,27 +45,32 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import redis
 import requests
 
 from captcha_tasks.dev.devstack import (
     CeleryProcess,
     RedisServer,
     free_port,
+    redis_client,
     wait_until,
     write_tasks,
 )
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.dev.slowloris import Attack
 
 KEY = "bench-key"
 PAGE = "https://example.com/bench-pingback"
 SECRET = "bench-pingback-secret-0123456789"
 THREADS, SOLVE_S, JITTER_S = 15, 1.5, 0.3
+#: The attacked run: 600 slow connections from one address, 10 from each of 40 others.
+CROWDS = ("127.0.0.2=600", "127.0.0.3-42=10")
+HEALTH_EVERY_S, HEALTH_BUDGET_S = 0.5, 0.5
 
 
 @dataclass
@@ -66,6 +84,9 @@ class Run:
     get_res_per_solved: float = float("nan")
     sources: dict[str, int] = field(default_factory=dict)
     samples: list[float] = field(default_factory=list)
+    span_s: float = float("nan")
+    health: list[float] = field(default_factory=list)
+    attack: dict[str, Any] = field(default_factory=dict)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -83,7 +104,7 @@ class Stack:
         self.procs: list[Any] = []
 
     def __enter__(self) -> Stack:
-        redis.Redis.from_url(self.env["REDIS_URL"]).flushall()
+        redis_client(self.env["REDIS_URL"]).flushall()
         for n in range(2):
             worker = CeleryProcess(
                 "worker", env=self.env, log_dir=self.log_dir, name=f"{self.name}-w{n}"
@@ -122,11 +143,18 @@ def _listening(port: int) -> bool:
 
 
 def through_batch(
-    env: dict[str, str], sandbox: SandboxServer, count: int, log_dir: Path, name: str
+    env: dict[str, str],
+    sandbox: SandboxServer,
+    count: int,
+    log_dir: Path,
+    name: str,
+    clock: LineClock | None = None,
 ) -> tuple[float, list[dict[str, Any]], dict[str, Any]]:
     source = write_tasks(log_dir / f"{name}-in.jsonl", count, PAGE)
     out = log_dir / f"{name}-out.jsonl"
     sandbox.reset()
+    if clock is not None:
+        clock.watch(out)
     start = time.monotonic()
     subprocess.run(
         [sys.executable, "-m", "captcha_tasks.cli", "batch", str(source), "-o", str(out)],
@@ -135,8 +163,114 @@ def through_batch(
         check=False,
     )
     wall = time.monotonic() - start
+    if clock is not None:
+        clock.finish()
     lines = [json.loads(t) for t in out.read_text().splitlines() if t.strip()]
     return wall, lines, sandbox.stats()
+
+
+class LineClock(threading.Thread):
+    """When each line of a batch's output appeared (sampled every 20 ms), for the span
+    from the first solve's start to the last answer: a solve started its elapsed_s
+    before its line appeared, at or before its in.php."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.arrivals: list[tuple[float, dict[str, Any]]] = []
+        self._path: Path | None = None
+        self._done = threading.Event()
+
+    def watch(self, path: Path) -> None:
+        self._path = path
+        self.start()
+
+    def finish(self) -> None:
+        self._done.set()
+        self.join()
+
+    def run(self) -> None:
+        assert self._path is not None
+        buffered, offset = "", 0
+        while True:
+            last_round = self._done.is_set()
+            if self._path.exists():
+                with self._path.open() as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                    offset = f.tell()
+                now = time.monotonic()
+                buffered += chunk
+                *complete, buffered = buffered.split("\n")
+                self.arrivals += [(now, json.loads(t)) for t in complete if t.strip()]
+            if last_round:
+                return
+            self._done.wait(0.02)
+
+    def span(self) -> float:
+        solved = [(at, line) for at, line in self.arrivals if line.get("status") == "solved"]
+        if not solved:
+            return float("nan")
+        starts = [at - float(line["elapsed_s"]) for at, line in solved]
+        return max(at for at, _ in solved) - min(starts)
+
+
+class HealthProbe(threading.Thread):
+    """``GET /health`` every HEALTH_EVERY_S from the provider's address; the seconds each
+    took (a failure counts as infinite)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.latencies: list[float] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        next_at = time.monotonic()
+        while not self.done.is_set():
+            started = time.monotonic()
+            try:
+                ok = requests.get(f"http://127.0.0.1:{self.port}/health", timeout=5).ok
+            except requests.RequestException:
+                ok = False
+            self.latencies.append(time.monotonic() - started if ok else float("inf"))
+            next_at += HEALTH_EVERY_S
+            self.done.wait(max(0.0, next_at - time.monotonic()))
+
+
+def attacked(env: dict[str, str], sandbox: SandboxServer, count: int, log_dir: Path) -> Run:
+    result = Run("(d) attacked receiver")
+    port = int(env["CAPTCHAAI_PINGBACK_URL"].rsplit(":", 1)[1].split("/")[0])
+    with Stack(env, log_dir, "attacked-batch", receiver=True):
+        attack = Attack(port, *CROWDS)
+        probe = HealthProbe(port)
+        try:
+
+            def in_place() -> bool:
+                crowds = attack.last
+                if not crowds:
+                    return False
+                one = crowds["127.0.0.2"]
+                tried = one["opened"] + one["failed"]
+                return bool(crowds["127.0.0.3-42"]["open"] == 400 and tried >= 600)
+
+            wait_until(in_place, 60, what="the attack in place")
+            probe.start()
+            clock = LineClock()
+            wall, lines, stats = through_batch(env, sandbox, count, log_dir, "attacked", clock)
+        finally:
+            probe.done.set()
+            result.attack = attack.stop()
+        probe.join()
+        r = redis_client(env["REDIS_URL"])
+        prefix = env["CAPTCHAAI_KEY_PREFIX"]
+        result.sources = {
+            k: int(v) for k, v in r.hgetall(f"{prefix}:stats:solved:turnstile").items()
+        }
+    result.wall_s, result.span_s, result.health = wall, clock.span(), probe.latencies
+    result.solved = sum(1 for line in lines if line.get("status") == "solved")
+    result.failed = count - result.solved
+    result.res_per_solved = stats["res_php_requests"] / max(1, result.solved)
+    return result
 
 
 def through_get(
@@ -184,7 +318,7 @@ def run(
     result.res_per_solved = stats["res_php_requests"] / max(1, result.solved)
     with Stack(env, log_dir, f"{slug}-get", receiver):
         delays, outcomes, stats = through_get(sandbox, count)
-        r = redis.Redis.from_url(env["REDIS_URL"], decode_responses=True)
+        r = redis_client(env["REDIS_URL"])
         prefix = env["CAPTCHAAI_KEY_PREFIX"]
         result.samples = [
             float(x) for x in r.lrange(f"{prefix}:stats:solve-times:turnstile", 0, -1)
@@ -196,6 +330,44 @@ def run(
     result.delays = delays
     result.get_res_per_solved = stats["res_php_requests"] / max(1, len(outcomes))
     return result
+
+
+def print_attacked(r: Run, ideal: float) -> None:
+    print(
+        f"\n(d) attacked receiver: {' and '.join(CROWDS)} slow connections held open"
+        f" during the batch; /health every {HEALTH_EVERY_S} s from 127.0.0.1"
+    )
+    print(
+        f"{'solved':>7} {'span s':>7} {'target s':>8} {'x ideal':>7} {'wall s':>7}"
+        f" {'res/captcha':>11} {'/health n':>9} {'worst ms':>8} {'p50 ms':>6}  sources"
+    )
+    worst = max(r.health, default=float("nan")) * 1000
+    print(
+        f"{r.solved:>3}/{r.solved + r.failed:<3} {r.span_s:>7.2f} {1.10 * ideal + 1:>8.2f}"
+        f" {r.span_s / ideal:>7.3f} {r.wall_s:>7.2f} {r.res_per_solved:>11.2f}"
+        f" {len(r.health):>9} {worst:>8.1f} {pct(r.health, 50) * 1000:>6.1f}  {r.sources}"
+    )
+    for crowd, c in r.attack.items():
+        print(
+            f"  attackers {crowd}: {c['opened'] + c['failed']} connections made, of which"
+            f" {c['failed']} reset before the attacker saw them open and {c['closed']} closed"
+            f" later by the receiver; at most {c['max_open']} open at once (attacker's count)"
+        )
+
+
+def attacked_checks(r: Run, count: int, ideal: float) -> list[tuple[str, bool]]:
+    return [
+        (f"attacked: {count}/{count} solved", r.solved == count),
+        (
+            f"attacked: span <= 1.10 x ideal + 1 = {1.10 * ideal + 1:.1f} s",
+            r.span_s <= 1.10 * ideal + 1,
+        ),
+        ("attacked: <= 0.3 res.php per captcha", r.res_per_solved <= 0.3),
+        (
+            f"attacked: /health answered within {HEALTH_BUDGET_S} s every time",
+            bool(r.health) and max(r.health) <= HEALTH_BUDGET_S,
+        ),
+    ]
 
 
 def print_table(runs: list[Run], ideal: float) -> None:
@@ -220,38 +392,61 @@ def print_table(runs: list[Run], ideal: float) -> None:
 
 
 def checks(runs: dict[str, Run], count: int, ideal: float) -> list[tuple[str, bool]]:
-    on, lossy, off = runs["on"], runs["lossy"], runs["off"]
-    ms = [d * 1000 for d in on.delays]
-    off_ms = [d for d in off.delays]
-    return [
-        (
-            f"pingback wall <= 1.07 x ideal + 0.5 = {1.07 * ideal + 0.5:.1f} s",
-            on.wall_s <= 1.07 * ideal + 0.5,
-        ),
-        ("pingback <= 0.2 res.php per solved captcha", on.res_per_solved <= 0.2),
-        ("pingback ready -> get() p50 <= 30 ms", pct(ms, 50) <= 30),
-        ("pingback ready -> get() p99 <= 150 ms", pct(ms, 99) <= 150),
-        (
-            "20% of callbacks lost: every captcha solved",
-            lossy.solved == count and len(lossy.delays) == count,
-        ),
-        ("no pingback: mean delay <= 0.3 s", bool(off_ms) and statistics.fmean(off_ms) <= 0.3),
-        ("no pingback: p90 delay <= 0.6 s", pct(off_ms, 90) <= 0.6),
-        (
-            "no pingback: <= 4 res.php per solved captcha",
-            off.res_per_solved <= 4 and off.get_res_per_solved <= 4,
-        ),
-        ("every run solved every captcha", all(r.failed == 0 for r in runs.values())),
-    ]
+    found: list[tuple[str, bool]] = []
+    if "on" in runs:
+        on = runs["on"]
+        ms = [d * 1000 for d in on.delays]
+        found += [
+            (
+                f"pingback wall <= 1.07 x ideal + 0.5 = {1.07 * ideal + 0.5:.1f} s",
+                on.wall_s <= 1.07 * ideal + 0.5,
+            ),
+            ("pingback <= 0.2 res.php per solved captcha", on.res_per_solved <= 0.2),
+            ("pingback ready -> get() p50 <= 30 ms", pct(ms, 50) <= 30),
+            ("pingback ready -> get() p99 <= 150 ms", pct(ms, 99) <= 150),
+        ]
+    if "lossy" in runs:
+        lossy = runs["lossy"]
+        found.append(
+            (
+                "20% of callbacks lost: every captcha solved",
+                lossy.solved == count and len(lossy.delays) == count,
+            )
+        )
+    if "off" in runs:
+        off = runs["off"]
+        off_s = list(off.delays)
+        found += [
+            ("no pingback: mean delay <= 0.3 s", bool(off_s) and statistics.fmean(off_s) <= 0.3),
+            ("no pingback: p90 delay <= 0.6 s", pct(off_s, 90) <= 0.6),
+            (
+                "no pingback: <= 4 res.php per solved captcha",
+                off.res_per_solved <= 4 and off.get_res_per_solved <= 4,
+            ),
+        ]
+    found.append(("every run solved every captcha", all(r.failed == 0 for r in runs.values())))
+    return found
 
 
 def main() -> int:
+    global SOLVE_S, JITTER_S
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=200)
     parser.add_argument(
-        "--only", choices=["on", "lossy", "off"], action="append", help="Run only these."
+        "--only",
+        choices=["on", "lossy", "off", "attacked"],
+        action="append",
+        help="Run only these.",
     )
+    parser.add_argument(
+        "--solve-time",
+        type=float,
+        default=SOLVE_S,
+        help="Mean solve seconds (15 with --jitter 3: real time scale).",
+    )
+    parser.add_argument("--jitter", type=float, default=JITTER_S, help="± seconds.")
     args = parser.parse_args()
+    SOLVE_S, JITTER_S = args.solve_time, args.jitter
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pingback-"))
     config = SandboxConfig(threads=THREADS, solve_time=SOLVE_S, jitter=JITTER_S, api_keys=(KEY,))
     with RedisServer(log_dir=log_dir) as redis_server:
@@ -283,11 +478,21 @@ def main() -> int:
                 sandbox.update_config(pingback_drop_rate=drop)
                 runs[key] = run(name, env, sandbox, args.count, log_dir, receiver)
                 print(f"done: {name}", file=sys.stderr, flush=True)
+            hit = None
+            if not args.only or "attacked" in args.only:
+                sandbox.update_config(pingback_drop_rate=0.0)
+                hit = attacked(callbacks, sandbox, args.count, log_dir)
+                print("done: (d) attacked receiver", file=sys.stderr, flush=True)
         finally:
             sandbox.stop()
     ideal = args.count * SOLVE_S / THREADS
-    print_table(list(runs.values()), ideal)
-    results = checks(runs, args.count, ideal) if len(runs) == len(steps) else []
+    results = []
+    if runs:
+        print_table(list(runs.values()), ideal)
+        results += checks(runs, args.count, ideal)
+    if hit is not None:
+        print_attacked(hit, ideal)
+        results += attacked_checks(hit, args.count, ideal)
     print()
     for text, ok in results:
         print(f"{'MET   ' if ok else 'MISSED'} {text}")

@@ -119,11 +119,16 @@ class Sandbox:
 @pytest.fixture
 def sandbox(sandbox_server: Any) -> Iterator[Sandbox]:
     """The shared sandbox, reset to the default config and zeroed counters."""
+    from captcha_tasks.worker.app import app
+
     box = Sandbox(sandbox_server)
     box.configure(api_keys=[API_KEY], **SANDBOX_DEFAULTS)
     box.reset()
     yield box
     box.configure(api_keys=[API_KEY], **SANDBOX_DEFAULTS)
+    # A test that emptied the balance or refused the key took the provider out of rotation:
+    # the sandbox is whole again, so is the provider (no waiting for a probe).
+    app.runtime().state.circuits.reset()
 
 
 @pytest.fixture

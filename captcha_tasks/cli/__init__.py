@@ -44,6 +44,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Receive provider callbacks (CAPTCHAAI_PINGBACK_URL must lead here).",
     ),
     "pool": ("captcha_tasks.cli.pools:pool", "Token pools."),
+    "providers": (
+        "captcha_tasks.cli.providers:providers",
+        "Show each provider's circuit, threads in use, balance and last error.",
+    ),
     "quickstart": (
         "captcha_tasks.cli.quickstart:quickstart",
         "Start Redis (if needed), the sandbox (if no API key), a worker and beat; solve a demo.",

@@ -18,7 +18,17 @@ from typing import IO, Any
 from ..errors import ValidationError
 from ..methods import build_request
 
-OUTPUT_FIELDS = ("index", "status", "token", "error", "elapsed_s", "source", "user_agent")
+OUTPUT_FIELDS = (
+    "index",
+    "status",
+    "token",
+    "error",
+    "elapsed_s",
+    "source",
+    "user_agent",
+    "provider",
+    "captcha_id",
+)
 
 
 @dataclass(frozen=True)
@@ -138,20 +148,23 @@ class ResultWriter:
 
     def __init__(self, target: Path | None, stdout: IO[str]) -> None:
         self.path = target
+        self._fields: tuple[str, ...] = OUTPUT_FIELDS
         if target is None:
             self._fh, self._csv = stdout, False
         else:
             new = not target.exists() or target.stat().st_size == 0
-            self._fh = open(target, "a", newline="", encoding="utf-8")  # noqa: SIM115
             self._csv = _is_csv(target)
-        self._writer = csv.DictWriter(self._fh, OUTPUT_FIELDS) if self._csv else None
+            # Appending to an output of an earlier version: its columns, not ours.
+            self._fields = OUTPUT_FIELDS if new or not self._csv else _header(target)
+            self._fh = open(target, "a", newline="", encoding="utf-8")  # noqa: SIM115
+        self._writer = csv.DictWriter(self._fh, self._fields) if self._csv else None
         if self._writer is not None and new:
             self._writer.writeheader()
 
     def write(self, outcome: dict[str, Any]) -> None:
         row = output_row(outcome)
         if self._writer is not None:
-            self._writer.writerow({k: _cell(row.get(k)) for k in OUTPUT_FIELDS})
+            self._writer.writerow({k: _cell(row.get(k)) for k in self._fields})
         else:
             self._fh.write(json.dumps(row) + "\n")
         self._fh.flush()
@@ -172,7 +185,16 @@ def output_row(outcome: dict[str, Any]) -> dict[str, Any]:
         row["message"] = outcome.get("message")
     row["elapsed_s"] = outcome.get("elapsed_s")
     row["source"] = outcome.get("source")
+    # The pair names the captcha (two providers may issue the same id): for reports.
+    row["provider"] = outcome.get("provider")
+    row["captcha_id"] = outcome.get("captcha_id")
     return row
+
+
+def _header(path: Path) -> tuple[str, ...]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        header = next(csv.reader(fh), None)
+    return tuple(header) if header else OUTPUT_FIELDS
 
 
 def _cell(value: Any) -> Any:

@@ -29,11 +29,12 @@ from urllib.parse import urlsplit
 
 import requests
 
-from .. import settings
-from ..settings import DEFAULT_REDIS_URL
+from .. import connections, settings
+from ..settings import mask_url
 from ..worker.app import app
+from ..worker.broker import backend_url, transport
 from ..worker.tasks import solve
-from .devstack import CeleryProcess, RedisServer, redis_reachable
+from .devstack import CeleryProcess, RedisServer
 from .sandbox import SandboxConfig, SandboxServer
 
 DEMO_PAGE = "https://example.com/quickstart"
@@ -131,9 +132,17 @@ class Stack:
         else:
             lines.append("# CAPTCHAAI_API_KEY: yours (already in your environment)")
         lines.append(_export("CAPTCHAAI_THREADS", str(current.threads)))
-        for var in ("CAPTCHAAI_KEY_PREFIX", "CAPTCHAAI_QUEUE_PREFIX"):
+        for var in (
+            "CAPTCHAAI_KEY_PREFIX",
+            "CAPTCHAAI_QUEUE_PREFIX",
+            "REDIS_SENTINEL_MASTER",
+            "REDIS_SENTINEL_TLS",
+            "REDIS_SENTINEL_TLS_CA_FILE",
+        ):
             if os.environ.get(var):
                 lines.append(_export(var, os.environ[var]))
+        if os.environ.get("REDIS_SENTINEL_PASSWORD"):
+            lines.append("# REDIS_SENTINEL_PASSWORD: yours (already in your environment)")
         return lines
 
     def write_env_file(self, path: Path) -> Path:
@@ -176,15 +185,16 @@ def running_stack(log_dir: Path, echo: Echo, workers: int = 1) -> Iterator[Stack
 
 
 def _ensure_redis(stack: Stack, echo: Echo) -> None:
-    url = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
-    if redis_reachable(url):
-        echo(f"using Redis at {_safe_url(url)}")
+    configured = settings.Settings.from_env()  # REDIS_URL, or its sentinels and master
+    url = configured.redis_url
+    if connections.reachable(configured):
+        echo(f"using Redis at {mask_url(url)}")
         stack.env["REDIS_URL"] = url
         return
     server = RedisServer(log_dir=stack.log_dir).start()
     stack.processes.append(server)
     stack.env["REDIS_URL"] = server.url
-    echo(f"{_safe_url(url)} not reachable: started a local server at {server.url}")
+    echo(f"{mask_url(url)} not reachable: started a local server at {server.url}")
 
 
 def _ensure_api(stack: Stack, echo: Echo) -> None:
@@ -208,13 +218,12 @@ def _configure_this_process() -> None:
     # This process solves the demo batch with the stack's settings.
     settings.reset_settings()
     current = app.use(settings.get_settings()).settings
-    app.conf.update(broker_url=current.redis_url, result_backend=current.redis_url)
-
-
-def _safe_url(url: str) -> str:
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    return f"{parts.scheme}://{host}:{parts.port or 6379}{parts.path}"
+    where = connections.celery_options(current)
+    app.conf.update(
+        where,
+        broker_transport=transport(where["broker_url"]),
+        result_backend=backend_url(where["result_backend"]),
+    )
 
 
 def demo_batch(count: int, echo: Echo, verify_url: str | None, timeout: float = 120) -> int:

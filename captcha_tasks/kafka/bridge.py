@@ -25,6 +25,7 @@ One :class:`Bridge` is one member of the ``KAFKA_GROUP_ID`` consumer group, in o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -32,8 +33,6 @@ import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from celery import states
 
 from ..errors import (
     BadMessage,
@@ -47,6 +46,7 @@ from ..outcome import Failed
 from ..settings import Settings
 from ..state import State
 from ..worker.app import app
+from ..worker.results import Results
 from ..worker.tasks import normalize_solve_args, solve
 from .claims import Claim, ClaimStore
 from .client import (
@@ -112,37 +112,27 @@ class ResultWatcher:
     """Outcomes of many Celery solves with one Redis round trip (``MGET`` of their
     result keys), instead of one poll per ``AsyncResult``."""
 
-    def __init__(self, backend: Any) -> None:
-        for name in ("mget", "get_key_for_task", "decode_result"):
-            if not hasattr(backend, name):
-                raise ConfigurationError("the Kafka bridge needs Celery's Redis result backend")
-        self.backend = backend
+    def __init__(self, results: Results) -> None:
+        if not hasattr(results.backend, "mget"):
+            raise ConfigurationError("the Kafka bridge needs Celery's Redis result backend")
+        self.results = results
 
     def ready(self, waits: Mapping[str, Wait]) -> dict[str, dict[str, Any]]:
         """Celery id -> outcome dict, for the solves that have finished."""
         if not waits:
             return {}
         ids = list(waits)
-        raw = self.backend.mget([self.backend.get_key_for_task(i) for i in ids])
+        raw = self.results.backend.mget([self.results.key(i) for i in ids])
         done: dict[str, dict[str, Any]] = {}
         for celery_id, value in zip(ids, raw, strict=True):
             if value is None:
                 continue
-            meta = self.backend.decode_result(value)
-            if meta.get("status") in states.READY_STATES:
-                done[celery_id] = _outcome(meta, waits[celery_id])
+            read = self.results.read(value)
+            if read.ready:
+                wait = waits[celery_id]
+                elapsed = round(time.monotonic() - wait.started, 3)
+                done[celery_id] = read.outcome_dict(wait.task.method, elapsed)
         return done
-
-
-def _outcome(meta: Mapping[str, Any], wait: Wait) -> dict[str, Any]:
-    result = meta.get("result")
-    if meta["status"] == states.SUCCESS and isinstance(result, dict):
-        return result
-    elapsed = round(time.monotonic() - wait.started, 3)
-    if isinstance(result, BaseException):
-        return Failed.from_exception(result, wait.task.method, elapsed).to_dict()
-    message = f"solve ended in state {meta['status']} without an outcome"
-    return Failed("ERROR_INTERNAL", message, wait.task.method, None, elapsed).to_dict()
 
 
 class Bridge:
@@ -166,7 +156,8 @@ class Bridge:
         self.consumer = consumer or Consumer(consumer_config(s))
         self.producer = producer or Producer(producer_config(s))
         self.claims = claims or ClaimStore.for_settings(state.db, s)
-        self.results = ResultWatcher(app.backend)
+        self.failovers = state.failovers
+        self.results = ResultWatcher(Results(app))
         self.tracker = OffsetTracker()
         self.waits: dict[str, Wait] = {}  # Celery id -> wait
         self._by_task: dict[str, str] = {}  # task id -> Celery id, for duplicate messages
@@ -214,6 +205,8 @@ class Bridge:
             raise self._delivery_error
         self._commit()
         self._back_pressure()
+        with contextlib.suppress(StoreUnavailable):  # counted with the next report
+            self.failovers.report("kafka")
 
     def _take_messages(self) -> None:
         timeout = BUSY_POLL_S if self.waits else IDLE_POLL_S

@@ -1,7 +1,19 @@
 """The pingback receiver: provider callbacks complete their captchas (see
-:mod:`.callbacks`), served by :mod:`.wsgi` or mounted in a Flask or Django app."""
+:mod:`.callbacks`), served by :mod:`.server` (``captcha-tasks pingback-server``) or
+mounted in a Flask or Django app (:meth:`Receiver.handle_request`, :mod:`.wsgi`)."""
 
 from .callbacks import MAX_BODY, Receiver, Verdict, default_receiver
-from .wsgi import make_wsgi_app, serve
+from .limits import Limits
+from .server import PingbackServer, serve
+from .wsgi import make_wsgi_app
 
-__all__ = ["MAX_BODY", "Receiver", "Verdict", "default_receiver", "make_wsgi_app", "serve"]
+__all__ = [
+    "MAX_BODY",
+    "Limits",
+    "PingbackServer",
+    "Receiver",
+    "Verdict",
+    "default_receiver",
+    "make_wsgi_app",
+    "serve",
+]

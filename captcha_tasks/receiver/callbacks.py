@@ -7,12 +7,15 @@ A callback is hostile input until proven otherwise.  It counts only when
 * it is the first word on that captcha: the completion script claims a solve once.
 
 Anything else is answered with a 4xx and changes nothing; each rejection is counted by
-reason.  An address that keeps sending rejected callbacks is throttled (429) for a while.
+reason.  An address that keeps sending rejected callbacks is throttled (429) for a while;
+an address outside ``CAPTCHAAI_PINGBACK_ALLOW`` is refused (403).  Behind a reverse proxy
+the address is the client's (see :meth:`Receiver.client_address`).
 An accepted callback goes through the one completion path
 (:class:`~captcha_tasks.worker.completion.Completer`), as if a poll had read its answer.
 
-:meth:`Receiver.handle` knows no HTTP framework: :func:`~.wsgi.make_wsgi_app` serves it,
-and a Flask or Django view can call :meth:`Receiver.handle_request` (see the README).
+:meth:`Receiver.handle` knows no HTTP framework: :mod:`.server` (``captcha-tasks
+pingback-server``) and :func:`~.wsgi.make_wsgi_app` serve it, and a Flask or Django view
+can call :meth:`Receiver.handle_request` (see the README).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from urllib.parse import parse_qsl
 
 from .. import errors, pingback
 from ..client import callback_answer
@@ -32,6 +36,7 @@ from ..worker.adapter import Runner
 from ..worker.app import app as worker_app
 from ..worker.job import Job
 from ..worker.steps import Resubmit
+from . import addresses
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +51,7 @@ STRIKES_REMEMBERED = 10_000
 ACCEPTED = "accepted"
 #: Rejection reasons, with their HTTP status.
 REJECTIONS = {
+    "not_allowed": 403,
     "method_not_allowed": 405,
     "too_large": 413,
     "bad_path": 404,
@@ -126,6 +132,16 @@ class Receiver:
         self.state = runner.state
         self.strikes = strikes or Strikes()
 
+    def client_address(self, peer: str, forwarded_for: str | Sequence[str] | None = None) -> str:
+        """The address to pass to :meth:`handle_request`: ``peer`` (the connection's
+        address), or, when ``peer`` is one of ``CAPTCHAAI_PINGBACK_TRUSTED_PROXIES``, the
+        client its ``X-Forwarded-For`` header (``forwarded_for``) names."""
+        return addresses.client_address(peer, forwarded_for, self.settings.pingback_trusted_proxies)
+
+    def allows(self, address: str) -> bool:
+        """Whether ``CAPTCHAAI_PINGBACK_ALLOW`` lets ``address`` call (empty: anyone)."""
+        return addresses.allowed(address, self.settings.pingback_allow)
+
     def handle_request(
         self,
         verb: str,
@@ -135,12 +151,18 @@ class Receiver:
         body_size: int = 0,
     ) -> Verdict:
         """Judge one HTTP request: ``segment`` is the last path segment (the ticket),
-        ``fields`` the query and form fields merged, ``body_size`` its body's length."""
-        if self.strikes.blocked(address):
-            return self._count(_reject("rate_limited"))
-        verdict = self._judge(verb, segment, fields, body_size)
-        if not verdict.accepted and verdict.reason != "unavailable":
-            self.strikes.strike(address)
+        ``fields`` the query and form fields merged, ``body_size`` its body's length,
+        ``address`` the client's (see :meth:`client_address`)."""
+        if not self.allows(address):
+            verdict = _reject("not_allowed")
+        elif self.strikes.blocked(address):
+            verdict = _reject("rate_limited")
+        else:
+            verdict = self._judge(verb, segment, fields, body_size)
+            if not verdict.accepted and verdict.reason != "unavailable":
+                self.strikes.strike(address)
+        if not verdict.accepted:
+            log.info("callback from %s refused: %s %s", address, verdict.status, verdict.reason)
         return self._count(verdict)
 
     def _judge(self, verb: str, segment: str, fields: Mapping[str, str], body_size: int) -> Verdict:
@@ -158,17 +180,22 @@ class Receiver:
         if not captcha_id or not code:
             return _reject("missing_field")
         try:
+            self.state.failovers.report("receiver")
             return self.handle(ticket, captcha_id, code)
         except errors.StoreUnavailable:
             log.warning("callback for captcha %s not taken: Redis is unavailable", captcha_id)
             return _reject("unavailable")
 
     def handle(self, ticket: pingback.Ticket, captcha_id: str, code: str) -> Verdict:
-        """End the captcha ``captcha_id`` of the ticket's attempt with ``code``."""
-        entry, ended = self.state.board.lookup(captcha_id, ticket.solve_id)
+        """End the captcha ``captcha_id`` of the ticket's attempt (at the ticket's
+        provider: ids are the provider's own) with ``code``."""
+        if ticket.provider is not None and ticket.provider not in self.state.providers:
+            return _reject("unknown_id")
+        at = self.state.provider(ticket.provider)
+        entry, ended = at.board.lookup(captcha_id, ticket.solve_id)
         if entry is None:
             return _reject("replay" if ended else "unknown_id")
-        job = Job.from_json(entry.job)
+        job = Job.from_json(entry.job).at(at.name)
         if job.solve_id != ticket.solve_id or job.attempt != ticket.attempt:
             return _reject("mismatch")
         answer = callback_answer(code, captcha_id)
@@ -187,6 +214,19 @@ class Receiver:
         except errors.StoreUnavailable:  # counting must never change the answer
             log.debug("could not count a %s callback", verdict.reason)
         return verdict
+
+
+def request_fields(query: str, body: bytes = b"") -> dict[str, str]:
+    """The fields of a callback: its query's and its form body's (the body wins)."""
+    fields = dict(parse_qsl(query, keep_blank_values=True))
+    if body:
+        fields.update(parse_qsl(body.decode("utf-8", errors="replace"), keep_blank_values=True))
+    return fields
+
+
+def last_segment(path: str) -> str:
+    """The last segment of a callback's path: its ticket, under any prefix."""
+    return path.rstrip("/").rpartition("/")[2]
 
 
 @lru_cache(maxsize=1)

@@ -11,24 +11,30 @@ the CLI, the exporter, the asyncio API and the Kafka bridge.  Tests build their 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from redis import Redis
 
-from ..connections import redis_client
+from ..connections import redis_client, replica_fence
 from ..keys import Keys
+from ..providers import ProviderSpec
 from ..settings import Settings
 from .batches import BatchStreams
 from .board import Board, BoardConfig
+from .circuits import Circuits
 from .db import Db
+from .failovers import Failovers
+from .followups import Followups
 from .limiter import LimiterConfig, ThreadLimiter
 from .pools import PoolStore
 from .proxies import ProxyLeases
+from .records import Records
 from .secrets import RequestSecrets
 from .stats import Stats
 from .timing import SolveTimes, TimingConfig
 
-__all__ = ["Db", "State"]
+__all__ = ["Db", "ProviderState", "State"]
 
 #: Seconds past the solve timeout a finished solve's record is kept (duplicate messages
 #: arrive at most a visibility timeout or two later).
@@ -36,18 +42,37 @@ RECORD_MARGIN_S = 600
 
 
 @dataclass(frozen=True)
+class ProviderState:
+    """One provider's own state: its thread limiter, its board of captchas (and every
+    solve's completion there), its solve times and counters, under keys scoped by it."""
+
+    spec: ProviderSpec
+    db: Db
+    limiter: ThreadLimiter
+    board: Board
+    solve_times: SolveTimes
+    stats: Stats
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
 class State:
     """The Redis state of one deployment, built from its settings."""
 
     db: Db
-    limiter: ThreadLimiter
-    board: Board
+    #: Every provider's state, the primary first (in the order captchas go to them).
+    providers: Mapping[str, ProviderState]
+    circuits: Circuits
     pools: PoolStore
     proxies: ProxyLeases
     secrets: RequestSecrets
     batches: BatchStreams
-    solve_times: SolveTimes
-    stats: Stats
+    records: Records
+    followups: Followups
+    failovers: Failovers
 
     @property
     def keys(self) -> Keys:
@@ -57,31 +82,92 @@ class State:
     def redis(self) -> Redis:
         return self.db.redis
 
+    @property
+    def primary(self) -> ProviderState:
+        return next(iter(self.providers.values()))
+
+    def provider(self, name: str | None) -> ProviderState:
+        """The state of provider ``name`` (None, or a provider no longer configured: the
+        primary's)."""
+        if name is None:
+            return self.primary
+        return self.providers.get(name) or self.primary
+
+    # The primary's, as a deployment with one provider knows them.
+    @property
+    def limiter(self) -> ThreadLimiter:
+        return self.primary.limiter
+
+    @property
+    def board(self) -> Board:
+        return self.primary.board
+
+    @property
+    def solve_times(self) -> SolveTimes:
+        return self.primary.solve_times
+
+    @property
+    def stats(self) -> Stats:
+        return self.primary.stats
+
     @classmethod
     def build(cls, settings: Settings, client: Redis | None = None) -> State:
         """Every state object for ``settings``, on ``client`` (default: a new client from
         ``REDIS_URL``).  No I/O: nothing talks to Redis until it is used."""
-        db = Db(client if client is not None else redis_client(settings), Keys(settings.key_prefix))
-        limiter = ThreadLimiter(db, limiter_config(settings))
+        db = Db(
+            client if client is not None else redis_client(settings),
+            Keys(settings.key_prefix),
+            replica_fence(settings),
+        )
+        board = board_config(settings)
+        providers = {
+            spec.name: provider_state(settings, spec, db, board) for spec in settings.all_providers
+        }
+        names = list(providers)
         return cls(
             db=db,
-            limiter=limiter,
-            board=Board(db, limiter, board_config(settings)),
+            providers=providers,
+            circuits=Circuits(db, names, settings.circuit_failures),
             pools=PoolStore(db, declared=settings.pools),
             proxies=ProxyLeases(db, quarantine_s=settings.proxy_cooloff),
             secrets=RequestSecrets(db),
             batches=BatchStreams(db),
-            solve_times=SolveTimes(db, timing_config(settings)),
-            stats=Stats(db),
+            records=Records(db),
+            followups=Followups(db, board.followup_grace_s),
+            failovers=Failovers(db, providers[names[0]].limiter.lua_keys),
         )
 
 
-def limiter_config(settings: Settings) -> LimiterConfig:
+def provider_state(
+    settings: Settings, spec: ProviderSpec, db: Db, board: BoardConfig
+) -> ProviderState:
+    """One provider's state, under keys scoped by it (the primary's are unscoped)."""
+    scoped = replace(db, keys=db.keys.scoped(None if spec.primary else spec.name))
+    limiter = ThreadLimiter(scoped, limiter_config(settings, spec), spec.name)
+    return ProviderState(
+        spec=spec,
+        db=scoped,
+        limiter=limiter,
+        board=Board(scoped, limiter, board),
+        solve_times=SolveTimes(scoped, timing_config(settings)),
+        stats=Stats(scoped),
+    )
+
+
+def limiter_config(settings: Settings, spec: ProviderSpec | None = None) -> LimiterConfig:
+    spec = spec or settings.primary
+    budgets = spec.budgets
+    capacity = spec.capacity
+    reserve = settings.refill_reserve if spec.primary else max(1, capacity // 5)
     return LimiterConfig(
-        capacity=settings.capacity,
-        reserve=settings.refill_reserve,
+        capacity=capacity,
+        reserve=min(reserve, capacity),
         lease_s=settings.slot_lease,
-        in_per_window=settings.submit_rate,
+        in_per_window=budgets.submit_rate or 0,
+        in_window_s=budgets.submit_window_s,
+        no_slot_ratio=budgets.no_slot_ratio or 0.0,
+        res_per_captcha=budgets.res_per_captcha,
+        res_base=budgets.res_base,
         claim_s=settings.connect_timeout + settings.read_timeout + 10,
         message_grace_s=settings.visibility_timeout + 10,
     )
@@ -93,6 +179,8 @@ def board_config(settings: Settings) -> BoardConfig:
         round_hold_s=settings.connect_timeout + settings.read_timeout + 5,
         record_ttl_s=int(settings.solve_timeout + 2 * settings.visibility_timeout)
         + RECORD_MARGIN_S,
+        # longer than running a follow-up takes, shorter than a caller's patience
+        followup_grace_s=settings.visibility_timeout / 2,
     )
 
 

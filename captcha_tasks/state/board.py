@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 from .batches import BATCH, STREAM_TTL, batch_keys
 from .db import Db
+from .followups import FOLLOWUPS, followup_keys
 from .limiter import MESSAGES, NO_HANDOUT, SLOTS, Handout, ThreadLimiter, handed_out
 from .lua import Lib, Script, ms, text
 from .records import RECORD, record_keys
@@ -66,19 +67,28 @@ end
 REGISTER = Script(
     """
 -- A captcha is at the provider: put it on the board and schedule its first poll.
--- K: BOARD, SLOTS (its lease), RECORD (the solve's record and claim)
+-- K: BOARD, SLOTS (its lease), RECORD (the solve's record and claim), K.result (the
+--   caller's result key: opaque here)
 -- A.cid = captcha id, A.job (JSON), A.lease = lease id, A.handout (SLOTS),
--- A.first_ms = ms until the first poll (the lease outlives it), A.attempt,
--- A.record_ttl_s, A.gap_ms = least ms between rounds, A.grace_ms = ms a round may be late
+-- A.first_ms = ms until the first poll (the lease outlives it), A.attempt, A.provider,
+-- A.record_ttl_s, A.gap_ms = least ms between rounds, A.grace_ms = ms a round may be late,
+-- A.submitted_record = what the caller's result key says while the captcha is at the
+--   provider (absent: nothing), A.result_ttl_s
 -- returns {countdown ms, due ms} of a round message the caller must publish, or {-1}
 """,
+    keys=("result",),
     libs=(BOARD, SLOTS, RECORD),
     body="""
 local due = now + A.first_ms
 redis.call('HSET', K.board, A.cid, A.job)
 redis.call('ZADD', K.due, due, A.cid)
 slot_renew(K, A.handout, A.lease, A.first_ms)
-record_submitted(K, A.attempt, A.cid, A.record_ttl_s)
+local ended = redis.call('HEXISTS', K.record, 'done') == 1
+record_submitted(K, A.attempt, A.cid, A.provider, A.record_ttl_s)
+if A.submitted_record and not ended then
+  redis.call('SET', K.result, A.submitted_record, 'EX', A.result_ttl_s)
+  redis.call('PUBLISH', K.result, A.submitted_record)
+end
 return board_schedule(K, due, A.gap_ms, A.grace_ms)
 """,
 )
@@ -158,36 +168,61 @@ RETIRE = Script(
     """
 -- A captcha failed but its solve goes on with a new one: take it off the board; the solve
 -- keeps its slot and is owed a submit message for its next attempt.
--- K: BOARD, SLOTS, STATS
+-- K: BOARD, SLOTS, STATS, K.resubmits (hash: new captchas by reason)
 -- A.cid = captcha id, A.lease = lease id, A.job = the next attempt's job (JSON),
--- A.deadline_ms = ms until the solve's deadline, A.handout (SLOTS), A.code = the error
+-- A.deadline_ms = ms until the solve's deadline, A.handout (SLOTS), A.code = the error,
+-- A.reason = why a new captcha is submitted
 -- returns 1 when retired, 0 when the captcha was no longer on the board
 """,
+    keys=("resubmits",),
     libs=(BOARD, SLOTS, STATS),
     body="""
 if not board_take(K, A.cid) then return 0 end
 slot_renew(K, A.handout, A.lease, 0)
 slot_owe(K, A.lease, now + A.deadline_ms, A.job, now + A.handout.grace_ms)
 stats_count(K, '', A.code)
+redis.call('HINCRBY', K.resubmits, A.reason, 1)
 return 1
+""",
+)
+
+EVACUATE = Script(
+    """
+-- The provider is out of rotation and its captchas will not be answered: make every one
+-- due now (the round that takes them submits each elsewhere) and schedule a round.
+-- K: BOARD
+-- A.most = most captchas moved, A.gap_ms, A.grace_ms (rounds)
+-- returns {countdown ms, due ms} of a round message the caller must publish, or {-1}
+""",
+    libs=(BOARD,),
+    body="""
+local ids = redis.call('ZRANGEBYSCORE', K.due, '(' .. now, '+inf', 'LIMIT', 0, A.most)
+for _, id in ipairs(ids) do redis.call('ZADD', K.due, now, id) end
+local first = redis.call('ZRANGE', K.due, 0, 0, 'WITHSCORES')
+if not first[1] then return {-1} end
+return board_schedule(K, tonumber(first[2]), A.gap_ms, A.grace_ms)
 """,
 )
 
 FINISH = Script(
     """
 -- The one completion of a solve: claim it once, free its thread (handing it to the next
--- parked submit), store its outcome for the caller and append it to its batch stream.
--- K: BOARD, SLOTS, MESSAGES, RECORD, SECRETS, BATCH, TIMES, STATS, and K.result (the
---   caller's result key: opaque here)
+-- parked submit), store its outcome for the caller, append it to its batch stream, and
+-- take its follow-ups (owed until they have run).  A solve its caller revoked ends
+-- revoked, whatever the answer was.
+-- K: BOARD, SLOTS, MESSAGES, RECORD, SECRETS, BATCH, TIMES, STATS, FOLLOWUPS, and
+--   K.result (the caller's result key: opaque here)
 -- A.cid = captcha id (absent when no captcha of the solve is at the provider),
 -- A.lease = lease id, A.handout (SLOTS), A.record_ttl_s, A.result = result value (absent:
--- none stored), A.result_ttl_s, A.entry = batch entry (absent: none), A.solve_s = solve
--- time (absent: none), A.source and A.code = what to count (absent: nothing)
+-- none stored), A.revoked_result = the value stored instead for a revoked solve,
+-- A.result_ttl_s, A.entry and A.revoked_entry = batch entries (absent: none),
+-- A.solve_s = solve time (absent: none), A.source and A.code = what to count (absent:
+-- nothing), A.followup_grace_ms
 -- returns {0} when the solve was completed already (nothing stored or emitted), else
---   {1, {given, expired}}: the handed-out submits
+--   {1, {given, expired}, follow-up or false, revoked (1 / 0)}: the handed-out submits
 """,
     keys=("result",),
-    libs=(BOARD, SLOTS, MESSAGES, RECORD, SECRETS, BATCH, TIMES, STATS),
+    libs=(BOARD, SLOTS, MESSAGES, RECORD, SECRETS, BATCH, TIMES, STATS, FOLLOWUPS),
     body=f"""
 if A.cid and not board_take(K, A.cid) then return {{0}} end
 if not record_close(K, A.record_ttl_s) then return {{0}} end
@@ -195,14 +230,20 @@ message_started(K, A.lease)
 secrets_drop(K)
 slot_release(K, A.lease)
 local out = slot_handout(K, A.handout)
-if A.result then
-  redis.call('SET', K.result, A.result, 'EX', A.result_ttl_s)
-  redis.call('PUBLISH', K.result, A.result)
+local revoked = record_revoked(K)
+local result, entry = A.result, A.entry
+if revoked then result, entry = A.revoked_result, A.revoked_entry end
+if result then
+  redis.call('SET', K.result, result, 'EX', A.result_ttl_s)
+  redis.call('PUBLISH', K.result, result)
 end
-if A.entry then batch_append(K, A.entry, {STREAM_TTL}) end
-if A.solve_s then times_add(K, A.solve_s) end
-stats_count(K, A.source, A.code)
-return {{1, out}}
+if entry then batch_append(K, entry, {STREAM_TTL}) end
+if A.solve_s and not revoked then times_add(K, A.solve_s) end
+if not revoked then stats_count(K, A.source, A.code) else stats_count(K, '', 'ERROR_REVOKED') end
+local followup = followup_take(K, A.lease, A.followup_grace_ms)
+local flag = 0
+if revoked then flag = 1 end
+return {{1, out, followup, flag}}
 """,
 )
 
@@ -244,7 +285,8 @@ class Completion:
     """Everything :meth:`Board.finish` stores for one solve; built by the worker.
 
     ``result_key`` / ``result_value`` are opaque here: the caller's result record (the
-    worker encodes Celery's).  ``batch_entry`` is the JSON line of its batch stream.
+    worker encodes Celery's); ``revoked_value`` is stored instead when the caller revoked
+    the solve.  ``batch_entry`` (``revoked_entry``) is the JSON line of its batch stream.
     """
 
     solve_id: str
@@ -252,9 +294,11 @@ class Completion:
     captcha_id: str | None = None
     result_key: str | None = None
     result_value: str | None = None
+    revoked_value: str | None = None
     result_ttl_s: int = 3600
     batch_id: str | None = None
     batch_entry: str | None = None
+    revoked_entry: str | None = None
     solve_time_s: float | None = None
     source: str | None = None
     error_code: str | None = None
@@ -262,10 +306,13 @@ class Completion:
 
 @dataclass(frozen=True)
 class Finished:
-    """What :meth:`Board.finish` did: ``claimed`` False when the solve had ended already."""
+    """What :meth:`Board.finish` did: ``claimed`` False when the solve had ended already;
+    the solve's follow-up (JSON, owed until it has run) and whether it ended revoked."""
 
     claimed: bool
     handout: Handout = field(default_factory=lambda: NO_HANDOUT)
+    followup: str | None = None
+    revoked: bool = False
 
 
 @dataclass(frozen=True)
@@ -278,6 +325,8 @@ class BoardConfig:
     record_ttl_s: int
     #: Seconds a round message may be late before another one is scheduled.
     round_grace_s: float = 5.0
+    #: Seconds a solve's follow-up may take to run before it is run again.
+    followup_grace_s: float = 30.0
 
 
 class Board:
@@ -293,6 +342,7 @@ class Board:
         self._end_round = db.bind(END_ROUND)
         self._ensure = db.bind(ENSURE_ROUND)
         self._retire = db.bind(RETIRE)
+        self._evacuate = db.bind(EVACUATE)
         self._finish = db.bind(FINISH)
 
     def _board_keys(self) -> dict[str, str]:
@@ -309,14 +359,23 @@ class Board:
 
     # -- submit ------------------------------------------------------------------------
     def register(
-        self, solve_id: str, attempt: int, captcha_id: str, job: str, first_poll_in_s: float
+        self,
+        solve_id: str,
+        attempt: int,
+        captcha_id: str,
+        job: str,
+        first_poll_in_s: float,
+        result: tuple[str, str, int] | None = None,
     ) -> RoundDue | None:
         """Put a submitted captcha (of attempt ``attempt`` of ``solve_id``) on the board;
-        returns the round message to publish, or None when one is due in time already."""
+        returns the round message to publish, or None when one is due in time already.
+        ``result``: the caller's result key, what it says while the captcha is at the
+        provider, and for how long (s)."""
         keys = {
             **self._board_keys(),
             **self.limiter.lua_keys(),
             **record_keys(self.keys, solve_id),
+            "result": result[0] if result else self.keys.submission(solve_id),
         }
         args = {
             "cid": captcha_id,
@@ -325,9 +384,12 @@ class Board:
             "handout": self.limiter.lua_handout(),
             "first_ms": ms(max(0.0, first_poll_in_s)),
             "attempt": attempt,
+            "provider": self.limiter.provider,
             "record_ttl_s": self.config.record_ttl_s,
             **self._rounds(),
         }
+        if result:
+            args.update(submitted_record=result[1], result_ttl_s=result[2])
         return _countdown(self._guarded(lambda: self._register(keys, args)))
 
     # -- poll rounds -------------------------------------------------------------------
@@ -358,15 +420,23 @@ class Board:
         return _countdown(self._guarded(lambda: self._ensure(self._board_keys(), self._rounds())))
 
     def retire(
-        self, captcha_id: str, solve_id: str, next_job: str, deadline_in_s: float, code: str
+        self,
+        captcha_id: str,
+        solve_id: str,
+        next_job: str,
+        deadline_in_s: float,
+        code: str,
+        reason: str = "other",
     ) -> bool:
         """Take a failed captcha off the board; its solve keeps its slot and is owed a
-        submit message for ``next_job``.  False when it was not on the board any more."""
+        submit message for ``next_job`` (a new captcha, for ``reason``).  False when it was
+        not on the board any more."""
         keys = {
             **self._board_keys(),
             **self.limiter.lua_keys(),
             "solved": self.keys.solved_counter("-"),
             "api_errors": self.keys.api_errors(),
+            "resubmits": self.keys.resubmits(),
         }
         args = {
             "cid": captcha_id,
@@ -375,8 +445,16 @@ class Board:
             "deadline_ms": ms(max(0.0, deadline_in_s)),
             "handout": self.limiter.lua_handout(),
             "code": code,
+            "reason": reason,
         }
         return bool(self._guarded(lambda: self._retire(keys, args)))
+
+    def evacuate(self, most: int = 1000) -> RoundDue | None:
+        """Make every captcha on the board due now (the provider is out of rotation: the
+        round that takes them submits each elsewhere); returns the round message to
+        publish, or None."""
+        args = {**self._rounds(), "most": most}
+        return _countdown(self._guarded(lambda: self._evacuate(self._board_keys(), args)))
 
     # -- the one completion path -------------------------------------------------------
     def finish(self, done: Completion, client: Any = None) -> Finished:
@@ -398,6 +476,7 @@ class Board:
             **batch_keys(k, done.batch_id),
             **times_keys(k, done.method),
             **stats_keys(k, done.method),
+            **followup_keys(k, done.solve_id),
             "result": done.result_key or k.submission(done.solve_id),
         }
         args: dict[str, Any] = {
@@ -405,11 +484,14 @@ class Board:
             "handout": self.limiter.lua_handout(),
             "record_ttl_s": self.config.record_ttl_s,
             "result_ttl_s": done.result_ttl_s,
+            "followup_grace_ms": ms(self.config.followup_grace_s),
         }
         optional = {
             "cid": done.captcha_id,
             "result": done.result_value if done.result_key else None,
+            "revoked_result": done.revoked_value if done.result_key else None,
             "entry": done.batch_entry,
+            "revoked_entry": done.revoked_entry,
             "solve_s": None if done.solve_time_s is None else f"{done.solve_time_s:.3f}",
             "source": done.source,
             "code": done.error_code,
@@ -429,11 +511,12 @@ class Board:
         pipe = self.db.pipeline()
         pipe.hget(k.board(), captcha_id)
         pipe.hget(k.poll_state(), captcha_id)
-        pipe.hmget(k.submission(solve_id), "captcha_id", "done")
-        job, state, (last, done) = self._guarded(pipe.execute)
+        pipe.hmget(k.submission(solve_id), "captcha_id", "done", "provider")
+        job, state, (last, done, provider) = self._guarded(pipe.execute)
         entry = None if job is None else _entry(captcha_id, job, state or "")
-        ended = done is not None and last is not None and text(last) == captcha_id
-        return entry, ended
+        same = last is not None and text(last) == captcha_id
+        here = provider is None or text(provider) == self.limiter.provider
+        return entry, done is not None and same and here
 
     def in_flight_count(self) -> int:
         r = self.db.redis
@@ -447,7 +530,8 @@ def finished(reply: Any) -> Finished:
     """A FINISH reply as a value."""
     if int(reply[0]) == 0:
         return Finished(False)
-    return Finished(True, handed_out(reply[1]))
+    followup = text(reply[2]) if reply[2] else None
+    return Finished(True, handed_out(reply[1]), followup, bool(int(reply[3])))
 
 
 def _entry(captcha_id: Any, job: Any, state: Any) -> Entry:

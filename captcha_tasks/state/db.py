@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import redis
 
-from ..connections import UNREACHABLE, describe
+from ..connections import UNREACHABLE, ReplicaFence, describe
 from ..errors import StoreUnavailable
 from ..keys import Keys
 from .lua import Bound, Script
@@ -27,6 +27,8 @@ class Db:
 
     redis: redis.Redis
     keys: Keys
+    #: Behind Sentinel: when a write money follows must reach a replica first.
+    fence: ReplicaFence | None = None
 
     def guard(self, call: Callable[[], T], what: str = "") -> T:
         """Run a Redis call; an unreachable Redis fails closed with a clear error."""
@@ -47,6 +49,18 @@ class Db:
     def bind(self, script: Script) -> Bound:
         """Register ``script`` on this client (once per object that runs it)."""
         return script.bind(self.redis)
+
+    def fenced(self, write: Callable[[Any], Any]) -> tuple[Any, bool]:
+        """Run ``write`` (given a client or pipeline to queue on) and say whether a replica
+        holds it: ``(reply, True)`` also when no replica could take over (see
+        :class:`~captcha_tasks.connections.ReplicaFence`).  Unguarded: the caller guards."""
+        if self.fence is None or not self.fence.needed():
+            return write(self.redis), True
+        pipe = self.redis.pipeline(transaction=False)  # WAIT must follow on its connection
+        write(pipe)
+        pipe.execute_command(*self.fence.wait_command())  # type: ignore[no-untyped-call]
+        reply, acknowledged = pipe.execute()
+        return reply, int(acknowledged) >= 1
 
     def pipeline(self) -> Any:
         return self.redis.pipeline(transaction=False)

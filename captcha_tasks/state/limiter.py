@@ -1,4 +1,7 @@
-"""The account-wide thread limiter and request-rate budget, shared through Redis.
+"""A provider's thread limiter and request budgets, shared through Redis.
+
+There is one :class:`ThreadLimiter` per provider (its keys scoped by the provider, see
+:meth:`~captcha_tasks.keys.Keys.scoped`); what follows is about one of them.
 
 A *slot* is one provider thread.  It belongs to a solve (its lease id is the solve's id),
 is taken before ``in.php`` and given back when the solve ends.  Every lease has an expiry
@@ -13,6 +16,14 @@ fails it).  Either way a handed-out submit is *owed a task message*: it stays in
 dispatch set with its job until that message starts, and :meth:`ThreadLimiter.sweep`
 hands out its job again if the message never shows (the worker that should have
 published it died).  Nothing Redis hands out exists only in one process's memory.
+
+A submit that must wait for a request budget (the provider's ``in.php`` window, its
+NO_SLOT budget, an HTTP 429) or a back-off after an error is *deferred*: its job waits in
+Redis until its time, and housekeeping hands it out then (as many as the budget lets go:
+their requests are counted at the handout), with no task message in between.  One waiting
+for a budget gives its slot back meanwhile (the budget, not the threads, is what it waits
+for); one backing off keeps it.  A provider whose circuit is open (see :mod:`.circuits`)
+admits nothing.
 
 All of this is one Lua script per operation, so many hosts behave as one client.  The
 slot release and the handout are Lua functions of this module (:data:`SLOTS`) that the
@@ -54,22 +65,33 @@ end
 """,
 )
 
-#: Lua: slots, parked submits and the submits owed a message.
+#: Lua: slots, parked and deferred submits, and the submits owed a message.
 #: K.slots (zset: lease id -> lease expiry ms), K.parked (zset: lease id -> arrival order,
-#: refills banded after on-demand), K.dispatch (zset: lease id -> when its owed message
-#: counts as lost, ms).  H (a handout table, :meth:`ThreadLimiter.lua_handout`): lease_ms,
-#: capacity, refill_capacity, most (handed out at once), band, grace_ms.
+#: refills banded after on-demand), K.deferred (zset: lease id -> when it goes, ms),
+#: K.prepaid (set: deferred submits handed out with their in.php request counted),
+#: K.dispatch (zset: lease id -> when its owed message counts as lost, ms; the
+#: deployment's, as K.waiting).  H (a handout table, :meth:`ThreadLimiter.lua_handout`):
+#: lease_ms, capacity, refill_capacity, most (handed out at once), band, grace_ms.
 SLOTS = Lib(
     name="SLOTS",
-    keys=("slots", "parked", "dispatch"),
+    keys=("slots", "parked", "deferred", "prepaid", "dispatch"),
     needs=(WAITING,),
     source="""
 -- A solve no longer holds, waits for or is owed a slot.
 local function slot_release(K, id)
   redis.call('ZREM', K.slots, id)
   redis.call('ZREM', K.parked, id)
+  redis.call('ZREM', K.deferred, id)
+  redis.call('SREM', K.prepaid, id)
   redis.call('HDEL', K.waiting, id)
   redis.call('ZREM', K.dispatch, id)
+end
+-- A submit waits until at (ms) in Redis, keeping the slot it may hold.
+local function slot_defer(K, H, id, deadline, job, at)
+  waiting_put(K, id, deadline, job)
+  redis.call('ZREM', K.dispatch, id)
+  redis.call('ZADD', K.deferred, at, id)
+  redis.call('ZADD', K.slots, 'XX', at + H.lease_ms, id)
 end
 -- Extend a held lease to extra_ms past its usual length (a lease released is never back).
 local function slot_renew(K, H, id, extra_ms)
@@ -131,9 +153,11 @@ end
 """,
 )
 
-#: Lua: the account's request budgets (K.rate_in: zset of recent in.php requests;
-#: K.rate_hourly: hash of requests per hour, and 'pause' = until when an HTTP 429 holds
-#: every request, ms).
+#: Lua: the provider's request budgets (K.rate_in: zset of recent in.php requests;
+#: K.rate_hourly: hash of requests per hour ('in:<hour>', 'res:<hour>', 'noslot:<hour>'),
+#: and 'pause' = until when an HTTP 429 holds every request, ms).  R (a budget table,
+#: :meth:`ThreadLimiter.lua_budgets`): window_ms, per_window (0: no window), no_slot_ratio
+#: (0: no NO_SLOT budget).
 RATES = Lib(
     name="RATES",
     keys=("rate_in", "rate_hourly"),
@@ -143,59 +167,98 @@ local function rate_paused(K)
   if until_ms > now then return until_ms - now end
   return 0
 end
--- Count one in.php request in the sliding window, or say how long to wait (ms).
-local function rate_in(K, window_ms, per_window, request_id)
+-- Count one in.php request, or say how long to wait (ms) and for which budget.
+local function rate_in(K, R, request_id)
   local pause = rate_paused(K)
-  if pause > 0 then return pause end
-  redis.call('ZREMRANGEBYSCORE', K.rate_in, '-inf', now - window_ms)
-  if redis.call('ZCARD', K.rate_in) >= per_window then
-    local oldest = redis.call('ZRANGE', K.rate_in, 0, 0, 'WITHSCORES')
-    return math.max(1, tonumber(oldest[2]) + window_ms - now)
-  end
-  redis.call('ZADD', K.rate_in, now, request_id)
-  redis.call('PEXPIRE', K.rate_in, window_ms * 2)
+  if pause > 0 then return pause, 'pause' end
   local hour = math.floor(now / 3600000)
+  if R.no_slot_ratio > 0 then
+    local made = tonumber(redis.call('HGET', K.rate_hourly, 'in:' .. hour) or '0')
+    local refused = tonumber(redis.call('HGET', K.rate_hourly, 'noslot:' .. hour) or '0')
+    if refused >= R.no_slot_ratio * math.max(made - refused, 10) then
+      return (hour + 1) * 3600000 - now, 'no_slot'
+    end
+  end
+  if R.per_window > 0 then
+    redis.call('ZREMRANGEBYSCORE', K.rate_in, '-inf', now - R.window_ms)
+    if redis.call('ZCARD', K.rate_in) >= R.per_window then
+      local oldest = redis.call('ZRANGE', K.rate_in, 0, 0, 'WITHSCORES')
+      return math.max(1, tonumber(oldest[2]) + R.window_ms - now), 'submit_rate'
+    end
+    redis.call('ZADD', K.rate_in, now, request_id)
+    redis.call('PEXPIRE', K.rate_in, R.window_ms * 2)
+  end
   redis.call('HINCRBY', K.rate_hourly, 'in:' .. hour, 1)
-  redis.call('HDEL', K.rate_hourly, 'in:' .. (hour - 2), 'res:' .. (hour - 2))
+  redis.call('HDEL', K.rate_hourly, 'in:' .. (hour - 2), 'res:' .. (hour - 2),
+    'noslot:' .. (hour - 2))
   redis.call('PEXPIRE', K.rate_hourly, 3 * 3600000)
-  return 0
+  return 0, ''
+end
+""",
+)
+
+#: Lua: K.circuit (hash: the provider's circuit; 'state' = 'open' while it is out of
+#: rotation), K.budget_waits (hash: submits deferred, by budget).
+DOWN = Lib(
+    name="DOWN",
+    keys=("circuit", "budget_waits"),
+    source="""
+local function provider_down(K)
+  return redis.call('HGET', K.circuit, 'state') == 'open'
 end
 """,
 )
 
 ADMIT = Script(
     """
--- Admit one submit message: keep or take its solve's thread slot (or park the job), and
--- claim the right to call in.php for this attempt.
--- K: SLOTS, MESSAGES, RATES (the limiter's), RECORD (the solve's record and claim),
---   K.parked_seq (counter), K.cancelled (the batch's cancelled flag)
+-- Admit one submit message at this provider: keep or take its solve's thread slot (or
+-- park the job), and claim the right to call in.php for this attempt.
+-- K: SLOTS, MESSAGES, RATES, DOWN (the provider's), RECORD (the solve's record, claim and
+--   revocation), K.parked_seq (counter), K.cancelled (the batch's cancelled flag),
+--   K.result (the caller's result key: opaque here)
 -- A.id = lease id (the solve id), A.refill = true for a pool refill, A.job = the job
---   (JSON, parked if no slot), A.deadline_ms = ms until the solve's deadline,
---   A.attempt, A.claim_ms (0: take no claim), A.window_ms, A.per_window (0: count no
---   in.php request), A.batch = true when the solve belongs to a batch,
---   A.request_id (of the in.php request), A.message_id (the task message asking),
---   A.redelivered = true when that message came again (its first worker died),
---   A.handout = the handout table (SLOTS)
--- returns {status, ms} or, for 'cancelled', {status, 0, {given, expired}}
--- status: 'go' (slot held, claim taken, request counted), 'wait' (slot held; the in.php
---   budget frees in ms), 'parked', 'cancelled' (its slot is freed and handed on), 'done'
---   (this attempt was submitted or the solve is over), 'busy' (another message holds the
---   claim, for ms more: look again then, in case its holder died)
+--   (JSON, parked or deferred if it must wait), A.deadline_ms = ms until the solve's
+--   deadline, A.attempt, A.claim_ms (0: take no claim), A.budgets (RATES), A.batch = true
+--   when the solve belongs to a batch, A.request_id (of the in.php request),
+--   A.message_id (the task message asking), A.redelivered = true when that message came
+--   again (its first worker died), A.handout = the handout table (SLOTS),
+--   A.park_limit = most parked submits before this one is turned away ('full'; absent:
+--   no limit), A.parked_record = what the caller's result key says while the solve is
+--   parked (absent: nothing), A.record_ttl_s, A.warn_every_ms (budget warnings)
+-- returns {status, ms, handout or 0, budget, warn}
+-- status: 'go' (slot held, claim taken, request counted), 'deferred' (the job waits ms
+--   for the budget named, without a slot: the handout is of the slot it gave back),
+--   'parked', 'full' (no slot, and the queue is longer
+--   than park_limit: nothing kept), 'down' (the provider's circuit is open: nothing kept
+--   here), 'cancelled' (its slot is freed and handed on), 'done' (this attempt was
+--   submitted or the solve is over), 'busy' (another message holds the claim, for ms
+--   more: look again then, in case its holder died), 'revoked' (its caller revoked it:
+--   nothing is sent; the completion frees what it holds).  warn = 1 for the first
+--   deferral for a budget in warn_every_ms.
 """,
-    keys=("parked_seq", "cancelled"),
-    libs=(SLOTS, MESSAGES, RATES, RECORD),
+    keys=("parked_seq", "cancelled", "result"),
+    libs=(SLOTS, MESSAGES, RATES, DOWN, RECORD),
     body="""
 local id, H = A.id, A.handout
 message_started(K, id)
 if record_passed(K, A.attempt) then return {'done', 0} end
+if record_revoked(K) then return {'revoked', 0} end
 local holder = redis.call('GET', K.claim)
 -- The message that took the claim, redelivered because its worker never acknowledged
 -- it (it died), goes on; any other copy waits for the claim.
 local mine = holder == A.message_id and A.redelivered
 if holder and not mine then return {'busy', redis.call('PTTL', K.claim)} end
+if provider_down(K) then
+  redis.call('ZREM', K.slots, id)
+  redis.call('ZREM', K.parked, id)
+  redis.call('ZREM', K.deferred, id)
+  redis.call('SREM', K.prepaid, id)
+  return {'down', 0}
+end
 if redis.call('ZSCORE', K.parked, id) then return {'parked', 0} end
 redis.call('ZREM', K.dispatch, id)
 redis.call('HDEL', K.waiting, id)
+redis.call('ZREM', K.deferred, id)
 if A.batch and redis.call('EXISTS', K.cancelled) == 1 then
   redis.call('ZREM', K.slots, id)
   return {'cancelled', 0, slot_handout(K, H)}
@@ -209,40 +272,99 @@ else
   local first = redis.call('ZRANGE', K.parked, 0, 0, 'WITHSCORES')
   local ahead = first[1] and (A.refill or tonumber(first[2]) < H.band)
   if ahead or redis.call('ZCARD', K.slots) >= capacity then
+    if A.park_limit and redis.call('ZCARD', K.parked) >= A.park_limit then
+      return {'full', 0}
+    end
     local band = 0
     if A.refill then band = H.band end
     redis.call('ZADD', K.parked, redis.call('INCR', K.parked_seq) + band, id)
     waiting_put(K, id, now + A.deadline_ms, A.job)
+    if A.parked_record then
+      redis.call('SET', K.result, A.parked_record, 'EX', A.record_ttl_s)
+      redis.call('PUBLISH', K.result, A.parked_record)
+    end
     return {'parked', 0}
   end
   redis.call('ZADD', K.slots, now + H.lease_ms, id)
 end
-if A.per_window > 0 then
-  local wait = rate_in(K, A.window_ms, A.per_window, A.request_id)
-  if wait > 0 then return {'wait', wait} end
+-- A request counted when it was handed out (see HANDOUT) is not counted again.
+if redis.call('SREM', K.prepaid, id) == 0 then
+  local wait, budget = rate_in(K, A.budgets, A.request_id)
+  if wait > 0 then
+    -- It waits for the budget, not for a thread: it waits without one, and the thread
+    -- goes to the next parked submit.
+    redis.call('ZREM', K.slots, id)
+    waiting_put(K, id, now + A.deadline_ms, A.job)
+    redis.call('ZADD', K.deferred, now + wait, id)
+    redis.call('HINCRBY', K.budget_waits, budget, 1)
+    local warned = tonumber(redis.call('HGET', K.budget_waits, 'warned') or '0')
+    local warn = 0
+    if now - warned >= A.warn_every_ms then
+      redis.call('HSET', K.budget_waits, 'warned', now)
+      warn = 1
+    end
+    return {'deferred', wait, slot_handout(K, H), budget, warn}
+  end
 end
 if A.claim_ms > 0 then redis.call('SET', K.claim, A.message_id, 'PX', A.claim_ms) end
 return {'go', 0}
 """,
 )
 
+#: Lua: hand out the provider's parked submits a slot freed for, and its deferred submits
+#: whose time came (as many as its in.php budget lets go now: counted, 'prepaid').
+#: Returns {given, expired} as slot_handout does.
+HANDOUT = Lib(
+    name="HANDOUT",
+    needs=(SLOTS, RATES),
+    source="""
+local function provider_handout(K, H, R)
+  local out = slot_handout(K, H)
+  local due = redis.call('ZRANGEBYSCORE', K.deferred, '-inf', now, 'LIMIT', 0, H.most)
+  for _, id in ipairs(due) do
+    local raw = redis.call('HGET', K.waiting, id)
+    if raw then
+      if rate_in(K, R, 'pre:' .. id) > 0 then break end
+      local _, job = waiting_split(raw)
+      redis.call('ZREM', K.deferred, id)
+      redis.call('SADD', K.prepaid, id)
+      redis.call('ZADD', K.dispatch, now + H.grace_ms, id)
+      redis.call('ZADD', K.slots, 'XX', now + H.lease_ms, id)
+      table.insert(out[1], id)
+      table.insert(out[1], job)
+    else
+      redis.call('ZREM', K.deferred, id)
+    end
+  end
+  return out
+end
+""",
+)
+
 SWEEP = Script(
     """
--- Housekeeping, once per tick for the whole deployment: reclaim expired leases, hand
--- free slots to parked submits, and hand out again the submits whose message was lost.
--- K: SLOTS, MESSAGES (the limiter's), K.lock (the sweep lock), K.solve_queue (list)
--- A.lock_ms (the tick), A.handout (SLOTS), A.most = most lost messages handed out again,
--- A.message_grace_ms = ms a solve message may wait before it counts as lost
+-- Housekeeping, once per tick for the whole deployment: hand out again the submits whose
+-- message was lost and the solve messages that never started, and, at this provider,
+-- reclaim expired leases and hand out parked and deferred submits.
+-- K: SLOTS, MESSAGES, RATES (the provider's), K.lock (the sweep lock), K.solve_queue and
+--   K.submit_queue (lists: the broker's queues of solve and submit messages)
+-- A.lock_ms (the tick), A.handout (SLOTS), A.budgets (RATES), A.most = most lost
+-- messages handed out again, A.message_grace_ms = ms a solve message may wait before it
+-- counts as lost
 -- returns {0} when another process swept this tick, else {1, given, expired, lost,
 --   unstarted}: flat lists of lease id, job (unstarted: solve id, solve message)
 """,
-    keys=("lock", "solve_queue"),
-    libs=(SLOTS, MESSAGES),
+    keys=("lock", "solve_queue", "submit_queue"),
+    libs=(HANDOUT, MESSAGES),
     body="""
 if not redis.call('SET', K.lock, '1', 'NX', 'PX', A.lock_ms) then return {0} end
-local out = slot_handout(K, A.handout)
+local out = provider_handout(K, A.handout, A.budgets)
+-- An owed submit message not started yet: while the submit queue is backed up it may only
+-- be waiting its turn; once the queue is empty (or it is ten times overdue) it was lost.
 local lost = {}
-local ids = redis.call('ZRANGEBYSCORE', K.dispatch, '-inf', now, 'LIMIT', 0, A.most)
+local due = now
+if redis.call('LLEN', K.submit_queue) > 0 then due = now - 9 * A.handout.grace_ms end
+local ids = redis.call('ZRANGEBYSCORE', K.dispatch, '-inf', due, 'LIMIT', 0, A.most)
 for _, id in ipairs(ids) do
   local raw = redis.call('HGET', K.waiting, id)
   if raw then
@@ -272,6 +394,102 @@ for _, id in ipairs(ids) do
   end
 end
 return {1, out[1], out[2], lost, unstarted}
+""",
+)
+
+TICK = Script(
+    """
+-- Housekeeping at one more provider (the process that swept this tick runs it): reclaim
+-- expired leases, hand out parked and deferred submits.
+-- K: SLOTS, RATES (the provider's)
+-- A.handout (SLOTS), A.budgets (RATES)
+-- returns {given, expired} (flat lists of lease id, job)
+""",
+    libs=(HANDOUT,),
+    body="""
+return provider_handout(K, A.handout, A.budgets)
+""",
+)
+
+EVACUATE = Script(
+    """
+-- The provider is out of rotation: hand out its parked and deferred submits (owed a
+-- message, holding no slot here) so that they go elsewhere.
+-- K: SLOTS
+-- A.most = most handed out, A.grace_ms = ms their messages may take to start
+-- returns a flat list of lease id, job
+""",
+    libs=(SLOTS,),
+    body="""
+local out = {}
+for _, set in ipairs({K.parked, K.deferred}) do
+  local ids = redis.call('ZRANGE', set, 0, A.most - 1)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', set, id)
+    redis.call('ZREM', K.slots, id)
+    redis.call('SREM', K.prepaid, id)
+    local raw = redis.call('HGET', K.waiting, id)
+    if raw then
+      local _, job = waiting_split(raw)
+      redis.call('ZADD', K.dispatch, now + A.grace_ms, id)
+      table.insert(out, id)
+      table.insert(out, job)
+    end
+  end
+end
+return out
+""",
+)
+
+RELEASE = Script(
+    """
+-- A solve leaves this provider before it ends (it goes to another one): free what it
+-- holds here and hand the slot on.
+-- K: SLOTS
+-- A.id = lease id, A.handout (SLOTS)
+-- returns {given, expired} (flat lists of lease id, job)
+""",
+    libs=(SLOTS,),
+    body="""
+redis.call('ZREM', K.slots, A.id)
+redis.call('ZREM', K.parked, A.id)
+redis.call('ZREM', K.deferred, A.id)
+redis.call('SREM', K.prepaid, A.id)
+return slot_handout(K, A.handout)
+""",
+)
+
+DEFER = Script(
+    """
+-- A submit goes again later (a back-off, a budget): it waits in Redis, keeping the slot
+-- it holds, and housekeeping hands it out when its time comes.
+-- K: SLOTS, and the solve's claim (RECORD)
+-- A.id = lease id (solve id), A.job (JSON), A.at_ms = ms until it goes, A.deadline_ms =
+--   ms until the solve's deadline, A.handout (SLOTS), A.unclaim = true to give up the
+--   claim (it is this message's)
+-- returns 1
+""",
+    libs=(SLOTS, RECORD),
+    body="""
+slot_defer(K, A.handout, A.id, now + A.deadline_ms, A.job, now + A.at_ms)
+if A.unclaim then redis.call('DEL', K.claim) end
+return 1
+""",
+)
+
+NO_SLOT = Script(
+    """
+-- The provider answered in.php with NO_SLOT: count it against its NO_SLOT budget.
+-- K: RATES
+-- A (nothing)
+-- returns 1
+""",
+    libs=(RATES,),
+    body="""
+local hour = math.floor(now / 3600000)
+redis.call('HINCRBY', K.rate_hourly, 'noslot:' .. hour, 1)
+redis.call('PEXPIRE', K.rate_hourly, 3 * 3600000)
+return 1
 """,
 )
 
@@ -311,8 +529,8 @@ RES_RATE = Script(
     """
 -- Budget for res.php requests: at most per_captcha * captchas + base per hour.
 -- K: RATES
--- A.per_captcha = requests allowed per captcha submitted, A.base = base allowance,
--- A.n = requests this call makes
+-- A.per_captcha = requests allowed per captcha submitted (-1: no budget, only an HTTP
+--   429 holds them), A.base = base allowance, A.n = requests this call makes
 -- returns 0 when the requests may go now (they are counted), else ms to wait (an HTTP
 --   429's Retry-After holds every request of the account)
 """,
@@ -320,6 +538,7 @@ RES_RATE = Script(
     body="""
 local pause = rate_paused(K)
 if pause > 0 then return pause end
+if A.per_captcha < 0 then return 0 end
 local hour = math.floor(now / 3600000)
 local sent = tonumber(redis.call('HGET', K.rate_hourly, 'res:' .. hour) or '0')
 local made = tonumber(redis.call('HGET', K.rate_hourly, 'in:' .. hour) or '0')
@@ -412,14 +631,17 @@ class Handout:
 
 NO_HANDOUT = Handout([], [])
 
-AdmitStatus = Literal["go", "wait", "parked", "cancelled", "done", "busy"]
+AdmitStatus = Literal[
+    "go", "deferred", "parked", "full", "down", "cancelled", "done", "busy", "revoked"
+]
 
 
 @dataclass(frozen=True)
 class Swept:
-    """What one housekeeping sweep handed out: parked submits given a slot (or expired),
-    submits whose message was lost (``lost``), and solve messages that never started
-    (``unstarted``: the solve id and the message's keyword arguments, JSON)."""
+    """What one housekeeping sweep handed out: parked submits given a slot (or expired)
+    and deferred submits whose time came, submits whose message was lost (``lost``), and
+    solve messages that never started (``unstarted``: the solve id and the message's
+    keyword arguments, JSON)."""
 
     handout: Handout
     lost: list[Parked]
@@ -428,12 +650,15 @@ class Swept:
 
 @dataclass(frozen=True)
 class Admission:
-    """What :meth:`ThreadLimiter.admit` decided; ``wait_s`` with ``"wait"`` and ``"busy"``;
+    """What :meth:`ThreadLimiter.admit` decided; ``wait_s`` with ``"deferred"`` (for the
+    ``budget`` named; ``warn`` for the first such deferral in a while) and ``"busy"``;
     with ``"cancelled"``, the parked submits handed the slot it gave back."""
 
     status: AdmitStatus
     wait_s: float = 0.0
     handout: Handout = NO_HANDOUT
+    budget: str = ""
+    warn: bool = False
 
 
 @dataclass(frozen=True)
@@ -442,9 +667,14 @@ class LimiterConfig:
     #: Slots refills may never take (on-demand solves get them).
     reserve: int
     lease_s: float
-    in_per_window: int = 60
+    #: ``in.php`` requests per ``in_window_s`` (0: no such budget).
+    in_per_window: int = 0
     in_window_s: float = 3.0
-    res_per_captcha: int = 20
+    #: NO_SLOT answers allowed per captcha submitted, by the hour (0: no such budget).
+    no_slot_ratio: float = 0.0
+    #: ``res.php`` requests an hour: ``res_per_captcha`` × captchas + ``res_base`` (None:
+    #: no such budget; an HTTP 429 still holds them).
+    res_per_captcha: int | None = None
     res_base: int = 1200
     #: How long one copy of a submit may hold the right to call in.php (> HTTP timeouts).
     claim_s: float = 60.0
@@ -455,6 +685,8 @@ class LimiterConfig:
     #: Seconds a solve message may wait to start (the queue empty) before it is sent again
     #: (longer than a dead worker's unacknowledged messages take to come back).
     message_grace_s: float = 70.0
+    #: Seconds between two warnings that a budget, not threads, holds submits back.
+    warn_every_s: float = 600.0
 
     @property
     def refill_capacity(self) -> int:
@@ -462,14 +694,23 @@ class LimiterConfig:
 
 
 class ThreadLimiter:
-    """Slots, parking, owed messages and request budgets of one account."""
+    """Slots, parking, deferrals, owed messages and request budgets of one provider.
 
-    def __init__(self, db: Db, config: LimiterConfig) -> None:
+    ``db`` carries the provider's scoped key names; ``provider`` is its name (its
+    circuit's key)."""
+
+    def __init__(self, db: Db, config: LimiterConfig, provider: str = "captchaai") -> None:
         self.db = db
         self.keys = db.keys
         self.config = config
+        self.provider = provider
         self._admit = db.bind(ADMIT)
         self._sweep = db.bind(SWEEP)
+        self._tick = db.bind(TICK)
+        self._evacuate = db.bind(EVACUATE)
+        self._release = db.bind(RELEASE)
+        self._defer = db.bind(DEFER)
+        self._no_slot = db.bind(NO_SLOT)
         self._expect = db.bind(EXPECT)
         self._owe = db.bind(OWE)
         self._res_rate = db.bind(RES_RATE)
@@ -483,6 +724,8 @@ class ThreadLimiter:
         return {
             "slots": k.slots(),
             "parked": k.parked(),
+            "deferred": k.deferred(),
+            "prepaid": k.prepaid(),
             "waiting": k.waiting(),
             "dispatch": k.dispatch(),
             "requested": k.requested(),
@@ -503,6 +746,15 @@ class ThreadLimiter:
             "grace_ms": ms(cfg.dispatch_grace_s),
         }
 
+    def lua_budgets(self) -> dict[str, float]:
+        """The budget table ``R`` of :data:`RATES`."""
+        cfg = self.config
+        return {
+            "window_ms": ms(cfg.in_window_s),
+            "per_window": cfg.in_per_window,
+            "no_slot_ratio": cfg.no_slot_ratio,
+        }
+
     # -- operations ----------------------------------------------------------------------
     def admit(
         self,
@@ -515,46 +767,73 @@ class ThreadLimiter:
         batch_id: str | None = None,
         message_id: str = "",
         redelivered: bool = False,
+        result: tuple[str, str, int] | None = None,
+        park_limit: int | None = None,
     ) -> Admission:
-        """Admit a submit of ``job`` (see ``ADMIT``); parks the job if no slot is free.
+        """Admit a submit of ``job`` (see ``ADMIT``); parks the job if no slot is free
+        (unless ``park_limit`` submits are parked already: then ``"full"``), defers it if a
+        budget holds it back.
 
         ``message_id`` is the task message asking: a message ``redelivered`` after its
-        worker died finds the claim it took itself and goes on."""
+        worker died finds the claim it took itself and goes on.  ``result``: the caller's
+        result key, what it says while the solve is parked, and for how long (s)."""
         cfg, k = self.config, self.keys
         keys = {
             **self.lua_keys(),
             **record_keys(k, solve_id),
+            "circuit": k.circuit(self.provider),
+            "budget_waits": k.budget_waits(),
             "parked_seq": k.parked_seq(),
             "cancelled": k.batch_cancelled(batch_id or "-"),
+            "result": result[0] if result else k.submission(solve_id),
         }
-        args = {
+        args: dict[str, Any] = {
             "id": solve_id,
             "refill": refill,
             "job": job,
             "deadline_ms": ms(max(0.0, deadline_in_s)),
             "attempt": attempt,
             "claim_ms": ms(cfg.claim_s),
-            "window_ms": ms(cfg.in_window_s),
-            "per_window": cfg.in_per_window,
+            "budgets": self.lua_budgets(),
             "batch": batch_id is not None,
             "request_id": uuid.uuid4().hex,
             "message_id": message_id or uuid.uuid4().hex,
             "redelivered": redelivered,
             "handout": self.lua_handout(),
+            "warn_every_ms": ms(cfg.warn_every_s),
         }
-        reply = self._guarded(lambda: self._admit(keys, args))
-        handout = handed_out(reply[2]) if len(reply) > 2 else NO_HANDOUT
-        return Admission(text(reply[0]), int(reply[1]) / 1000, handout)  # type: ignore[arg-type]
+        if park_limit is not None:
+            args["park_limit"] = max(0, park_limit)
+        if result:
+            args.update(parked_record=result[1], record_ttl_s=result[2])
+        reply, held = self._guarded(lambda: self.db.fenced(lambda c: self._admit(keys, args, c)))
+        status = text(reply[0])
+        if status == "go" and not held:
+            # Behind Sentinel, an admission no replica holds may be lost with its master:
+            # calling in.php on it could pay twice.  The submit waits, as for an outage.
+            raise self.db.unavailable(
+                ConnectionError("no replica acknowledged the admission in time"),
+                "nothing is submitted until a replica holds it",
+            )
+        handout = handed_out(reply[2]) if len(reply) > 2 and reply[2] else NO_HANDOUT
+        budget = text(reply[3]) if len(reply) > 3 else ""
+        warn = len(reply) > 4 and int(reply[4]) == 1
+        return Admission(status, int(reply[1]) / 1000, handout, budget, warn)  # type: ignore[arg-type]
 
-    def sweep(self, tick_s: float, solve_queue: str, most: int = 500) -> Swept | None:
-        """Reclaim expired leases, hand out parked submits, and hand out again the submits
-        and solves whose message was lost; None when another process swept within
-        ``tick_s``."""
+    def sweep(
+        self, tick_s: float, solve_queue: str, submit_queue: str = "", most: int = 500
+    ) -> Swept | None:
+        """Hand out again the submits and solves whose message was lost, and this
+        provider's parked and deferred submits; None when another process swept within
+        ``tick_s``.  ``solve_queue`` and ``submit_queue`` are the broker's lists of those
+        messages: while one is backed up, its messages are only waiting."""
         keys = {**self.lua_keys(), "lock": self.keys.housekeeping_lock()}
         keys["solve_queue"] = solve_queue
+        keys["submit_queue"] = submit_queue  # "": none known (an empty list to Redis)
         args = {
             "lock_ms": max(1, ms(tick_s)),
             "handout": self.lua_handout(),
+            "budgets": self.lua_budgets(),
             "most": most,
             "message_grace_ms": ms(self.config.message_grace_s),
         }
@@ -562,6 +841,44 @@ class ThreadLimiter:
         if int(reply[0]) == 0:
             return None
         return Swept(handed_out(reply[1:3]), _parked(reply[3]), _parked(reply[4]))
+
+    def tick(self) -> Handout:
+        """This provider's share of a sweep (the process that swept runs it for every
+        other provider): parked and deferred submits handed out."""
+        args = {"handout": self.lua_handout(), "budgets": self.lua_budgets()}
+        return handed_out(self._guarded(lambda: self._tick(self.lua_keys(), args)))
+
+    def evacuate(self, most: int = 500) -> list[Parked]:
+        """Hand out every parked and deferred submit (up to ``most``) without a slot: the
+        provider is out of rotation and they must go elsewhere."""
+        args = {"most": most, "grace_ms": ms(self.config.dispatch_grace_s)}
+        return _parked(self._guarded(lambda: self._evacuate(self.lua_keys(), args)))
+
+    def release(self, solve_id: str) -> Handout:
+        """The solve leaves this provider (for another one): free what it holds here."""
+        args = {"id": solve_id, "handout": self.lua_handout()}
+        return handed_out(self._guarded(lambda: self._release(self.lua_keys(), args)))
+
+    def defer(
+        self, solve_id: str, job: str, *, at_in_s: float, deadline_in_s: float, unclaim: bool
+    ) -> None:
+        """The submit of ``job`` goes again in ``at_in_s``: it waits in Redis (keeping its
+        slot) and housekeeping hands it out then; no task message waits meanwhile."""
+        keys = {**self.lua_keys(), **record_keys(self.keys, solve_id)}
+        args = {
+            "id": solve_id,
+            "job": job,
+            "at_ms": ms(max(0.0, at_in_s)),
+            "deadline_ms": ms(max(0.0, deadline_in_s)),
+            "handout": self.lua_handout(),
+            "unclaim": unclaim,
+        }
+        self._guarded(lambda: self._defer(keys, args))
+
+    def count_no_slot(self) -> None:
+        """The provider answered NO_SLOT: count it against its NO_SLOT budget."""
+        if self.config.no_slot_ratio > 0:
+            self._guarded(lambda: self._no_slot(self.lua_keys(), {}))
 
     def expect(self, solve_id: str, message: str) -> None:
         """A solve message (its keyword arguments, JSON) is about to be published: wait for
@@ -634,8 +951,19 @@ class ThreadLimiter:
         r = self.db.redis
         return int(self._guarded(lambda: r.zcard(self.keys.parked())))
 
+    def deferred_count(self) -> int:
+        r = self.db.redis
+        return int(self._guarded(lambda: r.zcard(self.keys.deferred())))
+
+    def budget_waits(self) -> dict[str, int]:
+        """Submits deferred so far for each budget (``submit_rate``, ``no_slot``,
+        ``pause``)."""
+        r = self.db.redis
+        raw = self._guarded(lambda: r.hgetall(self.keys.budget_waits()))
+        return {text(k): int(v) for k, v in raw.items() if text(k) != "warned"}
+
     def pause(self, seconds: float) -> float:
-        """Hold every ``in.php`` and ``res.php`` request of the account for ``seconds``
+        """Hold every ``in.php`` and ``res.php`` request to the provider for ``seconds``
         (an HTTP 429's ``Retry-After``); returns the seconds it is held from now."""
         held = self._guarded(lambda: self._pause(self.lua_keys(), {"ms": ms(seconds)}))
         return int(held) / 1000
@@ -643,7 +971,8 @@ class ThreadLimiter:
     def poll_wait(self, requests: int = 1) -> float:
         """0 when ``requests`` ``res.php`` calls may go now (counted); else seconds to wait."""
         cfg = self.config
-        args = {"per_captcha": cfg.res_per_captcha, "base": cfg.res_base, "n": requests}
+        per_captcha = -1 if cfg.res_per_captcha is None else cfg.res_per_captcha
+        args = {"per_captcha": per_captcha, "base": cfg.res_base, "n": requests}
         return int(self._guarded(lambda: self._res_rate(self.lua_keys(), args))) / 1000
 
     def _guarded(self, call: Callable[[], T]) -> T:

@@ -104,6 +104,11 @@ class Bound:
         self.script = script
         self._registered = registered
 
+    @property
+    def sha(self) -> str:
+        """The script's SHA1 (what ``EVALSHA`` names it by)."""
+        return str(self._registered.sha)
+
     def __call__(
         self,
         keys: Mapping[str, str],

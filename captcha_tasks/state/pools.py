@@ -376,11 +376,17 @@ class PoolStore:
         args: dict[str, Any] = {"name": name, "history_s": TAKE_HISTORY_S}
         if min_remaining_s is not None:
             args["min_s"] = float(min_remaining_s)
-        reply = list(self._guard(lambda: self._take(self._keys(name), args)))
+        keys = self._keys(name)
+        raw, held = self._guard(lambda: self.db.fenced(lambda c: self._take(keys, args, c)))
+        reply = list(raw)
         status = int(reply[0])
         if status < 0:
             raise _not_found(name)
         if status == 0:
+            return None
+        if not held:
+            # Behind Sentinel, a take no replica holds may be lost with its master, and
+            # the token handed out again from the new one: never deliver it (a miss).
             return None
         record: dict[str, Any] = json.loads(reply[1])
         record["remaining_s"] = int(reply[2]) / 1000

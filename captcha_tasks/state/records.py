@@ -1,21 +1,33 @@
 """A solve's record: which captcha each attempt has at the provider, whether the solve is
-over, and the right (the *claim*) to call ``in.php`` for its current attempt.
+over, the right (the *claim*) to call ``in.php`` for its current attempt, and whether its
+caller revoked it.
 
 The record makes a redelivered or duplicated message harmless: admission looks at it
 before a submit, registration writes the captcha id of the attempt into it before the
-claim is given back, and the completion marks it ``done`` exactly once.
+claim is given back, and the completion marks it ``done`` exactly once.  A revoked solve
+is never submitted again, and its answer, if one comes, is discarded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
+
 from ..keys import Keys
+from .db import Db
 from .lua import Lib
 
-#: Lua: the solve's record (``K.record``: hash attempt, captcha_id, done) and its submit
-#: claim (``K.claim``: string with a TTL, the id of the message holding it).
+T = TypeVar("T")
+
+#: Seconds a revocation is remembered (longer than any solve lives).
+REVOKED_TTL_S = 24 * 3600
+
+#: Lua: the solve's record (``K.record``: hash attempt, captcha_id, provider, done), its submit
+#: claim (``K.claim``: string with a TTL, the id of the message holding it) and its
+#: revocation (``K.revoked``: string with a TTL).
 RECORD = Lib(
     name="RECORD",
-    keys=("record", "claim"),
+    keys=("record", "claim", "revoked"),
     source="""
 -- True when the solve is over, or this attempt (or a later one) was submitted already.
 local function record_passed(K, attempt)
@@ -24,10 +36,13 @@ local function record_passed(K, attempt)
   return record[2] ~= false and tonumber(record[2]) >= attempt
 end
 -- The attempt's captcha is at the provider: remember it, and give the claim back.
-local function record_submitted(K, attempt, captcha_id, ttl_s)
-  redis.call('HSET', K.record, 'attempt', attempt, 'captcha_id', captcha_id)
+local function record_submitted(K, attempt, captcha_id, provider, ttl_s)
+  redis.call('HSET', K.record, 'attempt', attempt, 'captcha_id', captcha_id, 'provider', provider)
   redis.call('EXPIRE', K.record, ttl_s)
   redis.call('DEL', K.claim)
+end
+local function record_revoked(K)
+  return redis.call('EXISTS', K.revoked) == 1
 end
 -- End the solve, once: false when it had ended already.
 local function record_close(K, ttl_s)
@@ -42,4 +57,47 @@ end
 
 def record_keys(keys: Keys, solve_id: str) -> dict[str, str]:
     """The keys of :data:`RECORD` for one solve."""
-    return {"record": keys.submission(solve_id), "claim": keys.submit_claim(solve_id)}
+    return {
+        "record": keys.submission(solve_id),
+        "claim": keys.submit_claim(solve_id),
+        "revoked": keys.revoked(solve_id),
+    }
+
+
+class Records:
+    """Revocations, as callers ask for them."""
+
+    def __init__(self, db: Db) -> None:
+        self.db = db
+
+    def revoke(self, solve_ids: Iterable[str]) -> None:
+        """Remember that these solves are revoked: one not yet submitted never is, and the
+        answer of one at the provider is discarded."""
+        pipe = self.db.pipeline()
+        for solve_id in solve_ids:
+            pipe.set(self.db.keys.revoked(solve_id), "1", ex=REVOKED_TTL_S)
+        self._guarded(pipe.execute)
+
+    def revoked(self, solve_id: str) -> bool:
+        key, r = self.db.keys.revoked(solve_id), self.db.redis
+        return bool(self._guarded(lambda: r.exists(key)))
+
+    def traceless(self, solve_ids: Sequence[str]) -> list[str]:
+        """The solves of which Redis holds no trace: no message noted as on its way (the
+        limiter's ``requested``), no claim, no record, not parked or owed a message.  Such
+        a solve's message was lost (with a master, say) before any worker started it."""
+        k = self.db.keys
+        pipe = self.db.pipeline()
+        for solve_id in solve_ids:
+            pipe.exists(k.submission(solve_id), k.submit_claim(solve_id))
+            pipe.zscore(k.requested(), solve_id)
+            pipe.hexists(k.waiting(), solve_id)
+        found = self._guarded(pipe.execute)
+        return [
+            solve_id
+            for n, solve_id in enumerate(solve_ids)
+            if not found[3 * n] and found[3 * n + 1] is None and not found[3 * n + 2]
+        ]
+
+    def _guarded(self, call: Callable[[], T]) -> T:
+        return self.db.guard(call, "solve records are unavailable")

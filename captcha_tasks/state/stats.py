@@ -57,6 +57,15 @@ class Stats:
         """Solves of ``method`` so far, by source."""
         return self._counts(self.keys.solved_counter(method))
 
+    def count_resubmit(self, reason: str) -> None:
+        """Count a new captcha submitted for a solve whose captcha failed, by reason."""
+        r = self.db.redis
+        self._guarded(lambda: r.hincrby(self.keys.resubmits(), reason, 1))
+
+    def resubmits(self) -> dict[str, int]:
+        """New captchas submitted for solves whose captcha failed, by reason."""
+        return self._counts(self.keys.resubmits())
+
     def count_callback(self, verdict: str) -> None:
         """Count one provider callback by verdict."""
         r = self.db.redis

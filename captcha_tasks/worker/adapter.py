@@ -9,28 +9,33 @@ the settings, the Redis state and the API client.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 from .. import errors, faults, pingback
 from ..client import NOT_READY, Answer, CaptchaAIClient, NotReady
+from ..connections import UNREACHABLE
 from ..methods import SolveRequest, build_request, default_wait
 from ..outcome import Solved, parse_iso
 from ..settings import Settings
 from ..state import State
 from ..state.board import Again, Entry, RoundDue
+from ..state.limiter import Admission
 from ..state.proxies import split
 from ..state.timing import Timing
 from . import names, steps
-from .completion import Completer, Done
+from .completion import Completer, Done, Events, no_events
 from .job import BatchRef, Job
+from .results import PARKED, SUBMITTED, dumps
 from .steps import (
     Decision,
     Deliver,
@@ -53,6 +58,23 @@ BULK_IDS = 100
 SINGLE_POLLS = 8
 #: Seconds a process trusts what it last read about the API's bulk support.
 BULK_CHECK_S = 5.0
+#: An outage of Redis or the broker: not the end of a solve; its step is retried later.
+OUTAGES = (errors.StoreUnavailable, OperationalError, *UNREACHABLE)
+#: The attribute naming the step an exception was raised in (see :func:`at_step`).
+STEP_ATTRIBUTE = "captcha_tasks_step"
+
+
+@contextlib.contextmanager
+def at_step(name: str) -> Iterator[None]:
+    """Name the step in which an exception (no outage) is raised, for its error."""
+    try:
+        yield
+    except OUTAGES:
+        raise
+    except Exception as exc:
+        if not hasattr(exc, STEP_ATTRIBUTE):
+            setattr(exc, STEP_ATTRIBUTE, name)
+        raise
 
 
 def policy(settings: Settings) -> Policy:
@@ -64,6 +86,7 @@ def policy(settings: Settings) -> Policy:
         max_resubmits=settings.max_resubmits,
         token_lifetimes=dict(settings.token_lifetimes),
         pingback_fallback=settings.pingback_fallback_poll if settings.pingback else None,
+        overflow_after=settings.overflow_after,
     )
 
 
@@ -79,7 +102,14 @@ class Message:
 class Runner:
     """Runs the steps of solves for one Celery app, in one process.
 
-    ``api`` gives the API client (called when a step needs it: only workers hold the key).
+    ``api`` gives a provider's API client (called with the provider's name, None for the
+    primary, when a step needs it: only workers hold the keys); ``events`` sends a task
+    event when a monitor (Flower) listens.
+
+    Once a solve is accepted, nothing ends it in silence: an outage of Redis or the broker
+    (:data:`OUTAGES`) propagates, and the task retries the step once it is back (every
+    step is idempotent); any other exception ends the solve through the one completion
+    path with :class:`~captcha_tasks.errors.InternalError` (:meth:`fail_inside`).
     """
 
     def __init__(
@@ -87,34 +117,91 @@ class Runner:
         app: Celery,
         settings: Settings,
         state: State,
-        api: Callable[[], CaptchaAIClient],
+        api: Callable[..., CaptchaAIClient],
+        events: Events = no_events,
     ) -> None:
         self.app = app
         self.settings = settings
         self.state = state
         self.api = api
+        self.events = events
         self.policy = policy(settings)
-        self.completer = Completer(app, settings, state)
+        self.completer = Completer(app, settings, state, events)
+        self.results = self.completer.results
         self._executor: ThreadPoolExecutor | None = None
-        self._bulk_checked = (-math.inf, True)
+        self._bulk_checked: dict[str, tuple[float, bool]] = {}
+        #: Providers this process saw a request fail at since their last success.
+        self._failing: set[str] = set()
+
+    def fail_inside(self, job: Job, exc: BaseException, step: str) -> None:
+        """End ``job``'s solve with :class:`~captcha_tasks.errors.InternalError`: ``exc`` (no
+        outage) was raised while ``step`` worked it.  The error names the exception's type,
+        never its message (which could carry a proxy password)."""
+        step = getattr(exc, STEP_ATTRIBUTE, step)
+        log.error(
+            "solve %s: %s in %s; it ends with ERROR_INTERNAL",
+            job.solve_id,
+            type(exc).__name__,
+            step,
+            exc_info=exc,
+        )
+        error = errors.InternalError(f"{type(exc).__name__} in {step}", captcha_id=job.captcha_id)
+        self.completer.complete(job, Fail(error))
+
+    def revoked(self, solve_id: str, method: Any, batch: BatchRef | None, expired: bool) -> None:
+        """A solve message Celery discarded before it ran (revoked, or past its
+        ``expires``): the solve ends revoked (its batch line, the message no longer
+        awaited)."""
+        job = Job.unusable(solve_id, method, time.time(), batch)
+        self.completer.complete(job, Fail(errors.Revoked("expired" if expired else "revoked")))
 
     # -- solve -------------------------------------------------------------------------
-    def solve(self, message: Message, kwargs: dict[str, Any]) -> None:
-        """A caller's solve: answer from a pool, or submit (or park) its captcha."""
-        solve_id = message.id
+    def solve(
+        self,
+        message: Message,
+        kwargs: dict[str, Any],
+        followup: dict[str, Any] | None = None,
+        expires: float | None = None,
+    ) -> None:
+        """A caller's solve: answer from a pool, or submit (or park) its captcha.
+        ``followup``: what the caller chained to it (see :mod:`.results`); ``expires``:
+        when it may no longer be submitted."""
         batch = BatchRef.from_dict(kwargs.pop("_batch", None))
+        job = Job.unusable(message.id, kwargs.get("method"), time.time(), batch)
+        try:
+            self._solve(message, kwargs, batch, followup, expires)
+        except OUTAGES:
+            raise
+        except Exception as exc:
+            self.fail_inside(job, exc, "solve")
+
+    def _solve(
+        self,
+        message: Message,
+        kwargs: dict[str, Any],
+        batch: BatchRef | None,
+        followup: dict[str, Any] | None,
+        expires: float | None,
+    ) -> None:
+        solve_id = message.id
+        if followup:
+            ttl = self.state.board.config.record_ttl_s
+            self.state.followups.keep(solve_id, dumps(followup), ttl)
         stashed = kwargs.pop("_secrets", None) or []
+        secrets = self._stashed(solve_id, stashed)
         now = time.time()
         try:
-            request = build_request(**kwargs, **self._stashed(solve_id, stashed))
-        except errors.CaptchaTasksError as exc:  # skipped the call-site check, or expired
+            request = build_request(**kwargs, **secrets)
+        except errors.ValidationError as exc:  # skipped the call-site check
             job = Job.unusable(solve_id, kwargs.get("method"), now, batch)
             self.completer.complete(job, Fail(exc))
             return
-        job = Job.new(solve_id, request, now, self.policy.solve_timeout, batch=batch)
+        timeout = self.policy.solve_timeout
+        job = Job.new(solve_id, request, now, timeout, batch=batch, expires=expires)
+        faults.point("solve")
         if self._from_pool(job, request, now):
             return
-        self.submit(job.with_secrets(stashed), message, request)
+        self._submit(job.with_secrets(stashed), message, request)
 
     def _from_pool(self, job: Job, request: SolveRequest, started: float) -> bool:
         if request.per_request:
@@ -140,56 +227,179 @@ class Runner:
             solved_at=parse_iso(record["solved_at"]),
             expires_at=now + float(record["remaining_s"]),
             user_agent=record.get("user_agent"),
+            provider=record.get("provider"),
         )
         self.completer.complete(job, Deliver(outcome), source="pool")
         return True
 
     # -- submit ------------------------------------------------------------------------
-    def submit(self, job: Job, message: Message, request: SolveRequest | None = None) -> None:
-        """Admit the job's submit (for task ``message``) and call ``in.php`` for it when it
-        holds a slot.  ``request``: the job's full request (with its stashed proxy and
-        cookies), when the caller has it at hand."""
+    def submit(self, job: Job, message: Message) -> None:
+        """A submit message: a parked solve given a thread, a retry, a resubmit."""
+        try:
+            self._submit(job, message)
+        except OUTAGES:
+            raise
+        except Exception as exc:
+            self.fail_inside(job, exc, "submit")
+
+    def _submit(self, job: Job, message: Message, request: SolveRequest | None = None) -> None:
+        """Admit the job's submit (for task ``message``) at the provider it goes to, and
+        call ``in.php`` there when it holds a slot.  ``request``: the job's full request
+        (with its stashed proxy and cookies), when the caller has it at hand."""
         now = time.time()
         decision: Decision | None = steps.before_submit(job, now)
         if decision is None:
-            admission = self.state.limiter.admit(
-                job.solve_id,
-                job.to_json(),
-                attempt=job.attempt,
-                deadline_in_s=job.deadline - now,
-                refill=job.pool is not None,
-                batch_id=job.batch.id if job.batch else None,
-                message_id=message.id,
-                redelivered=message.redelivered,
-            )
-            self.completer.publish(admission.handout)
-            decision = steps.on_admission(job, admission, now)
+            with at_step("admit"):
+                job, decision = self._admit(job, message, now)
         if isinstance(decision, Submit):
-            decision = self._call_in_php(job, request)
+            with at_step("in_php"):
+                decision = self._call_in_php(job, request)
         self.act_on_submit(job, decision)
+
+    def _admit(self, job: Job, message: Message, now: float) -> tuple[Job, Decision]:
+        """Route the submit and admit it there; a provider that went out of rotation since
+        this process last looked turns it away, and it is routed again."""
+        circuits = self.state.circuits
+        for _ in range(len(self.state.providers) + 1):
+            route = steps.route(job, self.settings.all_providers, circuits.view(), now)
+            if not isinstance(route, steps.Route):
+                circuits.forget()  # no provider: make sure of it before saying so
+                route = steps.route(job, self.settings.all_providers, circuits.view(), now)
+                if not isinstance(route, steps.Route):
+                    return job, route
+            job, admission = self._admit_routed(job, route, message, now)
+            if admission.status != "down":
+                break
+            circuits.forget()
+        else:
+            return job, Fail(errors.ProviderDown("every provider went out of rotation"))
+        faults.point("admit")
+        if admission.status == "parked" and self._for_caller(job):
+            self.events("task-parked", job.solve_id)
+        if admission.status == "deferred" and admission.warn:
+            log.warning(
+                "provider %s: submits wait for its %s budget, not for threads: the budget"
+                " limits throughput (captcha_tasks_budget_waits_total)",
+                job.provider,
+                admission.budget,
+            )
+        return job, steps.on_admission(job, admission, now)
+
+    def _admit_routed(
+        self, job: Job, route: steps.Route, message: Message, now: float
+    ) -> tuple[Job, Admission]:
+        """Admit at the route's overflow providers when the wait at home would be too
+        long, else at home; a job that held something at another provider lets it go."""
+        spill = route.overflow if self.policy.overflow_after and job.pool is None else ()
+        if spill:
+            limit = self._park_limit(job, route.home)
+            moved, admission = self._admit_at(route.home, job, message, now, park_limit=limit)
+            if admission.status != "full":
+                return moved, admission
+            for name in spill:
+                moved, admission = self._admit_at(name, job, message, now, park_limit=0)
+                if admission.status not in ("full", "down"):
+                    return moved, admission
+        return self._admit_at(route.home, job, message, now)
+
+    def _admit_at(
+        self, name: str, job: Job, message: Message, now: float, park_limit: int | None = None
+    ) -> tuple[Job, Admission]:
+        if job.provider is not None and job.provider != name:
+            # Moving on: what it held at the provider it leaves goes to that one's queue.
+            self.completer.publish(self.state.provider(job.provider).limiter.release(job.solve_id))
+        job = job.at(name)
+        admission = self.state.provider(name).limiter.admit(
+            job.solve_id,
+            job.to_json(),
+            attempt=job.attempt,
+            deadline_in_s=job.deadline - now,
+            refill=job.pool is not None,
+            batch_id=job.batch.id if job.batch else None,
+            message_id=message.id,
+            redelivered=message.redelivered,
+            result=self._in_flight(job, PARKED, {}),
+            park_limit=park_limit,
+        )
+        self.completer.publish(admission.handout)
+        return job, admission
+
+    def _park_limit(self, job: Job, home: str) -> int:
+        capacity = self.state.provider(home).limiter.config.capacity
+        typical = self._timing(job.at(home)).typical
+        return steps.park_limit(capacity, typical, float(self.policy.overflow_after or 0))
 
     def _call_in_php(self, job: Job, request: SolveRequest | None) -> Decision:
         reply: str | errors.CaptchaTasksError
         try:
-            full = request or self._full_request(job)
-            reply = self.api().submit(self._with_pool_proxy(full, job), self._pingback(job))
+            full = self._with_pool_proxy(request or self._full_request(job), job)
+            faults.point("in_php")
+            reply = self.api(job.provider).submit(full, self._pingback(job))
+        except errors.StoreUnavailable:
+            raise  # an outage, not an answer: the step runs again once Redis is back
         except errors.CaptchaTasksError as exc:
             reply = exc
-            self._hold_account(exc)
+            self._hold_account(exc, job.provider)
+            if isinstance(exc, errors.NoSlotError):
+                self.state.provider(job.provider).limiter.count_no_slot()
+        down = self._answered(job.provider, reply if not isinstance(reply, str) else None)
         timing = self._timing(job)
-        return steps.on_submitted(job, reply, time.time(), timing, self.policy, self._bulk())
+        return steps.on_submitted(
+            job, reply, time.time(), timing, self.policy, self._bulk(job.provider), down
+        )
+
+    def _answered(self, provider: str | None, error: errors.CaptchaTasksError | None) -> bool:
+        """Record how a request to ``provider`` went (``error``: None when it answered);
+        True when the provider is out of rotation now."""
+        name = self.state.provider(provider).name
+        circuits = self.state.circuits
+        kind = steps.failure_kind(error) if error is not None else None
+        if kind is None:
+            if name in self._failing or circuits.view()[name].failures:
+                self._failing.discard(name)
+                circuits.succeeded(name)
+            return False
+        assert error is not None
+        self._failing.add(name)
+        failed = circuits.failed(name, error.code, kind)  # type: ignore[arg-type]
+        if failed.opened:
+            spec = self.state.provider(name).spec
+            others = [p.name for p in self.settings.all_providers if p.name != name]
+            log.warning(
+                "provider %s is out of rotation: %s%s; new captchas go to %s until a probe"
+                " finds it back",
+                name,
+                error.code,
+                f" (check {spec.key_env})" if kind == "key" else "",
+                ", ".join(others) or "no other provider",
+            )
+        return failed.open
+
+    @staticmethod
+    def _for_caller(job: Job) -> bool:
+        """Whether a caller waits on the solve's own result (not a batch, not a refill)."""
+        return job.pool is None and job.batch is None
+
+    def _in_flight(self, job: Job, state: str, info: dict[str, Any]) -> tuple[str, str, int] | None:
+        """The result record that says where a caller's solve is (key, record, TTL)."""
+        if not self._for_caller(job):
+            return None
+        record = self.results.record(job.solve_id, state, info)
+        return self.results.key(job.solve_id), record, self.results.ttl_s
 
     def act_on_submit(self, job: Job, decision: Decision) -> None:
         """Carry out a submit step's decision."""
         if isinstance(decision, PollAt):
-            self._register(decision)
+            with at_step("register"):
+                self._register(decision)
         elif isinstance(decision, SubmitAt):
             if decision.error is not None:
                 log.info("solve %s: %s; submitting again", job.solve_id, decision.error.code)
-            self._count(decision.error)
+            self._count(decision.error, provider=job.provider)
             self.resend(decision.job, decision.at - time.time(), not decision.keep_claim)
         elif isinstance(decision, Resubmit):
-            self._count(decision.error)
+            self._count(decision.error, provider=job.provider)
+            self.state.stats.count_resubmit(decision.reason)
             self._replace_proxy(job, decision)
             self.resend(decision.job, 0.0, unclaim=True)
         elif isinstance(decision, Deliver | Fail):
@@ -199,29 +409,56 @@ class Runner:
 
     def _register(self, decision: PollAt) -> None:
         job = decision.job
-        due = self.state.board.register(
+        faults.point("register")
+        info = {"captcha_id": job.captcha_id, "attempt": job.attempt, "provider": job.provider}
+        due = self.state.provider(job.provider).board.register(
             job.solve_id,
             job.attempt,
             str(job.captcha_id),
             job.to_json(),
             decision.at - time.time(),
+            result=self._in_flight(job, SUBMITTED, info),
         )
-        self.publish_round(due)
+        if self._for_caller(job):
+            self.events("task-submitted", job.solve_id, **info)
+        self.publish_round(due, job.provider)
 
     # -- poll rounds -------------------------------------------------------------------
-    def poll_round(self, round_at_ms: int | None) -> None:
-        """One poll round: ask for every due captcha, act on each answer, schedule the next."""
-        board = self.state.board
-        entries = [_Due(e, Job.from_json(e.job)) for e in board.take_due(round_at_ms, ROUND_MOST)]
+    def poll_round(self, round_at_ms: int | None, provider: str | None = None) -> None:
+        """One poll round at ``provider`` (None: the primary): ask for every due captcha,
+        act on each answer, schedule the next.  A round that fails (no outage) ends the
+        solves of the captchas it took."""
+        started = time.time()
+        at = self.state.provider(provider)
+        taken = at.board.take_due(round_at_ms, ROUND_MOST)
+        entries = [_Due(e, Job.from_json(e.job).at(at.name)) for e in taken]
+        try:
+            self._round(at.name, entries, started)
+        except OUTAGES:
+            raise  # its captchas come due again (a round holds them for a while only)
+        except Exception as exc:
+            for due in entries:
+                self.fail_inside(due.job, exc, "poll")
+
+    def _round(self, provider: str, entries: list[_Due], started: float) -> None:
+        board = self.state.provider(provider).board
         asked_at = time.time()
-        bulk = self._bulk()
-        replies, in_bulk = self._fetch(entries, bulk) if entries else ({}, set())
-        now = time.time()
-        paces = [steps.pace(self.policy, self._timing(d.job), bulk) for d in entries]
-        decisions = [
-            (due, self._decide(due, replies, now, pace))
-            for due, pace in zip(entries, paces, strict=True)
-        ]
+        bulk = self._bulk(provider)
+        if entries and self._lost_at(provider):
+            decisions: list[tuple[_Due, Decision]] = [
+                (d, steps.on_provider_down(d.job, asked_at)) for d in entries
+            ]
+            paces: list[steps.Pace] = []
+            in_bulk: set[str] = set()
+        else:
+            replies, in_bulk = self._fetch(provider, entries, bulk) if entries else ({}, set())
+            paces = [steps.pace(self.policy, self._timing(d.job), bulk) for d in entries]
+            # Decided as of when they were asked: the pace runs from ask to ask, however
+            # long the request and this round took.
+            decisions = [
+                (due, self._decide(due, replies, asked_at, pace))
+                for due, pace in zip(entries, paces, strict=True)
+            ]
         self.completer.complete_many(
             [
                 Done(d.job, decision, "bulk_poll" if d.captcha_id in in_bulk else "poll")
@@ -229,21 +466,49 @@ class Runner:
                 if isinstance(decision, Deliver | Fail)
             ]
         )
+        now = time.time()
         again = [
             _again(d, decision, now) for d, decision in decisions if isinstance(decision, PollAt)
         ]
         for due, decision in decisions:
             if isinstance(decision, Resubmit):
                 self.retire(due.entry, due.job, decision, now)
-        self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)))
+        self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)), provider=provider)
         gap = min((p.every for p in paces if p.bulk), default=self.settings.bulk_window_s)
         if len(entries) >= ROUND_MOST:
             gap = 0.0
-        self.publish_round(board.end_round(asked_at, again, gap))
+        # The pace is from round to round: what this one took counts against it.
+        gap = max(0.0, gap - (time.time() - started))
+        self.publish_round(board.end_round(asked_at, again, gap), provider)
+
+    def _lost_at(self, provider: str) -> bool:
+        """Whether the captchas at ``provider`` go elsewhere: it is out of rotation because
+        it stopped answering or refuses the key (an empty balance still solves the captchas
+        it took), and another provider is in rotation (with none, they are polled as
+        before: paying again gains nothing)."""
+        view = self.state.circuits.view()
+        circuit = view[provider]
+        others = any(c.up for name, c in view.items() if name != provider)
+        return circuit.open and circuit.why != "balance" and others
 
     def _decide(
         self, due: _Due, replies: dict[str, Reply | float], now: float, pace: steps.Pace
     ) -> Decision:
+        try:
+            return self._decide_one(due, replies, now, pace)
+        except OUTAGES:
+            raise
+        except Exception as exc:  # one captcha's failure ends its solve, not the round
+            log.error("solve %s: %s in poll", due.job.solve_id, type(exc).__name__, exc_info=exc)
+            error = errors.InternalError(
+                f"{type(exc).__name__} in poll", captcha_id=due.job.captcha_id
+            )
+            return Fail(error)
+
+    def _decide_one(
+        self, due: _Due, replies: dict[str, Reply | float], now: float, pace: steps.Pace
+    ) -> Decision:
+        faults.point("poll")
         entry, job = due.entry, due.job
         reply = replies.get(entry.captcha_id, NOT_READY)
         if isinstance(reply, float):
@@ -254,100 +519,128 @@ class Runner:
         )
 
     def _fetch(
-        self, entries: Sequence[_Due], bulk_on: bool
+        self, provider: str, entries: Sequence[_Due], bulk_on: bool
     ) -> tuple[dict[str, Reply | float], set[str]]:
-        """Every due captcha's answer, and the ids answered in bulk: pipe-safe ones are
-        asked in bulk, the others one by one; a float means "the res.php budget frees in
-        this many seconds"."""
+        """Every due captcha's answer from ``provider``, and the ids answered in bulk:
+        pipe-safe ones are asked in bulk, the others one by one; a float means "the
+        res.php budget frees in this many seconds"."""
         bulk = [d.captcha_id for d in entries if steps.uses_bulk(d.job, bulk_on)]
         in_bulk = set(bulk)
         single = [d.captcha_id for d in entries if d.captcha_id not in in_bulk]
         chunks = [bulk[i : i + BULK_IDS] for i in range(0, len(bulk), BULK_IDS)]
-        wait = self.state.limiter.poll_wait(len(chunks) + len(single))
+        wait = self.state.provider(provider).limiter.poll_wait(len(chunks) + len(single))
         if wait > 0:
             return dict.fromkeys((d.captcha_id for d in entries), wait), set()
         replies: dict[str, Reply | float] = {}
         for chunk in chunks:
-            found = self._ask_many(chunk)
+            found = self._ask_many(provider, chunk)
             if found is None:
                 single += chunk
                 in_bulk.difference_update(chunk)
             else:
                 replies.update(found)
-        replies.update(self._ask_each(single))
+        replies.update(self._ask_each(provider, single))
         return replies, in_bulk
 
-    def _ask_many(self, ids: list[str]) -> dict[str, Reply] | None:
+    def _ask_many(self, provider: str, ids: list[str]) -> dict[str, Reply] | None:
         if len(ids) == 1:
             return None
-        stats = self.state.stats
+        stats = self.state.provider(provider).stats
         try:
-            found = self.api().get_many(ids)
+            found = self.api(provider).get_many(ids)
         except errors.CaptchaTasksError as exc:
-            self._hold_account(exc)
+            self._hold_account(exc, provider)
+            self._answered(provider, exc)
             return dict.fromkeys(ids, exc)
+        self._answered(provider, None)
         if stats.bulk_supported() is not (found is not None):
             stats.set_bulk_supported(found is not None)
-            self._bulk_checked = (time.monotonic(), found is not None)
+            self._bulk_checked[provider] = (time.monotonic(), found is not None)
         if found is None:
-            log.info("the API does not answer res.php?ids=; polling one id per request")
+            log.info(
+                "provider %s does not answer res.php?ids=; polling one id per request", provider
+            )
             return None
         return {cid: _as_reply(value) for cid, value in found.items()}
 
-    def _ask_each(self, ids: list[str]) -> dict[str, Reply]:
+    def _ask_each(self, provider: str, ids: list[str]) -> dict[str, Reply]:
         if not ids:
             return {}
         if len(ids) == 1:
-            return {ids[0]: self._ask_one(ids[0])}
+            return {ids[0]: self._ask_one(provider, ids[0])}
         if self._executor is None:
             self._executor = ThreadPoolExecutor(SINGLE_POLLS, thread_name_prefix="captcha-poll")
-        return dict(zip(ids, self._executor.map(self._ask_one, ids), strict=True))
+        replies = self._executor.map(lambda cid: self._ask_one(provider, cid), ids)
+        return dict(zip(ids, replies, strict=True))
 
-    def _ask_one(self, captcha_id: str) -> Reply:
+    def _ask_one(self, provider: str, captcha_id: str) -> Reply:
         try:
-            return self.api().get(captcha_id)
+            reply = self.api(provider).get(captcha_id)
         except errors.CaptchaTasksError as exc:
-            self._hold_account(exc)
+            self._hold_account(exc, provider)
+            self._answered(provider, exc)
             return exc
+        self._answered(provider, None)
+        return reply
 
     def retire(self, entry: Entry, job: Job, decision: Resubmit, now: float) -> bool:
         """Take a failed captcha off the board and submit its solve's next attempt; False
         when something else ended the captcha first."""
         nxt = decision.job
         deadline_in = nxt.deadline - now
-        retired = self.state.board.retire(
-            entry.captcha_id, nxt.solve_id, nxt.to_json(), deadline_in, decision.error.code
+        retired = self.state.provider(job.provider).board.retire(
+            entry.captcha_id,
+            nxt.solve_id,
+            nxt.to_json(),
+            deadline_in,
+            decision.error.code,
+            decision.reason,
         )
         if not retired:
             return False
-        log.info("captcha %s: %s; submitting a new one", entry.captcha_id, decision.error.code)
+        log.info(
+            "captcha %s at %s: %s; submitting a new one",
+            entry.captcha_id,
+            job.provider,
+            decision.error.code,
+        )
         faults.point("retire")
         self._replace_proxy(job, decision)
         self.completer.send_submit(nxt)
         return True
 
     # -- messages ----------------------------------------------------------------------
-    def publish_round(self, due: RoundDue | None) -> None:
-        """Send the poll round message the board asked for.  A countdown longer than half
-        the visibility timeout would be delivered twice: such a round runs early, finds
-        nothing due and schedules the next."""
+    def publish_round(self, due: RoundDue | None, provider: str | None = None) -> None:
+        """Send the poll round message a provider's board asked for.  A countdown longer
+        than half the visibility timeout would be delivered twice: such a round runs early,
+        finds nothing due and schedules the next."""
         if due is not None:
             countdown = min(due.countdown_s, self.settings.visibility_timeout / 2)
+            at = self.state.provider(provider)
+            args: tuple[Any, ...] = (due.at_ms,) if at.spec.primary else (due.at_ms, at.name)
             self.app.send_task(
-                names.POLL, args=(due.at_ms,), countdown=countdown, argsrepr="(round)"
+                names.POLL, args=args, countdown=countdown, argsrepr=f"(round {at.name})"
             )
 
-    def resend(self, job: Job, countdown: float, unclaim: bool) -> None:
-        """Publish the submit of ``job`` again, owed until it starts (see ``limiter.owe``)."""
-        countdown = min(max(0.0, countdown), self.settings.visibility_timeout / 2)
-        self.state.limiter.owe(
-            job.solve_id,
-            job.to_json(),
-            deadline_in_s=job.deadline - time.time(),
-            countdown_s=countdown,
-            unclaim=unclaim,
+    def resend(self, job: Job, delay: float, unclaim: bool) -> None:
+        """Submit ``job`` again: now (a message, owed until it starts: see
+        ``limiter.owe``), or after ``delay`` seconds (it waits in Redis, and housekeeping
+        hands it out then: see ``limiter.defer``)."""
+        limiter = self.state.provider(job.provider).limiter
+        deadline_in = job.deadline - time.time()
+        if delay > 0:
+            limiter.defer(
+                job.solve_id,
+                job.to_json(),
+                at_in_s=delay,
+                deadline_in_s=deadline_in,
+                unclaim=unclaim,
+            )
+            return
+        limiter.owe(
+            job.solve_id, job.to_json(), deadline_in_s=deadline_in, countdown_s=0.0, unclaim=unclaim
         )
-        self.completer.send_submit(job, countdown)
+        self.completer.send_submit(job)
 
     # -- helpers -----------------------------------------------------------------------
     def _pingback(self, job: Job) -> str | None:
@@ -356,25 +649,29 @@ class Runner:
         if base is None or not steps.uses_pingback(job):
             return None
         secret = self.settings.pingback_secret
-        return pingback.callback_url(base, secret, job.solve_id, job.attempt)
+        at = self.state.provider(job.provider)
+        named = None if at.spec.primary else at.name
+        return pingback.callback_url(base, secret, job.solve_id, job.attempt, named)
 
-    def _bulk(self) -> bool:
-        """Whether pipe-safe captchas are polled in bulk: the setting, and whether the API
-        honours ``ids=`` (read from Redis at most every :data:`BULK_CHECK_S`)."""
+    def _bulk(self, provider: str | None = None) -> bool:
+        """Whether pipe-safe captchas are polled in bulk at ``provider``: the setting, and
+        whether its API honours ``ids=`` (read from Redis at most every
+        :data:`BULK_CHECK_S`)."""
         if self.settings.bulk_poll != "auto":
             return False
-        checked_at, supported = self._bulk_checked
+        at = self.state.provider(provider)
+        checked_at, supported = self._bulk_checked.get(at.name, (-math.inf, True))
         now = time.monotonic()
         if now - checked_at >= BULK_CHECK_S:
-            supported = self.state.stats.bulk_supported() is not False
-            self._bulk_checked = (now, supported)
+            supported = at.stats.bulk_supported() is not False
+            self._bulk_checked[at.name] = (now, supported)
         return supported
 
-    def _count(self, *errs: errors.CaptchaTasksError | None) -> None:
+    def _count(self, *errs: errors.CaptchaTasksError | None, provider: str | None = None) -> None:
         codes = [e.code for e in errs if e is not None]
         if codes:
             try:
-                self.state.stats.count_errors(codes)
+                self.state.provider(provider).stats.count_errors(codes)
             except errors.StoreUnavailable:  # counting must never break a solve
                 log.debug("could not count %s", codes)
 
@@ -387,19 +684,22 @@ class Runner:
             )
             self.state.proxies.replace(_proxy_owner(job))
 
-    def _hold_account(self, exc: errors.CaptchaTasksError) -> None:
-        """An HTTP 429 holds every request of the account for its ``Retry-After``."""
+    def _hold_account(self, exc: errors.CaptchaTasksError, provider: str | None) -> None:
+        """An HTTP 429 holds every request to the provider for its ``Retry-After``."""
         if isinstance(exc, errors.RateLimited):
-            log.warning("the API answered 429: every request waits %.1f s", exc.retry_after)
+            at = self.state.provider(provider)
+            log.warning(
+                "provider %s answered 429: every request waits %.1f s", at.name, exc.retry_after
+            )
             try:
-                self.state.limiter.pause(exc.retry_after)
+                at.limiter.pause(exc.retry_after)
             except errors.StoreUnavailable:  # the steps wait for it anyway
                 log.debug("could not record the 429 pause")
 
     def _timing(self, job: Job) -> Timing:
         request = job.request
         default = default_wait(request.method, request.params)
-        return self.state.solve_times.timing(request.method, default)
+        return self.state.provider(job.provider).solve_times.timing(request.method, default)
 
     def _cancelled(self, job: Job) -> bool:
         return job.batch is not None and self.state.batches.cancelled(job.batch.id)

@@ -11,11 +11,13 @@ Redis state, API client and runner every task of this process works with.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from typing import Any
 
 from celery import Celery
+from celery.app.control import Control as CeleryControl
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
@@ -25,6 +27,7 @@ from celery.signals import (
 )
 
 from .. import redact
+from ..errors import StoreUnavailable
 from ..settings import Settings, get_settings, reset_settings
 from ..state import State
 from . import flower_auth, names, startup
@@ -34,8 +37,22 @@ from .runtime import Runtime
 CONFIG_MODULE = "captcha_tasks.worker.config"
 
 
+class Control(CeleryControl):
+    """Celery's remote control, and one thing more: a revoked solve is remembered in Redis,
+    so that no worker submits it, whether or not it heard the broadcast (a parked solve's
+    message ran long ago; a worker started after the revoke never hears it)."""
+
+    def revoke(self, task_id: Any, *args: Any, **kwargs: Any) -> Any:
+        ids = [task_id] if isinstance(task_id, str) else [str(i) for i in task_id]
+        if isinstance(self.app, App):
+            self.app.runtime().state.records.revoke(ids)
+        return super().revoke(task_id, *args, **kwargs)
+
+
 class App(Celery):
     """captcha-tasks' Celery app: it builds its process's runtime once, when first needed."""
+
+    control_cls = "captcha_tasks.worker.app:Control"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -111,6 +128,28 @@ def _register_pools(sender: Any = None, **_: Any) -> None:
     # a framework's own worker in the same process tree has nothing to register.
     if _ours(sender):
         app.runtime().register_configured()
+
+
+#: Seconds between two reports of beat's reconnects (beat has no housekeeping tick).
+BEAT_REPORT_S = 5.0
+
+
+@beat_init.connect
+def _report_failovers(sender: Any = None, **_: Any) -> None:
+    # Beat's own connections count their reconnects in this process; a thread adds them
+    # to the deployment's count (captcha_tasks_redis_reconnects_total{process="beat"}).
+    if _ours(sender):
+        failovers = app.runtime().state.failovers
+        threading.Thread(
+            target=_report_every, args=(failovers,), name="captcha-tasks-failovers", daemon=True
+        ).start()
+
+
+def _report_every(failovers: Any) -> None:
+    cadence = threading.Event()  # never set: a timer that nothing interrupts
+    while not cadence.wait(BEAT_REPORT_S):
+        with contextlib.suppress(StoreUnavailable):  # counted with the next report
+            failovers.report("beat")
 
 
 @after_setup_logger.connect

@@ -1,4 +1,5 @@
-"""The Redis broker transport, with one fault of kombu's closed.
+"""The Redis broker transports (one Redis, and Redis behind Sentinel) with one fault of
+kombu's closed, and the Sentinel result backend on connections that follow the master.
 
 When the broker connection drops (Redis restarts, fails over), Celery's consumer closes
 the connection and kombu's Redis channel then tries to put the worker's unacknowledged
@@ -14,7 +15,14 @@ Here both are skipped when they cannot run: the messages stay in kombu's ``unack
 hash, and every worker's consumer puts them back once their visibility timeout passes
 (``unacked_restore_interval``), as it does for a worker that was killed; a task run again
 finds its work done (every step is idempotent).  Everything else is kombu's Redis
-transport as it is.
+transport (or its ``sentinel`` transport: a failover drops the same connections) as it is.
+
+Behind Sentinel the broker's and the result backend's connections are
+:class:`~captcha_tasks.connections.MasterFollowingConnection`: after a graceful
+``SENTINEL FAILOVER`` they move to the new master within about a second instead of
+staying on the old one (still answering, its writes later thrown away) until the
+sentinels demote it.  kombu holds one connection for ``BRPOP`` and polls its socket, so
+there a move fails the command and the consumer reconnects, as after a dropped connection.
 """
 
 from __future__ import annotations
@@ -22,12 +30,37 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from celery.backends import redis as celery_redis
 from kombu.transport import redis as kombu_redis
+
+from ..connections import (
+    MasterFollowingConnection,
+    MasterFollowingSSLConnection,
+    following_connection,
+)
 
 log = logging.getLogger(__name__)
 
 #: ``broker_transport`` of our Celery app (schemes ``redis://`` and ``rediss://``).
 TRANSPORT = "captcha_tasks.worker.broker:Transport"
+#: ``broker_transport`` for a ``sentinel://`` broker URL.
+SENTINEL_TRANSPORT = "captcha_tasks.worker.broker:SentinelTransport"
+#: The result backend class for a ``sentinel://`` URL (Celery's ``<class>+<url>`` form).
+SENTINEL_BACKEND = "captcha_tasks.worker.broker:SentinelBackend"
+
+
+def transport(broker_url: str) -> str | None:
+    """Our ``broker_transport`` for ``broker_url`` (None: kombu's own, for unix sockets)."""
+    if broker_url.startswith(("redis://", "rediss://")):
+        return TRANSPORT
+    if broker_url.startswith("sentinel://"):
+        return SENTINEL_TRANSPORT
+    return None
+
+
+def backend_url(url: str) -> str:
+    """Our ``result_backend`` for ``url``: Celery's own, or ours behind Sentinel."""
+    return f"{SENTINEL_BACKEND}+{url}" if url.startswith("sentinel://") else url
 
 
 class QoS(kombu_redis.QoS):
@@ -61,3 +94,29 @@ class Channel(kombu_redis.Channel):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+
+
+class _BrokerConnection(MasterFollowingConnection):
+    raise_on_move = True
+
+
+class _BrokerSSLConnection(MasterFollowingSSLConnection):
+    raise_on_move = True
+
+
+class SentinelChannel(kombu_redis.SentinelChannel):
+    QoS = QoS
+    connection_class = _BrokerConnection
+    connection_class_ssl = _BrokerSSLConnection  # type: ignore[assignment]
+
+
+class SentinelTransport(kombu_redis.SentinelTransport):
+    Channel = SentinelChannel
+
+
+class SentinelBackend(celery_redis.SentinelBackend):
+    """Celery's Redis Sentinel result backend, on connections that follow the master."""
+
+    def _get_pool(self, **params: Any) -> Any:
+        tls = params.get("connection_class") is self.connection_class_ssl
+        return super()._get_pool(**{**params, "connection_class": following_connection(tls)})

@@ -1,13 +1,15 @@
 """The one completion path: every solve ends here, whatever told us its answer.
 
-A per-id poll, a bulk poll, a pool hit or a failure all become one call of
-:meth:`Completer.complete` (or :meth:`Completer.complete_many` for a poll round).  It
-builds the outcome's records and runs the board's finish script, which in one atomic
-step claims the solve exactly once, frees its thread and hands it to the next parked
-submit, stores the outcome under ``solve``'s result id (in Celery's result format, so
-``AsyncResult.get()`` returns it) and appends it to the solve's batch stream.  Then it
-publishes the submits that got the thread, tops up the solve's pool if it was a refill,
-and gives back its pooled proxy.
+A per-id poll, a bulk poll, a pool hit, a failure, a revocation or a failure inside the
+worker all become one call of :meth:`Completer.complete` (or
+:meth:`Completer.complete_many` for a poll round).  It builds the outcome's records and runs
+the board's finish script, which in one atomic step claims the solve exactly once, frees
+its thread and hands it to the next parked submit, stores the outcome under ``solve``'s
+result id (:mod:`.results`: Celery's own record, so ``AsyncResult.get()`` returns it) and
+appends it to the solve's batch stream.  Then it publishes the submits that got the thread,
+runs what the caller chained to the solve (callbacks, chain, chord part), tops up the
+solve's pool if it was a refill, and gives back its pooled proxy.  Whatever of that a
+crash interrupts is owed in Redis and done again by housekeeping.
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from celery import Celery, states
+from celery.exceptions import TaskRevokedError
 
 from .. import errors, faults
 from ..outcome import Failed
@@ -28,16 +30,20 @@ from ..settings import Settings
 from ..state import State
 from ..state.board import Completion, Finished, finished
 from ..state.limiter import Handout
-from ..state.lua import text
 from . import names
 from .job import Job
+from .results import Results, run_followup
 from .steps import Deliver, Fail
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RESULT_TTL = 86400
-
 Ending = Deliver | Fail
+#: Sends a task event (type, task id, fields) when a monitor listens; see Runtime.event.
+Events = Callable[..., None]
+
+
+def no_events(*_: Any, **__: Any) -> None:
+    """The event sender of a process without a worker (nothing listens)."""
 
 
 @dataclass(frozen=True)
@@ -52,10 +58,14 @@ class Done:
 class Completer:
     """Completes solves for one Celery app (whose result backend ``get()`` reads)."""
 
-    def __init__(self, app: Celery, settings: Settings, state: State) -> None:
+    def __init__(
+        self, app: Celery, settings: Settings, state: State, events: Events = no_events
+    ) -> None:
         self.app = app
         self.settings = settings
         self.state = state
+        self.results = Results(app)
+        self.events = events
 
     def complete(self, job: Job, ending: Ending, source: str = "api") -> bool:
         """End the solve of ``job``; False when something else ended it first."""
@@ -65,11 +75,11 @@ class Completer:
         """End several solves with one Redis round trip."""
         if not items:
             return []
-        board = self.state.board
         pipe = self.state.db.pipeline()
         for item in items:
+            board = self.state.provider(item.job.provider).board
             board.finish(self.completion(item), client=pipe)
-        results = [finished(reply) for reply in board.run(pipe)]
+        results = [finished(reply) for reply in self.state.board.run(pipe)]
         for item, result in zip(items, results, strict=True):
             self._after(item, result)
         return [r.claimed for r in results]
@@ -85,12 +95,16 @@ class Completer:
             state, value = states.SUCCESS, outcome
             solve_time, source = ending.solve_time_s, item.source
         else:
-            elapsed = round(time.time() - job.started, 3)
-            outcome = Failed.from_exception(ending.error, method, elapsed).to_dict()
-            state, value, code = states.FAILURE, ending.error, ending.error.code
-        key, record = None, None
+            outcome = Failed.from_exception(
+                ending.error, method, self._elapsed(job), job.provider
+            ).to_dict()
+            state, value = self.results.ending(ending.error)
+            code = ending.error.code
+        key = record = revoked = None
         if not job.pool:  # a refill's outcome goes to its pool, not to a caller
-            key, record = self.result_record(job.solve_id, state, value)
+            key = self.results.key(job.solve_id)
+            record = self.results.record(job.solve_id, state, value)
+            revoked = self.results.record(job.solve_id, states.REVOKED, _REVOKED)
         batch = job.batch
         return Completion(
             solve_id=job.solve_id,
@@ -98,27 +112,15 @@ class Completer:
             captcha_id=None if item.source == "pool" else job.captcha_id,
             result_key=key,
             result_value=record,
-            result_ttl_s=int(self.app.backend.expires or DEFAULT_RESULT_TTL),
+            revoked_value=revoked,
+            result_ttl_s=self.results.ttl_s,
             batch_id=batch.id if batch else None,
-            batch_entry=json.dumps({**outcome, "index": batch.index}) if batch else None,
+            batch_entry=_entry(outcome, batch.index) if batch else None,
+            revoked_entry=_entry(self._revoked_outcome(job), batch.index) if batch else None,
             solve_time_s=solve_time,
             source=source,
             error_code=code,
         )
-
-    def result_record(self, task_id: str, state: str, value: Any) -> tuple[str, str]:
-        """Celery's result key and encoded record of ``task_id``, as its Redis result
-        backend writes them (``AsyncResult.get()`` and Flower read them)."""
-        backend = self.app.backend
-        meta = {
-            "status": state,
-            "result": backend.encode_result(value, state),
-            "traceback": None,
-            "children": [],
-            "date_done": datetime.now(UTC).isoformat(),
-            "task_id": task_id,
-        }
-        return text(backend.get_key_for_task(task_id)), text(backend.encode(meta))
 
     def publish(self, handout: Handout) -> None:
         """Send a submit message for each handed-out job (those past their deadline
@@ -143,16 +145,54 @@ class Completer:
             kwargsrepr="{}",
         )
 
+    def run_followup(self, solve_id: str, followup: str, state: str, value: Any) -> None:
+        """Run what the caller chained to the solve, then forget it (it was owed)."""
+        run_followup(self.app, solve_id, json.loads(followup), state, value)
+        self.state.followups.done(solve_id)
+
     def _after(self, item: Done, result: Finished) -> None:
         self.publish(result.handout)
         if not result.claimed:
             return
+        faults.point("complete")
         job = item.job
+        state, value = self._final(item, result.revoked)
+        if result.followup is not None:
+            self.run_followup(job.solve_id, result.followup, state, value)
+        self._announce(job, state, value)
         if job.pool:
             self._refill_done(job.pool, job, item.ending)
         request = job.request
         if request.uses_proxy_pool and "proxy_owner" not in request.params:
             self.state.proxies.release(f"solve:{job.solve_id}")
+
+    def _final(self, item: Done, revoked: bool) -> tuple[str, Any]:
+        """The state and value the solve ended with (as stored for its caller)."""
+        if revoked:
+            return states.REVOKED, _REVOKED
+        if isinstance(item.ending, Deliver):
+            return states.SUCCESS, item.ending.outcome.to_dict()
+        return self.results.ending(item.ending.error)
+
+    def _announce(self, job: Job, state: str, value: Any) -> None:
+        # Flower (when it listens) sees the solve end here, not when its message ran.
+        if job.pool:
+            return
+        if state == states.SUCCESS:
+            self.events("task-succeeded", job.solve_id, result=_shown(value), runtime=0.0)
+        elif state == states.REVOKED:
+            self.events("task-revoked", job.solve_id, terminated=False, expired=False)
+        else:
+            self.events("task-failed", job.solve_id, exception=repr(value), traceback="")
+
+    def _revoked_outcome(self, job: Job) -> dict[str, Any]:
+        error = errors.Revoked("revoked", captcha_id=job.captcha_id)
+        failed = Failed.from_exception(error, job.request.method, self._elapsed(job), job.provider)
+        return failed.to_dict()
+
+    @staticmethod
+    def _elapsed(job: Job) -> float:
+        return round(time.time() - job.started, 3)
 
     def _refill_done(self, pool: str, job: Job, ending: Ending) -> None:
         pools = self.state.pools
@@ -165,3 +205,16 @@ class Completer:
             return  # the pool was removed while its refill ran
         life = min(spec.ttl, ending.outcome.expires_at - time.time())
         pools.add(pool, ending.outcome.to_dict(), life)
+
+
+#: What a revoked solve's caller gets from ``AsyncResult.get()``: Celery's own error.
+_REVOKED = TaskRevokedError("revoked")
+
+
+def _entry(outcome: dict[str, Any], index: int) -> str:
+    return json.dumps({**outcome, "index": index})
+
+
+def _shown(outcome: Any) -> str:
+    # The outcome dict puts the token last: cut short, Flower shows the facts, not it.
+    return repr(outcome)[:200]

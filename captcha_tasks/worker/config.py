@@ -11,18 +11,19 @@ from kombu import Queue  # type: ignore[attr-defined]
 from ..connections import celery_options
 from ..keys import Keys
 from ..settings import get_settings
-from . import names
-from .broker import TRANSPORT
+from .broker import backend_url, transport
+from .names import PREWARM
 
 _settings = get_settings()
 _where = celery_options(_settings)
 
 broker_url = _where["broker_url"]
-# kombu's Redis transport, surviving a dropped connection (see .broker); unix sockets keep
-# kombu's own.
-if broker_url.startswith(("redis://", "rediss://")):
-    broker_transport = TRANSPORT
-result_backend = _where["result_backend"]
+# kombu's Redis (or Sentinel) transport, surviving a dropped connection (see .broker);
+# unix sockets keep kombu's own.
+broker_transport = transport(broker_url)
+result_backend = backend_url(_where["result_backend"])
+broker_use_ssl = _where["broker_use_ssl"]
+redis_backend_use_ssl = _where["redis_backend_use_ssl"]
 
 # JSON only: pickle is refused everywhere.
 task_serializer = "json"
@@ -39,6 +40,7 @@ task_reject_on_worker_lost = True
 broker_transport_options = _where["broker_transport_options"]
 result_backend_transport_options = _where["result_backend_transport_options"]
 broker_connection_retry_on_startup = True
+broker_channel_error_retry = _where["broker_channel_error_retry"]
 result_expires = 3600
 # Extended results would store raw task arguments (a caller's proxy password) in Redis.
 result_extended = False
@@ -71,7 +73,7 @@ task_send_sent_event = False
 # Beat: hand freed slots to parked submits and keep token pools filled before they expire.
 beat_schedule = {
     "captcha-tasks-prewarm": {
-        "task": names.PREWARM,
+        "task": PREWARM,
         "schedule": _settings.prewarm_every,
         "options": {"expires": _settings.prewarm_every},
     },

@@ -12,13 +12,23 @@ command line) and then builds its web application, whose constructor calls
 Our receiver runs there, only under the ``flower`` sub-command, with every option final,
 and before Flower binds its port.  Flower's ``/metrics`` and ``/healthcheck`` stay open
 whatever the settings (Flower does not protect them).
+
+The same hook makes Flower stop when told to while Redis is down.  Flower's own SIGTERM
+handler exits the interpreter, which then waits for the threads of Flower's executor, and
+one of them retries the unreachable broker for minutes: SIGTERM and Ctrl-C seemed ignored
+until SIGKILL.  Ours does what Flower's does and, should the exit still hang after
+:data:`EXIT_GRACE_S`, ends the process.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import click
@@ -70,9 +80,33 @@ def install(app: Celery) -> None:
     )
 
 
+#: Seconds Flower may take to exit after SIGTERM or Ctrl-C before the process is ended.
+EXIT_GRACE_S = 5.0
+
+
+def _stop(signum: int, _frame: FrameType | None) -> None:
+    """Flower's stop (its SIGTERM handler exits the interpreter), with a deadline: a thread
+    stuck retrying an unreachable broker must not keep the process alive."""
+    log.info("%s: Flower stops", signal.Signals(signum).name)
+    timer = threading.Timer(EXIT_GRACE_S, os._exit, (0,))
+    timer.daemon = True
+    timer.start()
+    sys.exit(0)
+
+
+def _exit_promptly() -> None:
+    import flower.command
+
+    # Flower installs ``flower.command.sigterm_handler`` after building its app (after this
+    # hook): the name is looked up then, so ours is the one installed.
+    flower.command.sigterm_handler = _stop
+    signal.signal(signal.SIGINT, _stop)
+
+
 def _check_flower_start(**_: Any) -> None:
     if not _running_flower():
         return
+    _exit_promptly()
     startup.check("flower")  # a bad setting: one line, before the credentials are read
     from flower.options import options  # Tornado's global options, as Flower parsed them
 

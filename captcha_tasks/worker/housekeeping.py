@@ -2,11 +2,13 @@
 
 * :func:`tick` runs every :data:`TICK_S` seconds in **every** worker process (a worker
   bootstep, :class:`Housekeeping`), guarded so that one process per tick does the work:
-  it reclaims expired thread leases, hands free slots to parked submits, publishes again
-  the submit and solve messages that were lost (a worker died with them, or the broker
-  dropped them between a worker's read and its bookkeeping), and makes sure a poll round
-  is pending while captchas are at the provider.  Nothing here depends on beat, which is
-  one process.
+  at every provider it reclaims expired thread leases, hands free slots to parked submits
+  and hands out the deferred submits whose time came; it publishes again the submit and
+  solve messages that were lost (a worker died with them, or the broker dropped them
+  between a worker's read and its bookkeeping), makes sure a poll round is pending while
+  captchas are at a provider, moves the work of a provider out of rotation to the others,
+  and sends the probes of open circuits (:func:`probe`).  Nothing here depends on beat,
+  which is one process.
 * :func:`top_up` keeps token pools filled; beat's ``prewarm`` tick and every pool take
   call it.
 """
@@ -23,6 +25,7 @@ from celery import bootsteps
 
 from .. import errors
 from ..methods import SolveRequest, build_request
+from ..state.circuits import PROBE_MAX_S
 from ..state.limiter import Drift
 from ..state.pools import PoolSpec
 from . import names
@@ -40,7 +43,8 @@ VIEW_HOLDS_CHECKS = 3
 def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
     state, settings = runner.state, runner.settings
-    swept = state.limiter.sweep(TICK_S, settings.queue("solve"))
+    follow_master(runner)
+    swept = state.limiter.sweep(TICK_S, settings.queue("solve"), settings.queue("submit"))
     if swept is None:
         return False
     runner.completer.publish(swept.handout)
@@ -52,23 +56,115 @@ def tick(runner: Runner) -> bool:
         kwargs = json.loads(solve.job)
         runner.app.send_task(names.SOLVE, kwargs=kwargs, task_id=solve.lease_id)
     runner.publish_round(state.board.ensure_round())
+    for at in list(state.providers.values())[1:]:
+        runner.completer.publish(at.limiter.tick())
+        runner.publish_round(at.board.ensure_round(), at.name)
+    _out_of_rotation(runner)
+    for solve_id, followup in state.followups.lost():
+        log.warning("solve %s: what was chained to it had not run; running it", solve_id)
+        _rerun_followup(runner, solve_id, followup)
     every = settings.threads_check_every
     if every > 0 and state.limiter.check_due(every):
-        # off the timer thread: the check is an HTTP request
+        # off the timer thread: the checks are HTTP requests
         runner.app.send_task(names.CHECK_THREADS, expires=every)
     return True
 
 
-def check_threads(runner: Runner) -> Drift | None:
-    """Compare the provider's working threads with the slots we hold: threads it counts
+def _out_of_rotation(runner: Runner) -> None:
+    """Move the work of providers out of rotation to the others (their parked and deferred
+    submits; the captchas of one that stopped answering or refuses its key), and send the
+    probes that are due (off the timer thread: a probe is an HTTP request)."""
+    state = runner.state
+    circuits = state.circuits.read()
+    if any(c.up for c in circuits.values()):
+        for name, circuit in circuits.items():
+            if circuit.up:
+                continue
+            at = state.provider(name)
+            for parked in at.limiter.evacuate():
+                runner.completer.send_submit(Job.from_json(parked.job))
+            if circuit.why != "balance":
+                runner.publish_round(at.board.evacuate(), name)
+    for name in state.circuits.probes_due():
+        runner.app.send_task(names.PROBE, args=(name,), expires=PROBE_MAX_S)
+
+
+def probe(runner: Runner, provider: str) -> bool | None:
+    """Ask a provider out of rotation for its balance: a good answer (money on it, for one
+    whose balance ran out) puts it back.  Returns whether it is back (None: no answer)."""
+    circuits = runner.state.circuits
+    circuit = circuits.read().get(provider)
+    if circuit is None or circuit.up:
+        return None
+    try:
+        balance = runner.api(provider).balance()
+    except errors.CaptchaTasksError as exc:
+        circuits.probed(provider, False, code=exc.code)
+        return None
+    ok = balance > 0 or circuit.why != "balance"
+    code = None if ok else "ERROR_ZERO_BALANCE"
+    if circuits.probed(provider, ok, balance=balance, code=code):
+        log.warning("provider %s is back in rotation (balance %g)", provider, balance)
+    return ok
+
+
+def check_providers(runner: Runner) -> dict[str, Any]:
+    """Every provider's balance (for ``captcha-tasks providers`` and the metrics) and, for
+    CaptchaAI-kind ones, its view of our threads (:func:`check_threads`)."""
+    found: dict[str, Any] = {}
+    for at in runner.state.providers.values():
+        try:
+            balance = runner.api(at.name).balance()
+        except errors.CaptchaTasksError as exc:
+            found[at.name] = {"error": exc.code}
+            continue
+        runner.state.circuits.saw_balance(at.name, balance)
+        entry: dict[str, Any] = {"balance": balance}
+        if at.spec.kind == "captchaai":
+            drift = check_threads(runner, at.name)
+            if drift is not None:
+                entry.update(external=drift.now, ours=drift.ours)
+        found[at.name] = entry
+    return found
+
+
+def follow_master(runner: Runner) -> None:
+    """Add this process's reconnects to the deployment's count and, when the Redis master
+    changed (a failover, a restart), make every message it may have lost due again (one
+    process per change: see :mod:`captcha_tasks.state.failovers`)."""
+    failovers = runner.state.failovers
+    failovers.report("worker")
+    if failovers.note_master():
+        solves, owed = failovers.reconcile()
+        log.warning(
+            "the Redis master changed: sending again the %d solve messages and %d submits"
+            " it may have lost (a copy that was not lost is ignored)",
+            solves,
+            owed,
+        )
+
+
+def _rerun_followup(runner: Runner, solve_id: str, followup: str) -> None:
+    """Run the follow-up of a solve whose completing process died before running it, with
+    the outcome stored for its caller."""
+    read = runner.results.stored(solve_id)
+    if not read.ready:  # the outcome expired: nothing to hand on
+        runner.state.followups.done(solve_id)
+        return
+    runner.completer.run_followup(solve_id, followup, read.state, read.value)
+
+
+def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
+    """Compare a provider's working threads with the slots we hold: threads it counts
     beyond ours belong to another client of the key, and ours shrink to leave them alone
     (until the next check finds them gone).  None when the API does not say."""
     every = runner.settings.threads_check_every
-    limiter = runner.state.limiter
+    at = runner.state.provider(provider)
+    limiter = at.limiter
     if limiter.poll_wait(1) > 0:  # the res.php budget, or an HTTP 429, holds the account
         return None
     try:
-        info = runner.api().threads_info()
+        info = runner.api(at.name).threads_info()
     except errors.RateLimited as exc:
         limiter.pause(exc.retry_after)
         return None
@@ -77,14 +173,18 @@ def check_threads(runner: Runner) -> Drift | None:
     drift = limiter.see_provider(info["working_threads"], VIEW_HOLDS_CHECKS * every)
     if drift.now and not drift.before:
         log.warning(
-            "another client is using this API key: the provider counts %d working threads,"
-            " we hold %d; leaving %d to it until it stops",
+            "another client is using the API key of provider %s: it counts %d working"
+            " threads, we hold %d; leaving %d to it until it stops",
+            at.name,
             info["working_threads"],
             drift.ours,
             drift.now,
         )
     elif drift.before and not drift.now:
-        log.warning("the other client of this API key has stopped; all threads are ours again")
+        log.warning(
+            "the other client of provider %s's key has stopped; all threads are ours again",
+            at.name,
+        )
     return drift
 
 
@@ -98,7 +198,9 @@ class Housekeeping(bootsteps.StartStopStep):
         self.tref: Any = None
 
     def start(self, worker: Any) -> None:
-        runner = worker.app.runtime().runner
+        runtime = worker.app.runtime()
+        runtime.worker = worker
+        runner = runtime.runner
         self.tref = worker.timer.call_repeatedly(TICK_S, _safe_tick, (runner,), priority=10)
 
     def stop(self, worker: Any) -> None:

@@ -54,6 +54,11 @@ class Job:
     submitted_at: float | None = None
     #: Request parameters stashed in Redis (proxy, cookies), not in ``request.params``.
     secrets: tuple[str, ...] = ()
+    #: When the caller's ``expires`` passes (Unix time): not submitted after that.
+    expires: float | None = None
+    #: The provider the job was last admitted at (its slot, its parked or deferred entry,
+    #: its captcha are there); None before its first admission.
+    provider: str | None = None
 
     @classmethod
     def new(
@@ -65,8 +70,9 @@ class Job:
         *,
         pool: str | None = None,
         batch: BatchRef | None = None,
+        expires: float | None = None,
     ) -> Job:
-        return cls(solve_id, request, now, now + timeout_s, pool=pool, batch=batch)
+        return cls(solve_id, request, now, now + timeout_s, pool=pool, batch=batch, expires=expires)
 
     @classmethod
     def unusable(cls, solve_id: str, method: Any, now: float, batch: BatchRef | None) -> Job:
@@ -90,6 +96,15 @@ class Job:
             transport_errors=0,
         )
 
+    def moved(self) -> Job:
+        """A new captcha for the same solve because its provider went out of rotation: a
+        new attempt, not counted against the resubmit budget."""
+        return replace(self, attempt=self.attempt + 1, captcha_id=None, submitted_at=None)
+
+    def at(self, provider: str) -> Job:
+        """The job as admitted at ``provider``."""
+        return self if provider == self.provider else replace(self, provider=provider)
+
     def with_secrets(self, names: list[str]) -> Job:
         """The job as it travels on: the stashed parameters are named, never carried."""
         if not names:
@@ -105,6 +120,8 @@ class Job:
             parts.append(f"captcha={self.captcha_id}")
         if self.attempt:
             parts.append(f"attempt={self.attempt}")
+        if self.provider:
+            parts.append(f"provider={self.provider}")
         return "(" + " ".join(p for p in parts if p) + ")"
 
     # -- the JSON boundary ---------------------------------------------------------------
@@ -126,6 +143,10 @@ class Job:
         if self.captcha_id is not None:
             data["captcha_id"] = self.captcha_id
             data["submitted_at"] = self.submitted_at
+        if self.expires is not None:
+            data["expires"] = self.expires
+        if self.provider is not None:
+            data["provider"] = self.provider
         return data
 
     def to_json(self) -> str:
@@ -148,6 +169,8 @@ class Job:
             captcha_id=None if captcha_id is None else str(captcha_id),
             submitted_at=data.get("submitted_at"),
             secrets=tuple(request.get("secrets") or ()),
+            expires=data.get("expires"),
+            provider=data.get("provider"),
         )
 
     @classmethod

@@ -8,6 +8,7 @@ POLL = "captcha_tasks.poll"
 REPORT = "captcha_tasks.report"
 PREWARM = "captcha_tasks.prewarm"
 CHECK_THREADS = "captcha_tasks.check_threads"
+PROBE = "captcha_tasks.probe"
 
 #: The queue (kind) of each task; the names come from CAPTCHAAI_QUEUE_PREFIX.
 QUEUE_OF_TASK = {
@@ -17,4 +18,5 @@ QUEUE_OF_TASK = {
     REPORT: "housekeeping",
     PREWARM: "housekeeping",
     CHECK_THREADS: "housekeeping",
+    PROBE: "housekeeping",
 }

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..client import CaptchaAIClient, Timeout
 from ..errors import ConfigurationError
+from ..providers import ProviderSpec
 from ..settings import Settings
 from ..state import State
 from .adapter import Runner
@@ -26,16 +27,18 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def api_client(settings: Settings) -> CaptchaAIClient:
-    """The API client of ``settings``: one pooled HTTP session, the key from settings."""
-    if not settings.api_key:
+def api_client(settings: Settings, spec: ProviderSpec | None = None) -> CaptchaAIClient:
+    """The API client of a provider (default: the primary) with the settings' timeouts:
+    one pooled HTTP session, the key from the settings."""
+    spec = spec or settings.primary
+    if not spec.api_key:
         raise ConfigurationError(
-            "CAPTCHAAI_API_KEY is not set: the API calls of workers and of "
+            f"{spec.key_env} is not set: the API calls of workers and of "
             "`captcha-tasks account` need the account key"
         )
     return CaptchaAIClient(
-        settings.base_url,
-        settings.api_key,
+        spec.base_url,
+        spec.api_key,
         timeout=Timeout(settings.connect_timeout, settings.read_timeout),
     )
 
@@ -53,19 +56,39 @@ class Runtime:
         self.app = app
         self.settings = settings
         self.state = state if state is not None else State.build(settings)
-        self._api = api
+        self._apis: dict[str, CaptchaAIClient] = {}
+        if api is not None:
+            self._apis[settings.primary.name] = api
         self._lock = threading.Lock()
         self._resources: dict[str, Any] = {}
-        self.runner = Runner(app, settings, self.state, self.api)
+        #: The worker this process runs (set by the worker's housekeeping step), whose
+        #: event dispatcher Flower turns on.
+        self.worker: Any = None
+        self.runner = Runner(app, settings, self.state, self.api, self.event)
 
-    def api(self) -> CaptchaAIClient:
-        """The API client (built on first use: only workers and some commands hold the
-        key; :class:`ConfigurationError` without one)."""
-        if self._api is None:
+    def api(self, provider: str | None = None) -> CaptchaAIClient:
+        """The API client of ``provider`` (None: the primary; a provider no longer
+        configured: the primary), built on first use: only workers and some commands hold
+        the keys; :class:`ConfigurationError` without one."""
+        try:
+            spec = self.settings.provider(provider)
+        except KeyError:
+            spec = self.settings.primary
+        client = self._apis.get(spec.name)
+        if client is None:
             with self._lock:
-                if self._api is None:
-                    self._api = api_client(self.settings)
-        return self._api
+                client = self._apis.get(spec.name)
+                if client is None:
+                    client = self._apis[spec.name] = api_client(self.settings, spec)
+        return client
+
+    def event(self, type_: str, task_id: str, **fields: Any) -> None:
+        """Send a task event, when a monitor (Flower) turned this worker's events on; a
+        process that is no worker (the receiver, an app) sends none."""
+        consumer = getattr(self.worker, "consumer", None)
+        dispatcher = getattr(consumer, "event_dispatcher", None)
+        if dispatcher is not None and dispatcher.enabled:
+            dispatcher.send(type_, uuid=task_id, **fields)
 
     def resource(self, name: str, build: Callable[[], T]) -> T:
         """An object an upper layer keeps for as long as this runtime lives (the asyncio

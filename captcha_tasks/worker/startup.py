@@ -50,6 +50,12 @@ def _missing(command: str, settings: Settings) -> ConfigurationError | None:
         return ConfigurationError(
             "CAPTCHAAI_API_KEY is not set: a worker needs the account key to call the API"
         )
+    for spec in settings.providers:
+        if not spec.api_key:
+            return ConfigurationError(
+                f"CAPTCHAAI_PROVIDERS: provider {spec.name!r} reads its key from"
+                f" {spec.key_env}, which is not set: a worker needs every provider's key"
+            )
     return _key_refused(settings)
 
 
@@ -59,17 +65,27 @@ _CHECK_TIMEOUT = Timeout(connect=3.0, read=5.0)
 
 
 def _key_refused(settings: Settings) -> ConfigurationError | None:
+    """The first provider (of all) that refuses its key, as an error naming the key's
+    variable; an unreachable provider does not stop the worker (its circuit will say)."""
     timeout = Timeout(
         connect=min(settings.connect_timeout, _CHECK_TIMEOUT.connect),
         read=min(settings.read_timeout, _CHECK_TIMEOUT.read),
     )
-    client = CaptchaAIClient(settings.base_url, settings.api_key, timeout=timeout, pool_size=1)
-    try:
-        client.balance()
-    except AuthError as exc:
-        return ConfigurationError(f"{exc.code}: {exc.message}")
-    except CaptchaTasksError:
-        return None  # unreachable or failing now: the tasks back off and retry
+    for spec in settings.all_providers:
+        client = CaptchaAIClient(spec.base_url, spec.api_key, timeout=timeout, pool_size=1)
+        try:
+            client.balance()
+        except AuthError as exc:
+            if spec.primary:
+                return ConfigurationError(f"{exc.code}: {exc.message}")
+            return ConfigurationError(
+                f"CAPTCHAAI_PROVIDERS: provider {spec.name!r} refuses the key in"
+                f" {spec.key_env} ({exc.code}); check it and the provider's base_url"
+            )
+        except CaptchaTasksError:
+            continue  # unreachable or failing now: the tasks back off and retry
+        finally:
+            client.close()
     return None
 
 

@@ -25,14 +25,17 @@ captcha.
 
 from __future__ import annotations
 
+import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from .. import errors
 from ..client import NOT_READY, Answer, NotReady
 from ..methods import METHODS, SolveRequest
 from ..outcome import Solved
+from ..providers import ProviderSpec
+from ..state.circuits import Circuit
 from ..state.limiter import Admission
 from ..state.timing import Timing
 from .job import Job
@@ -68,6 +71,9 @@ class Policy:
     #: With provider callbacks on: seconds past a captcha's expected solve time before it
     #: is polled (None: callbacks off, poll as usual).
     pingback_fallback: float | None = None
+    #: Seconds a captcha may be expected to wait for the home provider's threads before an
+    #: overflow provider takes it (None: never).
+    overflow_after: float | None = None
     #: Returns a number in [0, 1): the jitter of back-offs (a constant in tests).
     random: Callable[[], float] = random.random
 
@@ -127,6 +133,23 @@ class Resubmit:
     error: errors.CaptchaTasksError
     replace_proxy: bool = False
 
+    @property
+    def reason(self) -> str:
+        """Why a new captcha is submitted (``resubmits_total{reason}``)."""
+        return resubmit_reason(self.error)
+
+
+def resubmit_reason(error: errors.CaptchaTasksError) -> str:
+    if isinstance(error, errors.ProviderDown):
+        return "provider_down"
+    if isinstance(error, errors.TokenExpired):
+        return "expired"
+    if isinstance(error, errors.ProxyError):
+        return "bad_proxy"
+    if isinstance(error, errors.UnsolvableError):
+        return "unsolvable"
+    return "other"
+
 
 @dataclass(frozen=True)
 class Deliver:
@@ -144,6 +167,16 @@ class Fail:
 
 
 Decision = Submit | SubmitAt | Stop | PollAt | Resubmit | Deliver | Fail
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a submit goes: admitted at ``home`` (and parked there while its threads are
+    busy); the ``overflow`` providers are asked first when the wait at home would pass
+    ``CAPTCHAAI_OVERFLOW_AFTER``."""
+
+    home: str
+    overflow: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -187,11 +220,85 @@ def uses_pingback(job: Job) -> bool:
     return not job.request.returns_user_agent
 
 
+# -- providers ---------------------------------------------------------------------------
+
+
+def route(
+    job: Job,
+    providers: Sequence[ProviderSpec],
+    circuits: Mapping[str, Circuit],
+    now: float,
+) -> Route | SubmitAt | Fail:
+    """The provider a submit goes to: the first (in the configured order) that takes its
+    method and is in rotation, an ``overflow`` one only when no other is.  With none in
+    rotation: wait for the first probe when one may come back (it stopped answering), or
+    fail at once when every one is empty or refuses its key (``ERROR_ZERO_BALANCE``)."""
+    method = job.request.method
+    taking = [p for p in providers if p.supports(method)]
+    if not taking:
+        return Fail(errors.ValidationError(f"no provider takes method {method!r}"))
+    up = [p for p in taking if _up(circuits, p.name)]
+    homes = [p for p in up if p.role != "overflow"] or up
+    if homes:
+        home = homes[0].name
+        spill = tuple(p.name for p in up if p.role == "overflow" and p.name != home)
+        return Route(home, spill)
+    down = [circuits[p.name] for p in taking]
+    soft = [c for c in down if c.why == "soft"]
+    if soft:
+        at = max(now, min(c.probe_at or now for c in soft)) + 0.5
+        if at >= job.deadline:
+            return Fail(_timeout(job, "no provider came back before the solve deadline"))
+        error = errors.ProviderDown(f"no provider that takes {method} is in rotation")
+        return SubmitAt(at, job, error)
+    codes = ", ".join(f"{c.provider}: {c.code}" for c in down)
+    first = down[0].code or "ERROR_ZERO_BALANCE"
+    return Fail(errors.from_api_code(first, message=f"every provider is out of rotation ({codes})"))
+
+
+def _up(circuits: Mapping[str, Circuit], name: str) -> bool:
+    circuit = circuits.get(name)
+    return circuit is None or circuit.up
+
+
+def failure_kind(exc: errors.CaptchaTasksError) -> str | None:
+    """What an error says about its provider (see :mod:`~captcha_tasks.state.circuits`):
+    ``soft`` (no answer: a transport error, HTTP 5xx, a timeout), ``balance``, ``key``, or
+    None (the provider answered)."""
+    if isinstance(exc, errors.TransportError):
+        return "soft"
+    if isinstance(exc, errors.ZeroBalance):
+        return "balance"
+    if isinstance(exc, errors.AuthError):
+        return "key"
+    return None
+
+
+def park_limit(capacity: int, typical_s: float, overflow_after: float) -> int:
+    """Submits that may be parked at a provider before the next would wait longer than
+    ``overflow_after`` seconds (its threads finish ``capacity`` captchas per ``typical_s``)."""
+    return math.floor(capacity * overflow_after / max(typical_s, 0.1))
+
+
+def on_provider_down(job: Job, now: float) -> Resubmit | Fail:
+    """The job's captcha is at a provider that went out of rotation: submit a new one
+    elsewhere (not counted against the resubmit budget)."""
+    if now >= job.deadline:
+        return Fail(_timeout(job, "the solve deadline passed"))
+    error = errors.ProviderDown(
+        f"provider {job.provider} is out of rotation", captcha_id=job.captcha_id
+    )
+    return Resubmit(job.moved(), error)
+
+
 # -- submit ------------------------------------------------------------------------------
 
 
 def before_submit(job: Job, now: float) -> Fail | None:
-    """A submit whose solve's deadline passed (while parked, or queued) fails."""
+    """A submit whose solve's deadline passed (while parked, or queued) fails; one whose
+    caller's ``expires`` passed ends revoked, as Celery ends an expired task."""
+    if job.expires is not None and now >= job.expires:
+        return Fail(errors.Revoked("expired", captcha_id=job.captcha_id))
     if now >= job.deadline:
         return Fail(_timeout(job, "the solve deadline passed before it could be submitted"))
     return None
@@ -201,12 +308,12 @@ def on_admission(job: Job, admission: Admission, now: float) -> Decision:
     """What the limiter's admission means for this submit message."""
     if admission.status == "go":
         return Submit()
-    if admission.status == "wait":
-        return SubmitAt(now + admission.wait_s, job)
     if admission.status == "busy":
         # Another copy of this message is calling in.php, or died doing so: look again
         # when its claim runs out (a live one will have registered the captcha by then).
         return SubmitAt(now + admission.wait_s, job, keep_claim=True)
+    if admission.status == "revoked":
+        return Fail(errors.Revoked("revoked"))
     return Stop(admission.status)
 
 
@@ -217,12 +324,17 @@ def on_submitted(
     timing: Timing,
     policy: Policy,
     bulk: bool,
+    down: bool = False,
 ) -> Decision:
-    """``in.php`` answered ``reply`` (a captcha id, or the error it raised)."""
+    """``in.php`` answered ``reply`` (a captcha id, or the error it raised).  ``down``: the
+    provider is out of rotation now (this error may have taken it out): the submit goes
+    elsewhere at once, spending no retry."""
     if isinstance(reply, str):
         polled = job.submitted(reply, now)
         wait = first_poll(polled, timing, policy, bulk)
         return PollAt(min(now + wait, job.deadline), polled)
+    if down:
+        return SubmitAt(now, job, reply)
     if isinstance(reply, errors.RateLimited):  # a budget, not a fault: no retry is spent
         at = now + reply.retry_after
         if at >= job.deadline:
@@ -350,6 +462,7 @@ def _solved(
         solved_at=now,
         expires_at=expires,
         user_agent=answer.user_agent,
+        provider=job.provider,
     )
     # The answer came between the last "not ready" and now: its midpoint is the solve
     # time's best estimate (seen-at times alone would teach the polls to come late).

@@ -11,8 +11,12 @@
   request), completes the finished ones and schedules the next round with a countdown.
   No task sleeps, and no task runs only to find that another one did its work.
 * The outcome is stored on ``solve``'s task id by the completion path
-  (:mod:`.completion`), never by Celery's own result handling: every task here ignores
-  its return value, and ``solve.delay(...).get()`` still returns the outcome.
+  (:mod:`.completion`, in Celery's own record: :mod:`.results`), never by Celery's own
+  result handling at the task's return: ``solve`` ends its message with Celery's
+  ``Ignore`` (the outcome comes later), after taking what the caller chained to it
+  (``link``, ``link_error``, a chain, a chord) for the completion to run with the outcome.
+* ``AsyncResult.revoke()`` and ``expires`` are honoured up to the moment of submission; a
+  revoked solve already at the provider ends revoked, its answer discarded.
 """
 
 from __future__ import annotations
@@ -20,9 +24,12 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from datetime import datetime
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Ignore
+from celery.signals import task_revoked
 
 from .. import errors
 from ..methods import POOL_PROXY, build_request
@@ -30,9 +37,10 @@ from ..redact import SECRET_PARAMS, mask_params
 from ..state import State
 from ..state.pools import PoolSpec
 from . import housekeeping, names
-from .adapter import Message, Runner
+from .adapter import OUTAGES, Message, Runner
 from .app import app
-from .job import Job
+from .job import BatchRef, Job
+from .results import followup_of
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +77,7 @@ class SolveTask(Task):
         # Until a worker starts it, the message is remembered in Redis: one lost between
         # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
         runtime.state.limiter.expect(solve_id, json.dumps(kwargs, separators=(",", ":")))
-        result = super().apply_async((), kwargs, **options)
-        # The worker never stores this task's return value (the completion path stores
-        # the outcome), but the caller waits for it: get() must not return at once.
-        result.ignored = False
-        return result
+        return super().apply_async((), kwargs, **options)
 
 
 def _stash_secrets(state: State, solve_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -106,13 +110,17 @@ def normalize_solve_args(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+#: Longest wait between two tries of a step while Redis or the broker is away.
+OUTAGE_BACKOFF_MAX_S = 10
+
+
 @app.task(
     bind=True,
     base=SolveTask,
     name=names.SOLVE,
-    ignore_result=True,
-    autoretry_for=(errors.StoreUnavailable,),
+    autoretry_for=OUTAGES,
     retry_backoff=True,
+    retry_backoff_max=OUTAGE_BACKOFF_MAX_S,
     max_retries=None,
     shared=False,
 )
@@ -120,17 +128,43 @@ def solve(
     self: Task, method: str, sitekey: str | None = None, pageurl: str | None = None, **params: Any
 ) -> None:
     """Solve one captcha; its outcome dict (see :mod:`captcha_tasks.outcome`) is stored
-    on this task's id."""
+    on this task's id when the solve ends (the message itself ends with ``Ignore``)."""
     kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
-    runner().solve(_message(self), kwargs)
+    request = self.request
+    runner().solve(_message(self), kwargs, followup_of(request), _expires(request.expires))
+    # The outcome comes later: Celery must neither store a result now nor run what was
+    # chained to the solve (the completion runs it, with the outcome).
+    raise Ignore()
+
+
+def _expires(value: Any) -> float | None:
+    """The ``expires`` of a task message as a Unix time (it carries ISO 8601)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.timestamp()
+    return datetime.fromisoformat(str(value)).timestamp()
+
+
+@task_revoked.connect
+def _revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+    # A solve message revoked (or expired) before it ran: Celery stored its REVOKED record
+    # and counted its chord part; the solve's own bookkeeping ends here (its batch line,
+    # the message no longer awaited).
+    if getattr(sender, "name", None) != names.SOLVE or request is None:
+        return
+    kwargs = dict(getattr(request, "kwargs", None) or {})
+    batch = BatchRef.from_dict(kwargs.get("_batch"))
+    runner().revoked(str(request.id), kwargs.get("method"), batch, expired)
 
 
 @app.task(
     bind=True,
     name=names.SUBMIT,
     ignore_result=True,
-    autoretry_for=(errors.StoreUnavailable,),
+    autoretry_for=OUTAGES,
     retry_backoff=True,
+    retry_backoff_max=OUTAGE_BACKOFF_MAX_S,
     max_retries=None,
     shared=False,
 )
@@ -140,31 +174,44 @@ def submit(self: Task, job: dict[str, Any]) -> None:
 
 
 @app.task(name=names.POLL, ignore_result=True, shared=False)
-def poll(round_at_ms: int | None = None) -> None:
-    """One poll round; it schedules the next while captchas are at the provider."""
-    runner().poll_round(round_at_ms)
+def poll(round_at_ms: int | None = None, provider: str | None = None) -> None:
+    """One poll round at ``provider`` (None: the primary); it schedules the next while
+    captchas are at the provider."""
+    runner().poll_round(round_at_ms, provider)
 
 
 def _message(task: Task) -> Message:
-    delivery = task.request.delivery_info or {}
-    return Message(task.request.id, bool(delivery.get("redelivered")))
+    # A retry (after an outage) is the same message again: its own claim is its own.
+    request = task.request
+    delivery = request.delivery_info or {}
+    return Message(request.id, bool(delivery.get("redelivered")) or bool(request.retries))
 
 
 @app.task(name=names.REPORT, shared=False)
-def report_task(captcha_id: str, good: bool) -> None:
-    """Send ``reportgood`` / ``reportbad`` for a solved captcha."""
-    app.runtime().api().report(captcha_id, good=good)
+def report_task(captcha_id: str, good: bool, provider: str | None = None) -> None:
+    """Send ``reportgood`` / ``reportbad`` for a solved captcha to the provider that
+    solved it (None: the primary)."""
+    app.runtime().api(provider).report(captcha_id, good=good)
 
 
 def report(result: dict[str, Any], *, good: bool) -> Any:
-    """Flag a solved token as accepted (``good=True``) or rejected by the target site.
+    """Flag a solved token as accepted (``good=True``) or rejected by the target site, at
+    the provider that solved it (the result's ``provider``).
 
-    Runs on a worker (which holds the API key); returns the task's ``AsyncResult``.
+    Runs on a worker (which holds the API keys); returns the task's ``AsyncResult``.
     """
     captcha_id = result.get("captcha_id")
     if not captcha_id:
         raise errors.ValidationError("report() needs a solve result with a captcha_id")
-    return report_task.delay(str(captcha_id), bool(good))
+    provider = result.get("provider")
+    if provider is not None:
+        known = [p.name for p in app.runtime().settings.all_providers]
+        if provider not in known:
+            raise errors.ValidationError(
+                f"report(): the result names provider {provider!r}, which is not configured"
+                f" (configured: {', '.join(known)})"
+            )
+    return report_task.delay(str(captcha_id), bool(good), provider)
 
 
 @app.task(name=names.PREWARM, shared=False)
@@ -178,10 +225,16 @@ def prewarm(pool: str | None = None) -> dict[str, int]:
 
 
 @app.task(name=names.CHECK_THREADS, shared=False)
-def check_threads() -> dict[str, int] | None:
-    """Housekeeping: the provider's view of our threads (see ``housekeeping.check_threads``)."""
-    drift = housekeeping.check_threads(runner())
-    return None if drift is None else {"external": drift.now, "ours": drift.ours}
+def check_threads() -> dict[str, Any]:
+    """Housekeeping: every provider's balance and view of our threads (see
+    ``housekeeping.check_providers``)."""
+    return housekeeping.check_providers(runner())
+
+
+@app.task(name=names.PROBE, shared=False)
+def probe(provider: str) -> bool | None:
+    """Housekeeping: probe a provider out of rotation (see ``housekeeping.probe``)."""
+    return housekeeping.probe(runner(), provider)
 
 
 def create_pool(

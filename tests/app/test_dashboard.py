@@ -18,7 +18,7 @@ from captcha_tasks import solve
 from captcha_tasks.dev.devstack import CeleryProcess, wait_until
 from captcha_tasks.errors import FatalError
 from captcha_tasks.receiver.callbacks import Receiver
-from captcha_tasks.receiver.wsgi import PingbackServer
+from captcha_tasks.receiver.server import PingbackServer
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 from captcha_tasks.worker.tasks import create_pool, prewarm

@@ -25,6 +25,8 @@ from captcha_tasks.worker.tasks import create_pool, prewarm
 
 PAGE = "https://example.com/metrics"
 POOL = "metrics-pool"
+#: The primary's name (CAPTCHAAI_PROVIDER_NAME's default): every figure is labelled with it.
+PROVIDER = "captchaai"
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -43,8 +45,12 @@ def _scrape(url: str) -> Samples:
     return samples
 
 
+def _labels(**labels: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))
+
+
 def _value(samples: Samples, name: str, **labels: str) -> float:
-    return samples[(name, tuple(sorted(labels.items())))]
+    return samples[(name, _labels(**labels))]
 
 
 # -- figures from a working deployment -----------------------------------------------------
@@ -114,11 +120,11 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
     assert _value(samples, "captcha_tasks_pool_refills_in_flight", **pool) == 0
 
     code = failed.value.code
-    assert _value(samples, "captcha_tasks_api_errors_total", code=code) >= 1
+    assert _value(samples, "captcha_tasks_api_errors_total", code=code, provider=PROVIDER) >= 1
 
-    turnstile = {"method": "turnstile"}
+    turnstile = {"method": "turnstile", "provider": PROVIDER}
     polled = [
-        samples.get(("captcha_tasks_solved_total", (("method", "turnstile"), ("source", s))), 0)
+        samples.get(("captcha_tasks_solved_total", _labels(**turnstile, source=s)), 0)
         for s in ("poll", "bulk_poll")
     ]
     assert sum(polled) >= 3 + 1  # three solves and at least one pool refill, all polled
@@ -154,7 +160,9 @@ def test_pooled_solves_are_counted_with_source_pool(
         samples = _scrape(exporter.url)
     finally:
         exporter.stop()
-    counted = _value(samples, "captcha_tasks_solved_total", method="turnstile", source="pool")
+    counted = _value(
+        samples, "captcha_tasks_solved_total", method="turnstile", source="pool", provider=PROVIDER
+    )
     assert counted == pooled
 
 
@@ -261,3 +269,22 @@ def test_redis_down_is_a_503_with_the_reason_and_recovers(output_dir: Path) -> N
             assert "captcha_tasks_threads_in_use 0.0" in text
     finally:
         exporter.stop()
+
+
+def test_master_changes_and_reconnects_are_served(metrics_url: str, state: Any) -> None:
+    """What housekeeping counts of a master change, and what each process adds of its
+    reconnects, is served as the deployment's totals (the failover tests drive them for
+    real: tests/ha/test_failover_batch.py)."""
+    from captcha_tasks.connections import FailoverLog
+
+    before = _scrape(metrics_url)
+    state.failovers.note_master()
+    state.redis.set(state.keys.redis_master(), "a-master-that-is-gone")
+    assert state.failovers.note_master()
+    log, connection = FailoverLog(), type("Connection", (), {"_was_connected": True})()
+    log.connected(connection, "127.0.0.1", 1)
+    state.failovers.report("receiver", log)
+    after = _scrape(metrics_url)
+    changes = "captcha_tasks_redis_master_changes_total"
+    assert _value(after, changes) == _value(before, changes) + 1
+    assert _value(after, "captcha_tasks_redis_reconnects_total", process="receiver") == 1

@@ -78,7 +78,7 @@ def test_parse_reply_transient(body: str, status: int) -> None:
 
 CODES = [
     ("ERROR_NO_SLOT_AVAILABLE", errors.NoSlotError, errors.RetryableError),
-    ("ERROR_ZERO_BALANCE", errors.NoSlotError, errors.RetryableError),
+    ("ERROR_ZERO_BALANCE", errors.ZeroBalance, errors.FatalError),
     ("ERROR_SERVER_ERROR", errors.ServerError, errors.RetryableError),
     ("MAX_USER_TURN", errors.ServerError, errors.RetryableError),
     ("ERROR_CAPTCHA_UNSOLVABLE", errors.UnsolvableError, errors.ResubmitError),

@@ -84,3 +84,17 @@ def test_settings_with_callbacks_on() -> None:
     assert settings.pingback and settings.pingback_url == "https://hooks.example.com/cb"
     assert SECRET not in repr(settings)
     assert not Settings.from_env({}).pingback
+
+
+def test_a_ticket_names_its_provider_and_speaks_for_it_alone() -> None:
+    segment = pingback.ticket(SECRET, "solve-1", 0, "backup")
+    assert pingback.read_ticket(SECRET, segment) == pingback.Ticket("solve-1", 0, "backup")
+    # the same captcha id at another provider: the MAC covers the provider's name
+    moved = segment.replace(".backup.", ".other.")
+    with pytest.raises(pingback.BadMac):
+        pingback.read_ticket(SECRET, moved)
+    # the primary's tickets keep the shape of a deployment with one provider
+    primary = pingback.ticket(SECRET, "solve-1", 0)
+    assert primary.count(".") == 2
+    with pytest.raises(pingback.BadMac):
+        pingback.read_ticket(SECRET, primary.replace("solve-1.0.", "solve-1.0.backup.", 1))

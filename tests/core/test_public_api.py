@@ -183,6 +183,7 @@ def test_task_names() -> None:
         "captcha_tasks.prewarm",
         "captcha_tasks.report",
         "captcha_tasks.check_threads",
+        "captcha_tasks.probe",
     }
 
 

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+from ipaddress import ip_network
+from pathlib import Path
+
 import pytest
 
 from captcha_tasks.errors import ConfigurationError
-from captcha_tasks.settings import DEFAULT_BASE_URL, ENVIRONMENT_VARIABLES, Settings
+from captcha_tasks.settings import DEFAULT_BASE_URL, ENVIRONMENT_VARIABLES, Settings, mask_url
 
 
 def test_defaults() -> None:
@@ -43,6 +46,8 @@ def test_reads_environment() -> None:
         ("CAPTCHAAI_TOKEN_LIFETIMES", '{"turnstile": -5}'),
         ("CAPTCHAAI_VISIBILITY_TIMEOUT", "30"),  # not longer than the HTTP timeouts (35 s)
         ("CAPTCHAAI_QUEUE_PREFIX", "two words"),
+        ("CAPTCHAAI_PINGBACK_ALLOW", "10.0.0.0/33"),
+        ("CAPTCHAAI_PINGBACK_TRUSTED_PROXIES", "10.0.0.1, proxy.internal"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str) -> None:
@@ -78,3 +83,177 @@ def test_every_setting_documents_its_variable_default_and_meaning() -> None:
     for doc in docs:
         assert doc.meaning.strip(), doc.variable
         assert doc.default == getattr(defaults, doc.field), doc.variable
+
+
+# -- Redis behind Sentinel -----------------------------------------------------------------
+
+SENTINELS = "sentinel://:p%40ss@10.0.0.1:26379/2;sentinel://10.0.0.2:26380/2;sentinel://10.0.0.3"
+
+
+def test_a_sentinel_url_is_parsed_once_into_one_value(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    s = Settings.from_env(
+        {
+            "REDIS_URL": SENTINELS,
+            "REDIS_SENTINEL_MASTER": "main",
+            "REDIS_SENTINEL_PASSWORD": "sentinel-secret",
+            "REDIS_SENTINEL_TLS": "1",
+            "REDIS_SENTINEL_TLS_CA_FILE": str(ca),
+        }
+    )
+    where = s.redis_sentinel
+    assert where is not None and where is s.redis_sentinel  # parsed once
+    assert where.sentinels == (("10.0.0.1", 26379), ("10.0.0.2", 26380), ("10.0.0.3", 26379))
+    assert (where.master, where.db, where.password) == ("main", 2, "p@ss")
+    assert where.sentinel_password == "sentinel-secret"
+    assert (where.tls, where.tls_ca_file) == (True, str(ca))
+    shown = repr(s) + repr(where)
+    assert "p@ss" not in shown and "p%40ss" not in shown and "sentinel-secret" not in shown
+
+
+def test_a_plain_url_has_no_sentinels() -> None:
+    assert Settings.from_env({"REDIS_URL": "redis://h:6379/0"}).redis_sentinel is None
+
+
+def _sentinel_env(url: str, **extra: str) -> dict[str, str]:
+    return {"REDIS_URL": url, "REDIS_SENTINEL_MASTER": "m", **extra}
+
+
+@pytest.mark.parametrize(
+    ("env", "var"),
+    [
+        ({"REDIS_URL": "sentinel://h:26379"}, "REDIS_SENTINEL_MASTER"),
+        (_sentinel_env("sentinel://h", REDIS_SENTINEL_MASTER="a b"), "REDIS_SENTINEL_MASTER"),
+        ({"REDIS_SENTINEL_MASTER": "main"}, "REDIS_SENTINEL_MASTER"),
+        ({"REDIS_SENTINEL_PASSWORD": "x"}, "REDIS_SENTINEL_PASSWORD"),
+        ({"REDIS_SENTINEL_TLS": "1"}, "REDIS_SENTINEL_TLS"),
+        (_sentinel_env("sentinel://h;redis://h2:6379"), "REDIS_URL"),
+        (_sentinel_env("sentinel://:a@h1;sentinel://:b@h2"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h1/1;sentinel://h2/2"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h1/zero"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h1:port"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h1?ssl=1"), "REDIS_URL"),
+        (_sentinel_env("sentinel://user:pw@h1"), "REDIS_URL"),
+        (_sentinel_env("sentinel://"), "REDIS_URL"),
+        (_sentinel_env("sentinel://h", REDIS_SENTINEL_TLS="maybe"), "REDIS_SENTINEL_TLS"),
+        (
+            _sentinel_env("sentinel://h", REDIS_SENTINEL_TLS_CA_FILE="/etc/hosts"),
+            "REDIS_SENTINEL_TLS_CA_FILE",
+        ),
+        (
+            _sentinel_env(
+                "sentinel://h", REDIS_SENTINEL_TLS="1", REDIS_SENTINEL_TLS_CA_FILE="/no/ca.pem"
+            ),
+            "REDIS_SENTINEL_TLS_CA_FILE",
+        ),
+    ],
+)
+def test_a_bad_sentinel_combination_is_one_line_naming_the_variable(
+    env: dict[str, str], var: str
+) -> None:
+    assert var in ENVIRONMENT_VARIABLES
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env(env)
+    message = str(info.value)
+    assert message.split(":", 1)[1].split()[0] == var, message  # the variable comes first
+    assert "\n" not in message
+    assert "pw" not in message and ":a@" not in message  # no password echoed
+
+
+def test_mask_url_masks_every_sentinel_part() -> None:
+    masked = mask_url("sentinel://:one@h1:26379/0;sentinel://:one@h2:26379/0")
+    assert masked == "sentinel://:***@h1:26379/0;sentinel://:***@h2:26379/0"
+
+
+def test_pingback_networks() -> None:
+    s = Settings.from_env(
+        {
+            "CAPTCHAAI_PINGBACK_ALLOW": "203.0.113.0/24, 198.51.100.7 2001:db8::/32",
+            "CAPTCHAAI_PINGBACK_TRUSTED_PROXIES": "10.1.2.3/8",
+        }
+    )
+    assert s.pingback_allow == (
+        ip_network("203.0.113.0/24"),
+        ip_network("198.51.100.7/32"),
+        ip_network("2001:db8::/32"),
+    )
+    assert s.pingback_trusted_proxies == (ip_network("10.0.0.0/8"),)
+    assert Settings.from_env({}).pingback_allow == ()
+
+
+@pytest.mark.parametrize("var", ["CAPTCHAAI_PINGBACK_ALLOW", "CAPTCHAAI_PINGBACK_TRUSTED_PROXIES"])
+def test_a_bad_network_is_one_line_naming_it(var: str) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env({var: "203.0.113.0/24,203.0.113.300"})
+    message = str(info.value)
+    assert f"{var} has an invalid value: '203.0.113.300' is not an address" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigurationError, match=var):
+        Settings().replace(**{var.lower().removeprefix("captchaai_"): ("10.0.0.0/8",)})
+
+
+def providers_env(entries: str, **more: str) -> dict[str, str]:
+    return {"CAPTCHAAI_PROVIDERS": entries, "BACKUP_KEY": "backup-secret", **more}
+
+
+BACKUP = (
+    '{"name": "backup", "base_url": "https://b.example/", "key_env": "BACKUP_KEY", "threads": 7'
+)
+
+
+def test_further_providers_read_their_key_from_the_variable_they_name() -> None:
+    s = Settings.from_env(
+        providers_env(f'[{BACKUP}, "methods": ["turnstile"], "role": "overflow"}}]')
+    )
+    primary, backup = s.all_providers
+    assert (primary.name, primary.role, primary.kind) == ("captchaai", "primary", "captchaai")
+    assert (backup.name, backup.role, backup.kind, backup.threads) == (
+        "backup",
+        "overflow",
+        "2captcha",
+        7,
+    )
+    assert backup.base_url == "https://b.example" and backup.api_key == "backup-secret"
+    assert backup.supports("turnstile") and not backup.supports("userrecaptcha")
+    assert "backup-secret" not in repr(s) and "backup-secret" not in repr(backup)
+
+
+def test_budgets_belong_to_the_kind_and_can_be_overridden() -> None:
+    s = Settings.from_env(providers_env(f'[{BACKUP}, "submit_rate": null, "res_base": 50}}]'))
+    primary, backup = s.all_providers
+    assert primary.budgets.submit_rate is None  # CaptchaAI sells threads: no in.php cap
+    assert primary.budgets.res_per_captcha is None
+    assert backup.budgets.submit_rate is None and backup.budgets.res_base == 50
+    assert backup.budgets.no_slot_ratio == 3.0 and backup.budgets.res_per_captcha == 20
+    twocaptcha = Settings.from_env({"CAPTCHAAI_PROVIDER_KIND": "2captcha"}).primary
+    assert twocaptcha.budgets.submit_rate == 60
+    assert Settings.from_env({"CAPTCHAAI_SUBMIT_RATE": "120"}).primary.budgets.submit_rate == 120
+    assert (
+        Settings.from_env({"CAPTCHAAI_BUDGETS": '{"submit_rate": 5}'}).primary.budgets.submit_rate
+        == 5
+    )
+
+
+@pytest.mark.parametrize(
+    ("entries", "says"),
+    [
+        ("{}", "must be a JSON list"),
+        (f'[{BACKUP}, "colour": "red"}}]', "unknown field 'colour'"),
+        (f"[{BACKUP}}}, {BACKUP}}}]", "provider name 'backup' is used twice"),
+        (f'[{BACKUP}, "methods": ["turnstyle"]}}]', "unknown method 'turnstyle'"),
+        ("[" + BACKUP.replace('"backup"', '"captchaai"') + "}]", "the primary's name"),
+        (f'[{BACKUP}, "threads": 0}}]', "threads must be a whole number >= 1"),
+        (f'[{BACKUP}, "kind": "anticaptcha"}}]', "kind must be one of"),
+        (f'[{BACKUP}, "submit_rate": "fast"}}]', "submit_rate must be a number"),
+        ("[" + BACKUP.replace("https://b.example/", "ftp://b") + "}]", "base_url must be"),
+    ],
+)
+def test_a_bad_provider_list_is_one_line_naming_the_entry_and_field(
+    entries: str, says: str
+) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env(providers_env(entries))
+    assert info.value.message.startswith("CAPTCHAAI_PROVIDERS")
+    assert says in info.value.message
+    assert "\n" not in info.value.message and "backup-secret" not in info.value.message

@@ -13,13 +13,15 @@ from typing import Any
 
 import click
 import pytest
+import redis
 import yaml
 from celery.bin.base import CLIContext
 from celery.bin.celery import celery as celery_group
 
 import captcha_tasks
 from captcha_tasks.cli import cli
-from captcha_tasks.settings import ENVIRONMENT_VARIABLES
+from captcha_tasks.dev.devstack import RedisServer, find_redis_server, free_port, wait_until
+from captcha_tasks.settings import ENVIRONMENT_VARIABLES, PROVIDER_KEY_SLOTS, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
@@ -35,18 +37,28 @@ FOREIGN_VARIABLES = {
     "REDISCLI_AUTH",
     "GRAFANA_ADMIN_PASSWORD",
 }
-KNOWN_VARIABLES = ENVIRONMENT_VARIABLES | FOREIGN_VARIABLES
+KNOWN_VARIABLES = ENVIRONMENT_VARIABLES | FOREIGN_VARIABLES | set(PROVIDER_KEY_SLOTS)
 #: Settings that are not the workers' business.
-NOT_FOR_WORKERS = {"CAPTCHAAI_FLOWER_NO_AUTH"}
+NOT_FOR_WORKERS = {
+    "CAPTCHAAI_FLOWER_NO_AUTH",
+    # the receiver's alone
+    "CAPTCHAAI_PINGBACK_TRUSTED_PROXIES",
+    "CAPTCHAAI_PINGBACK_ALLOW",
+}
 SECRETS = (
     "REDIS_PASSWORD",
+    "REDIS_SENTINEL_PASSWORD",
     "CAPTCHAAI_API_KEY",
+    *PROVIDER_KEY_SLOTS,
     "FLOWER_BASIC_AUTH",
     "CAPTCHAAI_PINGBACK_SECRET",
     "GRAFANA_ADMIN_PASSWORD",
 )
+#: The `ha` profile: a replica of `redis` and three sentinels watching it.
+SENTINELS = ("sentinel-1", "sentinel-2", "sentinel-3")
+HA = ("redis-replica", *SENTINELS)
 #: Services that run another project's image.
-THIRD_PARTY = {"redis", "kafka", "prometheus", "grafana"}
+THIRD_PARTY = {"redis", "kafka", "prometheus", "grafana", *HA}
 #: Third-party services configured through their image's own variables, by prefix.
 OWN_VARIABLES = {"kafka": "KAFKA_", "grafana": "GF_"}
 APP_SERVICES = sorted(name for name in SERVICES if name not in THIRD_PARTY)
@@ -228,8 +240,9 @@ def test_redis_is_durable_bounded_and_protected() -> None:
     assert options["--requirepass"].startswith("${REDIS_PASSWORD:?")
     assert any(v.endswith(":/data") for v in SERVICES["redis"]["volumes"])
     redis_url = SERVICES["worker"]["environment"]["REDIS_URL"]
-    assert redis_url.startswith("redis://:${REDIS_PASSWORD:?") and redis_url.endswith(
-        "@redis:6379/0"
+    # The bundled Redis unless .env names another (the `ha` profile's sentinels).
+    assert redis_url.startswith("${REDIS_URL:-redis://:${REDIS_PASSWORD:?") and redis_url.endswith(
+        "@redis:6379/0}"
     )
 
 
@@ -251,6 +264,7 @@ def test_optional_services_sit_behind_profiles() -> None:
         "pingback": ["pingback"],
         "prometheus": ["monitoring"],
         "grafana": ["monitoring"],
+        **{name: ["ha"] for name in HA},
     }
 
 
@@ -296,3 +310,120 @@ def test_grafana_refuses_to_start_without_an_admin_password() -> None:
     assert refused.returncode != 0
     assert "GRAFANA_ADMIN_PASSWORD" in refused.stderr
     assert _grafana_guard("s3cret-from-env").returncode == 0
+
+
+# -- the `ha` profile ----------------------------------------------------------------------
+
+
+def test_every_service_that_reaches_redis_gets_the_sentinel_settings() -> None:
+    wanted = {
+        "REDIS_URL",
+        "REDIS_SENTINEL_MASTER",
+        "REDIS_SENTINEL_PASSWORD",
+        "REDIS_SENTINEL_TLS",
+        "REDIS_SENTINEL_TLS_CA_FILE",
+    }
+    for name in APP_SERVICES:
+        if name == "sandbox":
+            continue  # talks to no Redis
+        missing = wanted - set(SERVICES[name]["environment"])
+        assert not missing, f"{name} does not receive {missing}"
+
+
+def test_the_replica_follows_redis_and_both_can_swap_roles() -> None:
+    for name, announced in (("redis", "redis"), ("redis-replica", "redis-replica")):
+        argv = _command(name)
+        options = {word: argv[i + 1] for i, word in enumerate(argv[:-1]) if word[:2] == "--"}
+        assert options["--masterauth"].startswith("${REDIS_PASSWORD:?"), name
+        assert options["--requirepass"] == options["--masterauth"], name
+        assert options["--replica-announce-ip"] == announced, name  # a name, not an address
+        assert options["--appendonly"] == "yes", name
+    replica = _command("redis-replica")
+    assert replica[replica.index("--replicaof") + 1 : replica.index("--replicaof") + 3] == [
+        "redis",
+        "6379",
+    ]
+    assert any(v.endswith(":/data") for v in SERVICES["redis-replica"]["volumes"])
+
+
+def _sentinel_script(service: str = "sentinel-1") -> str:
+    entrypoint = SERVICES[service]["entrypoint"]
+    assert entrypoint[:2] == ["/bin/sh", "-c"]
+    return str(entrypoint[2]).replace("$$", "$")  # compose's escape for a literal dollar
+
+
+def _run_sentinel_script(data: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """The sentinels' entry point writing its config under ``data``, with the server's
+    start replaced by ``true``."""
+    script = _sentinel_script().replace("/data/", f"{data}/")
+    assert 'exec redis-server "$conf" --sentinel' in script
+    script = script.replace('exec redis-server "$conf" --sentinel', "exec true")
+    done = subprocess.run(
+        ["/bin/sh", "-c", script],
+        env={"PATH": os.environ["PATH"], **env},
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    return done, data / "sentinel.conf"
+
+
+def test_sentinels_refuse_to_start_without_their_password(tmp_path: Path) -> None:
+    assert all(SERVICES[name]["entrypoint"] == SERVICES["sentinel-1"]["entrypoint"]
+               for name in SENTINELS)  # fmt: skip
+    refused, conf = _run_sentinel_script(tmp_path, REDIS_PASSWORD="p")
+    assert refused.returncode != 0
+    assert "REDIS_SENTINEL_PASSWORD" in refused.stderr
+    assert not conf.exists()
+
+
+def test_the_sentinels_config_runs_a_real_sentinel_watching_the_master(tmp_path: Path) -> None:
+    """The config the `ha` sentinels write, with `redis` and the ports moved to loopback,
+    run by a real sentinel: it authenticates to the master, and wants its password."""
+    password, sentinel_password = "redis-" + os.urandom(4).hex(), "sent-" + os.urandom(4).hex()
+    done, conf = _run_sentinel_script(
+        tmp_path, REDIS_PASSWORD=password, REDIS_SENTINEL_PASSWORD=sentinel_password
+    )
+    assert done.returncode == 0, done.stderr
+    text = conf.read_text()
+    assert "sentinel monitor captcha-tasks redis 6379 2" in text
+    with RedisServer(log_dir=tmp_path, password=password) as master:
+        master.start()
+        port = free_port()
+        conf.write_text(
+            text.replace("redis 6379", f"127.0.0.1 {master.port}").replace(
+                "port 26379", f"port {port}\nbind 127.0.0.1\ndir {tmp_path}"
+            )
+        )
+        sentinel = subprocess.Popen(
+            [find_redis_server(), str(conf), "--sentinel"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            client = redis.Redis(port=port, password=sentinel_password, decode_responses=True)
+
+            def watching() -> bool:
+                try:
+                    state = client.sentinel_master("captcha-tasks")
+                except redis.RedisError:
+                    return False
+                return isinstance(state, dict) and state["flags"] == "master"  # no s_down
+
+            wait_until(watching, 15, what="the sentinel watching the master")
+            with pytest.raises(redis.AuthenticationError):
+                redis.Redis(port=port).sentinel_masters()
+        finally:
+            sentinel.kill()
+            sentinel.wait(10)
+
+
+def test_the_env_example_sentinel_url_names_the_ha_sentinels() -> None:
+    [line] = [line for line in ENV_EXAMPLE_LINES if line.startswith("# REDIS_URL=sentinel://")]
+    url = line.removeprefix("# REDIS_URL=").replace("${REDIS_PASSWORD}", "secret")
+    settings = Settings(redis_url=url, redis_sentinel_master="captcha-tasks")
+    assert settings.redis_sentinel is not None
+    assert settings.redis_sentinel.sentinels == tuple((name, 26379) for name in SENTINELS)
+    assert settings.redis_sentinel.password == "secret"
+    assert "captcha-tasks" in _sentinel_script()  # the name the sentinels watch by default

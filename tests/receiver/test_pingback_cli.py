@@ -87,3 +87,24 @@ def test_the_server_judges_callbacks() -> None:
         proc.terminate()
         proc.wait(timeout=10)
     assert proc.returncode == 0
+
+
+def test_the_server_refuses_a_bad_network_in_one_line() -> None:
+    done = cli(
+        "pingback-server",
+        "--port",
+        str(free_port()),
+        env={"CAPTCHAAI_PINGBACK_SECRET": SECRET, "CAPTCHAAI_PINGBACK_ALLOW": "203.0.113.0/33"},
+    )
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1
+    assert "CAPTCHAAI_PINGBACK_ALLOW" in lines[0] and "'203.0.113.0/33'" in lines[0]
+
+
+def test_the_server_refuses_a_limit_below_one() -> None:
+    done = cli(
+        "pingback-server", "--max-per-address", "0", env={"CAPTCHAAI_PINGBACK_SECRET": SECRET}
+    )
+    assert done.returncode == 2
+    assert "--max-per-address" in done.stderr

@@ -1,4 +1,4 @@
-"""Provider callbacks end to end: the sandbox calls back the receiver (a real cheroot
+"""Provider callbacks end to end: the sandbox calls back the receiver (a real asyncio
 server in this process) for captchas a real worker submitted with ``pingback=``."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from captcha_tasks import errors, pingback, solve
 from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.metrics import StoreCollector
 from captcha_tasks.receiver.callbacks import STRIKES_BURST, Receiver
-from captcha_tasks.receiver.wsgi import PingbackServer
+from captcha_tasks.receiver.server import PingbackServer
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 

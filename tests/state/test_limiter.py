@@ -21,8 +21,9 @@ from captcha_tasks.state.board import Again, Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.limiter import Handout, LimiterConfig, ThreadLimiter
 
-#: The solve queue a sweep looks at (empty in these tests unless a test fills it).
+#: The solve and submit queues a sweep looks at (empty unless a test fills them).
 QUEUE = "t-limiter-solve-queue"
+SUBMIT_QUEUE = "t-limiter-submit-queue"
 
 
 def make(redis_conn: Any, keys: Keys, **overrides: Any) -> ThreadLimiter:
@@ -183,7 +184,28 @@ def test_submit_rate_window(redis_conn: Any, keys: Keys) -> None:
         lim.admit(f"s{i}", job_of(f"s{i}", i), attempt=0, deadline_in_s=60) for i in range(6)
     ]
     assert [a.status for a in statuses[:5]] == ["go"] * 5
-    assert statuses[5].status == "wait" and 0 < statuses[5].wait_s <= 3.0
+    assert statuses[5].status == "deferred" and 0 < statuses[5].wait_s <= 3.0
+    assert statuses[5].budget == "submit_rate" and statuses[5].warn
+    assert lim.budget_waits() == {"submit_rate": 1}
+
+
+def test_a_deferred_submit_is_handed_out_when_the_budget_lets_it_go(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, capacity=10, in_per_window=2, in_window_s=0.3)
+    statuses = [admit(lim, f"s{i}", i) for i in range(5)]
+    assert statuses == ["go", "go", "deferred", "deferred", "deferred"]
+    assert lim.deferred_count() == 3 and lim.in_use() == 2  # they wait without a thread
+    # nothing is handed out before the window frees; then as many as it lets go
+    assert sweep_now(lim, redis_conn).handout.given == []
+    start = server_ms(redis_conn)
+    wait_until(lambda: server_ms(redis_conn) > start + 700, 3, what="the window to pass")
+    given = sweep_now(lim, redis_conn).handout.given
+    assert [p.lease_id for p in given] == ["s2", "s3"]
+    assert given[0].job == job_of("s2", 2)
+    # their requests were counted at the handout: their messages go without waiting again
+    assert [admit(lim, p.lease_id) for p in given] == ["go", "go"]
+    assert admit(lim, "s9") == "deferred"  # while a newcomer waits its turn
 
 
 def test_poll_budget_grows_with_captchas(redis_conn: Any, keys: Keys) -> None:
@@ -242,15 +264,18 @@ def test_a_finished_solve_is_never_admitted_again(redis_conn: Any, keys: Keys) -
     assert lim.in_use() == 0
 
 
-def test_admission_waits_for_the_in_php_budget_holding_the_slot(
-    redis_conn: Any, keys: Keys
-) -> None:
-    lim = make(redis_conn, keys, capacity=3, reserve=0, in_per_window=1, in_window_s=3.0)
-    assert admit(lim, "s1", 1) == "go"
-    waited = lim.admit("s2", job_of("s2", 2), attempt=0, deadline_in_s=60)
-    assert waited.status == "wait" and 0 < waited.wait_s <= 3.0
-    assert lim.in_use() == 2
-    assert not redis_conn.exists(keys.submit_claim("s2"))
+def test_admission_waits_for_the_in_php_budget_without_a_slot(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, in_per_window=1, in_window_s=3.0)
+    assert admit(lim, "s1", 1) == "go"  # the window's one request
+    assert admit(lim, "p", 2) == "parked"
+    assert [g.lease_id for g in finish(lim, "s1").given] == ["p"]  # p holds the thread now
+    assert admit(lim, "x", 3) == "parked"
+    waited = lim.admit("p", job_of("p", 2), attempt=0, deadline_in_s=60)
+    assert waited.status == "deferred" and 0 < waited.wait_s <= 3.0
+    # it waits for the budget without a thread: the parked one gets it
+    assert [g.lease_id for g in waited.handout.given] == ["x"]
+    assert lim.in_use() == 1 and lim.deferred_count() == 1
+    assert not redis_conn.exists(keys.submit_claim("p"))
 
 
 def test_a_cancelled_batch_gives_its_slot_back(redis_conn: Any, keys: Keys) -> None:
@@ -277,7 +302,7 @@ def test_a_parked_submit_is_parked_once(redis_conn: Any, keys: Keys) -> None:
 def sweep_now(lim: ThreadLimiter, redis_conn: Any) -> Any:
     """One sweep, whoever swept last (the lock only spaces sweeps of many workers)."""
     redis_conn.delete(lim.keys.housekeeping_lock())
-    swept = lim.sweep(tick_s=5, solve_queue=QUEUE)
+    swept = lim.sweep(tick_s=5, solve_queue=QUEUE, submit_queue=SUBMIT_QUEUE)
     assert swept is not None
     return swept
 
@@ -300,6 +325,24 @@ def test_a_handed_out_submit_whose_message_is_lost_is_handed_out_again(
     # once its message starts, it is not owed any more
     assert admit(lim, "p1", 1) == "go"
     assert redis_conn.zcard(keys.dispatch()) == 0
+
+
+def test_an_owed_submit_behind_a_backed_up_queue_is_only_waiting(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, dispatch_grace_s=0.1)
+    assert admit(lim, "a") == "go"
+    assert admit(lim, "p1", 1) == "parked"
+    finish(lim, "a")
+    redis_conn.rpush(SUBMIT_QUEUE, "messages ahead of it")
+    try:
+        start = server_ms(redis_conn)
+        wait_until(lambda: server_ms(redis_conn) > start + 150, 2, what="the grace period")
+        assert sweep_now(lim, redis_conn).lost == []  # it waits its turn: no second copy
+        wait_until(lambda: server_ms(redis_conn) > start + 1050, 3, what="ten grace periods")
+        assert [p.lease_id for p in sweep_now(lim, redis_conn).lost] == ["p1"]
+    finally:
+        redis_conn.delete(SUBMIT_QUEUE)
 
 
 def test_the_sweep_reclaims_leases_and_hands_out_without_beat(redis_conn: Any, keys: Keys) -> None:
@@ -371,3 +414,86 @@ def test_the_providers_view_expires_with_its_hold(redis_conn: Any, keys: Keys) -
     wait_until(lambda: lim.external() == 0, 2, what="the view to expire")
     statuses = [admit(lim, f"s{i}", i) for i in range(4)]
     assert statuses == ["go"] * 4
+
+
+# -- several providers ---------------------------------------------------------------------
+
+
+def test_each_provider_has_its_own_threads_and_budgets(redis_conn: Any, keys: Keys) -> None:
+    main = make(redis_conn, keys, capacity=1, reserve=0, in_per_window=1)
+    backup = ThreadLimiter(
+        Db(redis_conn, keys.scoped("backup")),
+        LimiterConfig(capacity=1, reserve=0, lease_s=30.0, in_per_window=1),
+        "backup",
+    )
+    assert admit(main, "a") == "go"
+    assert admit(main, "b") == "parked"  # the primary's one thread is taken ...
+    assert admit(backup, "c") == "go"  # ... the backup's is not, nor its in.php budget
+    assert (main.in_use(), backup.in_use()) == (1, 1)
+    assert keys.scoped("backup").slots() != keys.slots()
+
+
+def test_a_provider_out_of_rotation_admits_nothing(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=2, reserve=0)
+    assert admit(lim, "a", message_id="m1") == "go"
+    redis_conn.hset(keys.circuit(lim.provider), "state", "open")
+    # its message again (its in.php failed): its slot there is given up, it goes elsewhere
+    assert admit(lim, "a", message_id="m1", redelivered=True) == "down"
+    assert admit(lim, "b") == "down"
+    assert lim.in_use() == 0 and lim.parked_count() == 0
+
+
+def test_a_provider_out_of_rotation_hands_its_waiting_submits_on(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, in_per_window=1, in_window_s=30)
+    assert admit(lim, "a") == "go"
+    assert admit(lim, "b") == "parked"
+    lim.defer("a", job_of("a", 0), at_in_s=60, deadline_in_s=60, unclaim=True)
+    moved = lim.evacuate()
+    assert sorted(p.lease_id for p in moved) == ["a", "b"]
+    assert lim.parked_count() == 0 and lim.deferred_count() == 0 and lim.in_use() == 0
+    # owed a message each, until it starts (elsewhere)
+    assert redis_conn.zcard(keys.dispatch()) == 2
+
+
+def test_a_solve_moving_on_frees_its_slot_for_the_next(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    assert admit(lim, "a") == "go"
+    assert admit(lim, "b") == "parked"
+    handout = lim.release("a")
+    assert [p.lease_id for p in handout.given] == ["b"]
+    assert lim.in_use() == 1
+
+
+def test_a_queue_past_its_limit_turns_the_submit_away(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    assert admit(lim, "a") == "go"
+    assert admit(lim, "b", park_limit=1) == "parked"
+    assert admit(lim, "c", park_limit=1) == "full"  # an overflow provider takes it instead
+    assert lim.parked_count() == 1
+    assert admit(lim, "c") == "parked"  # without a limit (no overflow free) it waits here
+
+
+def test_a_back_off_waits_in_redis_not_in_a_message(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=2, reserve=0)
+    assert admit(lim, "a") == "go"
+    lim.defer("a", job_of("a", 0), at_in_s=0.3, deadline_in_s=60, unclaim=True)
+    assert not redis_conn.exists(keys.submit_claim("a"))
+    assert lim.in_use() == 1 and lim.deferred_count() == 1  # it keeps its thread
+    assert sweep_now(lim, redis_conn).handout.given == []
+    start = server_ms(redis_conn)
+    wait_until(lambda: server_ms(redis_conn) > start + 350, 2, what="its time")
+    given = sweep_now(lim, redis_conn).handout.given
+    assert [p.lease_id for p in given] == ["a"] and given[0].job == job_of("a", 0)
+    assert admit(lim, "a") == "go"
+
+
+def test_no_slot_answers_past_their_budget_hold_submits_back(redis_conn: Any, keys: Keys) -> None:
+    lim = make(redis_conn, keys, capacity=50, reserve=0, no_slot_ratio=0.5)
+    for i in range(5):  # 5 captchas submitted, then NO_SLOT answers pile up
+        assert admit(lim, f"s{i}") == "go"
+    for _ in range(5):
+        lim.count_no_slot()
+    waited = lim.admit("t", job_of("t", 0), attempt=0, deadline_in_s=60)
+    assert (waited.status, waited.budget) == ("deferred", "no_slot")

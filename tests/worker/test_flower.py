@@ -5,8 +5,10 @@ failed instead on CI)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,9 +17,14 @@ import pytest
 import requests
 from browser import chromium
 
-from captcha_tasks.dev.devstack import CeleryProcess, free_port, wait_until
+from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.worker.app import app
-from captcha_tasks.worker.flower_auth import EXIT_CONFIG, NO_AUTH_MESSAGE, auth_problem
+from captcha_tasks.worker.flower_auth import (
+    EXIT_CONFIG,
+    EXIT_GRACE_S,
+    NO_AUTH_MESSAGE,
+    auth_problem,
+)
 
 USER, PASSWORD = "ops", "flower-" + os.urandom(4).hex()
 PROXY_PASSWORD = "SECRETPW" + os.urandom(3).hex()
@@ -154,6 +161,32 @@ def test_credentials_are_required_but_metrics_stay_open(output_dir: Path) -> Non
             assert name in flower.log_text()  # the "Registered tasks" banner
 
 
+#: How often Flower asks the workers to send events (flower.events.Events, not a setting).
+FLOWER_EVENTS_EVERY_S = 5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_flower_stops_when_told_even_with_redis_down(output_dir: Path, sig: int) -> None:
+    redis_server = RedisServer(log_dir=output_dir).start()
+    env = _flower_env(FLOWER_BASIC_AUTH=f"{USER}:{PASSWORD}", REDIS_URL=redis_server.url)
+    flower = FlowerProcess(env, output_dir).start()
+    try:
+        redis_server.stop()
+        wait_until(lambda: "Failed to capture events" in flower.log_text(), 30, what="retries")
+        # An outage of a chosen length, not a synchronisation: every 5 s Flower asks the
+        # workers to send events, and that call now waits for the broker in one of its
+        # threads (the one that used to keep the process alive after the signal).
+        time.sleep(FLOWER_EVENTS_EVERY_S + 1)
+        assert flower.proc is not None
+        flower.proc.send_signal(sig)
+        flower.proc.wait(timeout=EXIT_GRACE_S + 2)  # not the minutes of a broker retry
+        assert flower.proc.returncode == 0
+    finally:
+        flower.stop()
+        redis_server.stop()
+
+
 # -- the task list in a real browser -------------------------------------------------------
 
 
@@ -276,3 +309,29 @@ def test_flower_lists_solved_task_without_secrets(
     for page, html in pages.items():
         assert api_key not in html, f"the API key is on Flower's {page} page"
         assert PROXY_PASSWORD not in html, f"the proxy password is on Flower's {page} page"
+
+
+@pytest.mark.slow
+def test_flower_shows_where_a_solve_is(
+    flower: FlowerProcess, sandbox: Any, clean_state: None
+) -> None:
+    """While in flight, a solve's state in Flower says where it is: PARKED while it waits
+    for a thread, SUBMITTED (with its captcha id) at the provider, then SUCCESS."""
+    from captcha_tasks import solve
+
+    sandbox.configure(solve_time=2.0, jitter=0.0)
+    _prime_events(flower)
+    _hold_every_thread_briefly()
+    result = solve.delay(method="turnstile", sitekey="0x4AAAAAAAwhere", pageurl=PAGE)
+    seen: list[str] = []
+
+    def state() -> str | None:
+        found = flower.api_tasks().get(result.id, {})
+        if found.get("state") and (not seen or seen[-1] != found["state"]):
+            seen.append(found["state"])
+        return found.get("state")
+
+    wait_until(lambda: state() == "SUCCESS", 60, interval=0.2, what="the solve in Flower")
+    assert "PARKED" in seen and "SUBMITTED" in seen, seen
+    assert seen.index("PARKED") < seen.index("SUBMITTED") < seen.index("SUCCESS"), seen
+    assert result.get(timeout=10)["status"] == "solved"

@@ -50,6 +50,7 @@ BAD = [
     ("CAPTCHAAI_POLL_INTERVAL", "soon"),
     ("REDIS_URL", "http://localhost:6379"),
     ("CAPTCHAAI_POOLS", "[{"),
+    ("REDIS_SENTINEL_MASTER", "main"),  # read only with a sentinel:// REDIS_URL
 ]
 
 
@@ -113,3 +114,43 @@ def test_an_unreachable_api_does_not_keep_a_worker_from_starting(tmp_path: Any) 
                        env=env, capture_output=True, timeout=12)  # fmt: skip
     logged = running.value.stderr or b""
     assert b" ready." in (logged if isinstance(logged, bytes) else logged.encode()), logged
+
+
+PROVIDER = (
+    '{"name": "backup", "base_url": "http://127.0.0.1:9", "key_env": "BACKUP_KEY", "threads": 5}'
+)
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        (f'[{PROVIDER[:-1]}, "colour": "red"}}]', "unknown field 'colour'"),
+        (f"[{PROVIDER}, {PROVIDER}]", "provider name 'backup' is used twice"),
+        (f'[{PROVIDER[:-1]}, "methods": ["turnstyle"]}}]', "unknown method 'turnstyle'"),
+        (f'[{PROVIDER[:-1]}, "role": "primary"}}]', 'role must be "fallback" or "overflow"'),
+    ],
+)
+def test_a_bad_provider_list_stops_every_process_in_one_line(value: str, says: str) -> None:
+    for role in ("worker", "beat"):
+        done = celery(*ROLES[role], env=without(CAPTCHAAI_PROVIDERS=value, BACKUP_KEY="k"))
+        assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+        [line] = output_lines(done)
+        assert line.startswith(f"celery {role}: ConfigurationError: CAPTCHAAI_PROVIDERS")
+        assert says in line
+
+
+def test_a_worker_without_a_providers_key_refuses_to_start() -> None:
+    done = celery(*ROLES["worker"], env=without("BACKUP_KEY", CAPTCHAAI_PROVIDERS=f"[{PROVIDER}]"))
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    [line] = output_lines(done)
+    assert "provider 'backup' reads its key from BACKUP_KEY, which is not set" in line
+
+
+def test_a_worker_whose_second_provider_refuses_its_key_refuses_to_start(sandbox: Any) -> None:
+    entry = PROVIDER.replace("http://127.0.0.1:9", sandbox.url)
+    env = without(CAPTCHAAI_PROVIDERS=f"[{entry}]", BACKUP_KEY="not-that-providers-key")
+    done = celery(*ROLES["worker"], env=env)
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    [line] = output_lines(done)
+    assert "provider 'backup' refuses the key in BACKUP_KEY (ERROR_WRONG_USER_KEY)" in line
+    assert "not-that-providers-key" not in line

@@ -13,6 +13,8 @@ from captcha_tasks import errors
 from captcha_tasks.client import NOT_READY, Answer
 from captcha_tasks.methods import build_request
 from captcha_tasks.outcome import parse_iso
+from captcha_tasks.providers import ProviderSpec
+from captcha_tasks.state.circuits import Circuit
 from captcha_tasks.state.limiter import Admission
 from captcha_tasks.state.timing import Timing
 from captcha_tasks.worker import steps
@@ -81,15 +83,14 @@ def test_a_submit_past_the_deadline_fails() -> None:
         (Admission("parked"), Stop("parked")),
         (Admission("cancelled"), Stop("cancelled")),
         (Admission("done"), Stop("done")),
+        (Admission("deferred", 1.5), Stop("deferred")),
     ],
 )
 def test_admission_decisions(admission: Admission, expected: object) -> None:
     assert steps.on_admission(job(), admission, T0) == expected
 
 
-def test_a_spent_submit_budget_or_a_busy_claim_means_later() -> None:
-    waited = steps.on_admission(job(), Admission("wait", 1.5), T0)
-    assert waited == SubmitAt(T0 + 1.5, job())
+def test_a_busy_claim_means_later() -> None:
     busy = steps.on_admission(job(), Admission("busy", 40.0), T0)
     assert isinstance(busy, SubmitAt) and busy.at == T0 + 40 and busy.keep_claim
 
@@ -350,3 +351,95 @@ def test_a_late_fallback_poll_teaches_no_solve_time() -> None:
         polled.job, Answer("0.tok"), polled.at, 0, polled.at + 1, COLD, CALLBACKS, BULK
     )
     assert isinstance(again, Deliver) and again.solve_time_s == pytest.approx(polled.at + 0.5 - T0)
+
+
+# -- providers -----------------------------------------------------------------------------
+
+PRIMARY = ProviderSpec("main", "http://main", "k1", 10)
+BACKUP = ProviderSpec("backup", "http://backup", "k2", 5, role="fallback", kind="2captcha")
+SPILL = ProviderSpec("spill", "http://spill", "k3", 5, role="overflow")
+IMAGES = ProviderSpec("images", "http://images", "k4", 5, "fallback", methods=frozenset({"base64"}))
+PROVIDERS = (PRIMARY, IMAGES, BACKUP, SPILL)
+
+
+def circuits(**down: tuple[str, str]) -> dict[str, Circuit]:
+    """Every provider's circuit; ``down``: name -> (why, code) of the open ones."""
+    found = {p.name: Circuit(p.name) for p in PROVIDERS}
+    for name, (why, code) in down.items():
+        found[name] = Circuit(name, open=True, why=why, code=code, probe_at=T0 + 4)
+    return found
+
+
+def test_a_captcha_goes_to_the_primary_while_it_is_in_rotation() -> None:
+    assert steps.route(job(), PROVIDERS, circuits(), T0) == steps.Route("main", ("spill",))
+
+
+def test_then_to_the_first_fallback_that_takes_its_method() -> None:
+    down = circuits(main=("soft", "ERROR_TRANSPORT"))
+    assert steps.route(job(), PROVIDERS, down, T0) == steps.Route("backup", ("spill",))
+    image = job("base64", body=png_b64())
+    assert steps.route(image, PROVIDERS, down, T0).home == "images"  # type: ignore[union-attr]
+
+
+def test_an_overflow_provider_is_home_when_nothing_else_is_in_rotation() -> None:
+    down = circuits(main=("balance", "ERROR_ZERO_BALANCE"), backup=("key", "ERROR_WRONG_USER_KEY"))
+    assert steps.route(job(), PROVIDERS, down, T0) == steps.Route("spill", ())
+
+
+def test_with_every_provider_empty_the_caller_hears_it_at_once() -> None:
+    empty = ("balance", "ERROR_ZERO_BALANCE")
+    decision = steps.route(job(), PROVIDERS, circuits(main=empty, backup=empty, spill=empty), T0)
+    assert isinstance(decision, Fail)
+    assert isinstance(decision.error, errors.ZeroBalance)
+    assert "main: ERROR_ZERO_BALANCE" in decision.error.message
+
+
+def test_with_one_that_may_come_back_the_submit_waits_for_its_probe() -> None:
+    empty = ("balance", "ERROR_ZERO_BALANCE")
+    silent = ("soft", "ERROR_TRANSPORT")
+    decision = steps.route(job(), PROVIDERS, circuits(main=silent, backup=empty, spill=empty), T0)
+    assert isinstance(decision, SubmitAt) and decision.at == T0 + 4 + 0.5
+    assert isinstance(decision.error, errors.ProviderDown)
+    late = dataclasses.replace(job(), deadline=T0 + 2)
+    assert isinstance(
+        steps.route(late, PROVIDERS, circuits(main=silent, backup=empty, spill=empty), T0), Fail
+    )
+
+
+def test_a_captcha_at_a_provider_gone_out_of_rotation_is_moved_not_counted() -> None:
+    at = dataclasses.replace(submitted(), provider="main", resubmits=1)
+    decision = steps.on_provider_down(at, T0 + 3)
+    assert isinstance(decision, Resubmit) and decision.reason == "provider_down"
+    assert decision.job.attempt == at.attempt + 1 and decision.job.resubmits == 1
+    assert decision.job.captcha_id is None
+    over = steps.on_provider_down(at, at.deadline)
+    assert isinstance(over, Fail) and isinstance(over.error, errors.SolveTimeout)
+
+
+def test_a_failed_submit_at_a_provider_out_of_rotation_goes_elsewhere_at_once() -> None:
+    refused = errors.TransportError("in.php: ConnectionRefused")
+    decision = steps.on_submitted(job(), refused, T0, COLD, POLICY, bulk=True, down=True)
+    assert decision == SubmitAt(T0, job(), refused)  # no retry spent, no back-off
+    empty = errors.from_api_code("ERROR_ZERO_BALANCE")
+    assert steps.on_submitted(job(), empty, T0, COLD, POLICY, True, down=True) == SubmitAt(
+        T0, job(), empty
+    )
+
+
+@pytest.mark.parametrize(
+    ("error", "kind"),
+    [
+        (errors.TransportError("timed out"), "soft"),
+        (errors.from_api_code("ERROR_ZERO_BALANCE"), "balance"),
+        (errors.from_api_code("ERROR_WRONG_USER_KEY"), "key"),
+        (errors.from_api_code("ERROR_CAPTCHA_UNSOLVABLE"), None),
+        (errors.from_api_code("ERROR_NO_SLOT_AVAILABLE"), None),
+    ],
+)
+def test_what_an_error_says_about_its_provider(error: errors.CaptchaTasksError, kind: str) -> None:
+    assert steps.failure_kind(error) == kind
+
+
+def test_overflow_takes_what_would_wait_longer_than_its_setting() -> None:
+    # 10 threads finishing a captcha every 2 s each: 5 per second; 3 s of waiting is 15
+    assert steps.park_limit(10, 2.0, 3.0) == 15

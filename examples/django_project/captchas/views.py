@@ -54,9 +54,12 @@ def pingback(request: HttpRequest, ticket: str) -> HttpResponse:
     fields = request.GET.dict()
     if request.method == "POST" and size <= MAX_BODY:  # a larger body is refused unread
         fields.update(request.POST.dict())
-    verdict = default_receiver().handle_request(
-        request.method or "", ticket, fields, request.META.get("REMOTE_ADDR", ""), size
+    receiver = default_receiver()
+    # behind a proxy in CAPTCHAAI_PINGBACK_TRUSTED_PROXIES: the client it names
+    address = receiver.client_address(
+        request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_X_FORWARDED_FOR")
     )
+    verdict = receiver.handle_request(request.method or "", ticket, fields, address, size)
     return HttpResponse(verdict.reason, status=verdict.status, content_type="text/plain")
 
 

@@ -45,9 +45,12 @@ def pingback(ticket: str) -> tuple[str, int]:
     fields = request.args.to_dict()
     if size <= MAX_BODY:  # a larger body is refused unread
         fields.update(request.form.to_dict())
-    verdict = default_receiver().handle_request(
-        request.method, ticket, fields, request.remote_addr or "", size
+    receiver = default_receiver()
+    # behind a proxy in CAPTCHAAI_PINGBACK_TRUSTED_PROXIES: the client it names
+    address = receiver.client_address(
+        request.remote_addr or "", request.headers.get("X-Forwarded-For")
     )
+    verdict = receiver.handle_request(request.method, ticket, fields, address, size)
     return verdict.reason, verdict.status
 
 

@@ -1,0 +1,126 @@
+"""The one builder of Redis clients: what it hands Celery, kombu, RedBeat and redis-py for
+one Redis and for Redis behind Sentinel (no server needed: building connects nothing)."""
+
+from __future__ import annotations
+
+import ssl
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from redis.exceptions import ReadOnlyError
+from redis.sentinel import SentinelConnectionPool
+
+from captcha_tasks import connections
+from captcha_tasks.settings import Settings
+from captcha_tasks.state import db
+
+PLAIN = Settings(redis_url="redis://:secret@cache:6379/3")
+SENTINEL_URL = "sentinel://:secret@s1:26379/3;sentinel://s2:26380/3"
+
+
+def sentinel_settings(**extra: Any) -> Settings:
+    return Settings(
+        redis_url=SENTINEL_URL,
+        redis_sentinel_master="main",
+        redis_sentinel_password="s-secret",
+        **extra,
+    )
+
+
+@pytest.fixture
+def ca_file(tmp_path: Path) -> str:
+    path = tmp_path / "ca.pem"
+    path.write_text("-----BEGIN CERTIFICATE-----\n")
+    return str(path)
+
+
+def test_a_demoted_master_counts_as_unreachable_for_the_state_layer() -> None:
+    assert issubclass(ReadOnlyError, connections.UNREACHABLE)
+    assert db.UNREACHABLE is connections.UNREACHABLE  # one definition, used by Db.guard()
+
+
+def test_one_redis_keeps_its_url_everywhere() -> None:
+    options = connections.celery_options(PLAIN)
+    assert options["broker_url"] == options["result_backend"] == PLAIN.redis_url
+    assert options["redbeat_redis_url"] == PLAIN.redis_url
+    assert "master_name" not in options["broker_transport_options"]
+    assert "master_name" not in options["result_backend_transport_options"]
+    backend = options["result_backend_transport_options"]
+    assert ReadOnlyError in backend["additional_connection_errors"]
+    assert options["broker_channel_error_retry"] is True
+
+
+def test_broker_and_result_backend_each_get_the_master_and_the_sentinels_password() -> None:
+    options = connections.celery_options(sentinel_settings())
+    assert options["broker_url"] == options["result_backend"] == SENTINEL_URL
+    for name in ("broker_transport_options", "result_backend_transport_options"):
+        transport = options[name]
+        assert transport["master_name"] == "main", name  # else: "No master found for None"
+        assert transport["sentinel_kwargs"]["password"] == "s-secret", name
+        assert "ssl" not in transport["sentinel_kwargs"], name
+    broker = options["broker_transport_options"]
+    assert broker["visibility_timeout"] == sentinel_settings().visibility_timeout
+    assert broker["socket_timeout"] > 0  # a frozen master cannot hold a publish forever
+    assert options["broker_use_ssl"] is False and options["redis_backend_use_ssl"] is None
+
+
+def test_redbeat_gets_its_sentinel_scheme_and_options() -> None:
+    options = connections.celery_options(sentinel_settings())
+    assert options["redbeat_redis_url"].startswith("redis-sentinel://")
+    assert "secret" not in options["redbeat_redis_url"]
+    redbeat = options["redbeat_redis_options"]
+    assert redbeat["sentinels"] == [("s1", 26379), ("s2", 26380)]
+    assert (redbeat["service_name"], redbeat["password"], redbeat["db"]) == ("main", "secret", 3)
+    assert redbeat["sentinel_kwargs"]["password"] == "s-secret"
+
+
+def test_tls_reaches_the_sentinels_and_the_servers_of_every_client(ca_file: str) -> None:
+    options = connections.celery_options(
+        sentinel_settings(redis_sentinel_tls=True, redis_sentinel_tls_ca_file=ca_file)
+    )
+    wanted = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": ca_file}
+    for name in ("broker_transport_options", "result_backend_transport_options"):
+        sentinel_kwargs = options[name]["sentinel_kwargs"]
+        assert sentinel_kwargs["ssl"] is True, name  # else the sentinels speak plain text
+        assert wanted.items() <= sentinel_kwargs.items(), name
+    assert options["redbeat_redis_options"]["sentinel_kwargs"]["ssl"] is True
+    assert options["broker_use_ssl"] == options["redis_backend_use_ssl"] == wanted
+
+
+def test_the_state_clients_ask_the_sentinels_and_follow_the_master(ca_file: str) -> None:
+    plain = connections.redis_client(sentinel_settings())
+    pool = plain.connection_pool
+    assert isinstance(pool, SentinelConnectionPool)
+    assert pool.service_name == "main"
+    assert pool.connection_class is connections.MasterFollowingConnection
+    assert pool.connection_kwargs["password"] == "secret"
+    assert pool.connection_kwargs["db"] == 3
+    sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+    assert (sentinel["host"], sentinel["port"], sentinel["password"]) == ("s1", 26379, "s-secret")
+
+    tls = sentinel_settings(redis_sentinel_tls=True, redis_sentinel_tls_ca_file=ca_file)
+    secure = connections.redis_client(tls).connection_pool
+    assert secure.connection_class is connections.MasterFollowingSSLConnection
+    assert secure.connection_kwargs["ssl_ca_certs"] == ca_file
+    manager = secure.sentinel_manager.sentinels[0].connection_pool
+    assert issubclass(manager.connection_class, redis.SSLConnection)
+
+    aio = connections.async_redis_client(tls).connection_pool
+    assert aio.connection_class is connections.AsyncMasterFollowingSSLConnection
+    assert aio.service_name == "main"
+
+
+def test_no_sentinels_in_a_plain_url() -> None:
+    with pytest.raises(ValueError):
+        connections.sentinels(PLAIN)
+
+
+def test_the_replica_fence_counts_replicas_that_could_take_over() -> None:
+    _candidate, replica_fence = connections._candidate, connections.replica_fence
+    assert _candidate({"flags": "slave"})
+    assert _candidate({"flags": "slave,promoted"})  # mid-switch: the old master's writes wait
+    assert not _candidate({"flags": "s_down,slave,disconnected"})  # killed: nothing to wait for
+    assert not _candidate({"flags": "slave,o_down"})
+    assert replica_fence(Settings(redis_url="redis://localhost:6379/0")) is None  # one Redis

@@ -1,0 +1,101 @@
+"""Reconciling after a master change, against a real Redis server: the change is noticed
+once (by the master's run id, as Redis last saw it), every message Redis still owes is
+made due at once, each process's reconnects are added to the deployment's count, and a
+solve of which Redis holds no trace is told apart from one that is alive."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from captcha_tasks.connections import FailoverLog
+from captcha_tasks.dev.devstack import free_port
+from captcha_tasks.errors import StoreUnavailable
+from captcha_tasks.keys import Keys
+from captcha_tasks.state.db import Db
+from captcha_tasks.state.failovers import Failovers
+from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
+from captcha_tasks.state.records import Records
+
+#: The solve queue a sweep looks at: it holds a message, so lost ones are not yet overdue.
+QUEUE = "t-failovers-solve-queue"
+
+
+def limiter_on(redis_conn: Any, keys: Keys) -> ThreadLimiter:
+    config = LimiterConfig(capacity=1, reserve=0, lease_s=30.0, message_grace_s=60.0)
+    return ThreadLimiter(Db(redis_conn, keys), config)
+
+
+def job(solve_id: str) -> str:
+    return json.dumps({"solve_id": solve_id, "attempt": 0})
+
+
+class Connection:
+    """Stands in for a redis-py connection: :class:`FailoverLog` reads one attribute."""
+
+    _was_connected = False
+
+
+def test_a_master_change_is_noticed_once_and_counted(redis_conn: Any, keys: Keys) -> None:
+    failovers = Failovers(Db(redis_conn, keys), limiter_on(redis_conn, keys).lua_keys)
+    assert not failovers.note_master()  # the first look: nothing to compare with
+    assert not failovers.note_master()  # the same master
+    redis_conn.set(keys.redis_master(), "the-run-id-of-a-master-that-is-gone")
+    assert failovers.note_master()  # a new master (failover or restart) ...
+    assert not failovers.note_master()  # ... noticed by one look only
+    assert failovers.counts()["master_changes"] == 1
+
+
+def test_reconcile_makes_every_owed_message_due(redis_conn: Any, keys: Keys) -> None:
+    limiter = limiter_on(redis_conn, keys)
+    failovers = Failovers(limiter.db, limiter.lua_keys)
+    limiter.expect("queued", json.dumps({"method": "turnstile"}))
+    limiter.owe("owed", job("owed"), deadline_in_s=60, countdown_s=30, unclaim=False)
+    redis_conn.rpush(QUEUE, "a message ahead of them")
+    redis_conn.set(keys.poll_round(), "1")
+    redis_conn.set(keys.threads_check_lock(), "1")
+    swept = limiter.sweep(0.001, QUEUE)
+    assert swept is not None and not swept.unstarted and not swept.lost  # not due yet
+
+    assert failovers.reconcile() == (1, 1)
+    assert not redis_conn.exists(keys.poll_round(), keys.threads_check_lock())
+    redis_conn.delete(keys.housekeeping_lock())
+    swept = limiter.sweep(0.001, QUEUE)
+    assert swept is not None
+    assert [p.lease_id for p in swept.unstarted] == ["queued"]  # the queue notwithstanding
+    assert [p.lease_id for p in swept.lost] == ["owed"]
+    redis_conn.delete(QUEUE)
+
+
+def test_reconnects_are_added_and_kept_through_an_outage(redis_conn: Any, keys: Keys) -> None:
+    log, connection = FailoverLog(), Connection()
+    log.connected(connection, "127.0.0.1", 1)
+    log.connected(connection, "127.0.0.1", 1)  # the same connection again: a reconnect
+    log.connected(connection, "127.0.0.1", 2)  # ... to another master
+    assert log.generation == 1
+
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    away = Failovers(Db(dead, keys), lambda: {})
+    with pytest.raises(StoreUnavailable):
+        away.report("worker", log)
+    failovers = Failovers(Db(redis_conn, keys), lambda: {})
+    failovers.report("worker", log)  # what the outage kept
+    failovers.report("worker", log)  # nothing new: no Redis call, nothing added
+    assert failovers.counts() == {"reconnects:worker": 2}
+
+
+def test_a_solve_without_a_trace_is_told_apart(redis_conn: Any, keys: Keys) -> None:
+    limiter = limiter_on(redis_conn, keys)
+    records = Records(limiter.db)
+    limiter.expect("queued", "{}")  # its message is on its way
+    redis_conn.set(keys.submit_claim("submitting"), "message-id")
+    redis_conn.hset(keys.submission("at-the-provider"), "attempt", 0)
+    assert limiter.admit("first", job("first"), attempt=0, deadline_in_s=60).status == "go"
+    assert limiter.admit("parked", job("parked"), attempt=0, deadline_in_s=60).status == "parked"
+    ids = ["queued", "submitting", "at-the-provider", "first", "parked", "lost"]
+    assert records.traceless(ids) == ["lost"]

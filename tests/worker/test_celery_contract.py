@@ -1,0 +1,197 @@
+"""``solve`` behaves as a Celery task should: its record is Celery's own, what is chained to it
+(chain, link, link_error, chord, group) gets the outcome when the solve ends, revoke and
+``expires`` are honoured up to the moment of submission, and while in flight its state says
+where it is.  Real worker processes, the sandbox over HTTP, real Redis."""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import chain, chord, group, states
+from celery.exceptions import TaskRevokedError
+from celery.result import AsyncResult
+from followups import record, record_error, recorded
+
+from captcha_tasks import create_pool, errors, solve
+from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.worker.app import app
+from captcha_tasks.worker.results import PARKED, SUBMITTED, Results
+from captcha_tasks.worker.tasks import prewarm
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
+
+PAGE = "https://example.com/contract"
+TESTS = str(Path(__file__).resolve().parent)
+
+
+def task(sitekey: str = "k", **extra: Any) -> dict[str, Any]:
+    return {"method": "turnstile", "sitekey": sitekey, "pageurl": PAGE, **extra}
+
+
+@pytest.fixture
+def workers(start_worker: Any, env: dict[str, str]) -> Any:
+    """A worker that also runs the follow-up tasks (tests/worker/followups.py)."""
+
+    def start(**extra: str) -> Any:
+        path = ":".join(p for p in (TESTS, env.get("PYTHONPATH")) if p)
+        return start_worker(
+            {"PYTHONPATH": path, **extra}, extra_args=("--include", "followups"), name="contract"
+        )
+
+    return start
+
+
+# -- the record -------------------------------------------------------------------------------
+
+
+def test_records_read_as_celery_reads_them(redis_conn: Any) -> None:
+    results = Results(app)
+    outcome = {"status": "solved", "token": "t", "captcha_id": "7"}
+    error = errors.ProxyError("bad proxy", "ERROR_BAD_PROXY", "7")
+    cases: list[tuple[str, str, Any]] = [
+        ("contract-ok", states.SUCCESS, outcome),
+        ("contract-failed", states.FAILURE, error),
+        ("contract-revoked", states.REVOKED, TaskRevokedError("revoked")),
+        ("contract-submitted", SUBMITTED, {"captcha_id": "7", "attempt": 0}),
+    ]
+    for task_id, state, value in cases:
+        redis_conn.set(results.key(task_id), results.record(task_id, state, value))
+    ok = AsyncResult("contract-ok", app=app)
+    assert (ok.state, ok.get(timeout=1)) == (states.SUCCESS, outcome)
+    assert app.backend.get_task_meta("contract-ok")["date_done"]
+    failed = AsyncResult("contract-failed", app=app)
+    with pytest.raises(errors.ProxyError) as raised:
+        failed.get(timeout=1)
+    assert (raised.value.code, raised.value.captcha_id) == ("ERROR_BAD_PROXY", "7")
+    with pytest.raises(TaskRevokedError):
+        AsyncResult("contract-revoked", app=app).get(timeout=1)
+    submitted = AsyncResult("contract-submitted", app=app)
+    assert (submitted.state, submitted.info) == (SUBMITTED, {"captcha_id": "7", "attempt": 0})
+    assert not submitted.ready()
+    # the readers: ready states only end a wait; outcome dicts for batches and Kafka
+    read = results.read(redis_conn.get(results.key("contract-submitted")))
+    assert not read.ready
+    revoked = results.read(redis_conn.get(results.key("contract-revoked")))
+    assert revoked.outcome_dict("turnstile")["error"] == "ERROR_REVOKED"
+
+
+# -- what is chained to a solve ----------------------------------------------------------------
+
+
+def test_chain_link_and_link_error_get_the_outcome(
+    sandbox: Any, workers: Any, redis_conn: Any
+) -> None:
+    workers()
+    chained = chain(solve.s(**task("chain")), record.s("chain")).apply_async()
+    assert chained.get(timeout=30)["status"] == "solved"
+    [handed] = recorded(redis_conn, "chain")
+    assert handed["status"] == "solved" and sandbox.verify(handed["token"])["success"]
+
+    linked = solve.apply_async(kwargs=task("link"), link=record.s("link"))
+    outcome = linked.get(timeout=30)
+    wait_until(lambda: recorded(redis_conn, "link"), 10, what="the linked task")
+    assert recorded(redis_conn, "link") == [outcome]
+
+    bad = solve.apply_async(
+        kwargs=task("error", proxy="u:p@bad-proxy.test:80"),
+        link=record.s("never"),
+        link_error=record_error.s("error"),
+    )
+    with pytest.raises(errors.ProxyError) as raised:
+        bad.get(timeout=30)
+    wait_until(lambda: recorded(redis_conn, "error"), 10, what="the error callback")
+    assert recorded(redis_conn, "error") == [{"type": "ProxyError", "code": raised.value.code}]
+    assert recorded(redis_conn, "never") == []
+
+    # a chain after a failed solve fails too (its caller is not left waiting)
+    broken = chain(solve.s(**task("broken", proxy="u:p@bad-proxy.test:80")), record.s("x"))
+    with pytest.raises(errors.ProxyError):
+        broken.apply_async().get(timeout=30)
+
+
+def test_a_chord_of_parked_pooled_and_resubmitted_solves(
+    sandbox: Any, workers: Any, redis_conn: Any
+) -> None:
+    sandbox.configure(threads=1, solve_time=0.5, jitter=0.1)
+    workers(CAPTCHAAI_THREADS="1", CAPTCHAAI_POOL_RESERVE="0", CAPTCHAAI_MAX_RESUBMITS="8")
+    create_pool("chord-pool", "turnstile", "pooled", PAGE, size=1, ttl=200)
+    prewarm.delay("chord-pool").get(timeout=30)
+    wait_until(lambda: app.runtime().state.pools.live("chord-pool") >= 1, 30, what="the pool")
+    sandbox.configure(unsolvable_rate=1.0, seed=3)  # every new captcha is unsolvable at first
+    members = [
+        solve.s(**task("pooled")),  # answered from the pool
+        solve.s(**task("parked-a")),  # waits for the one thread...
+        solve.s(**task("parked-b")),
+    ]
+    result = chord(members)(record.s("chord"))
+    time.sleep(1.5)  # long enough for a resubmit or two: then let captchas be solvable
+    sandbox.configure(unsolvable_rate=0.0)
+    outcomes = result.get(timeout=60)
+    assert [o["status"] for o in outcomes] == ["solved"] * 3
+    assert outcomes[0]["source"] == "pool"
+    [handed] = recorded(redis_conn, "chord")
+    assert handed == outcomes
+    assert sandbox.stats()["submits"] > 2  # the parked ones were resubmitted at least once
+
+
+def test_a_group_of_solves_still_works(sandbox: Any, workers: Any) -> None:
+    workers()
+    outcomes = group(solve.s(**task(f"g{i}")) for i in range(3)).apply_async().get(timeout=30)
+    assert [o["status"] for o in outcomes] == ["solved"] * 3
+
+
+# -- revoke, expires and the states in flight -------------------------------------------------
+
+
+def test_revoked_and_expired_parked_solves_cost_no_submit(sandbox: Any, workers: Any) -> None:
+    sandbox.configure(threads=2, solve_time=3.0, jitter=0.0)
+    workers(CAPTCHAAI_THREADS="2", CAPTCHAAI_POOL_RESERVE="0")
+    running = [solve.delay(**task(f"run{i}")) for i in range(2)]
+    wait_until(lambda: sandbox.stats()["submits"] == 2, 10, what="two threads busy")
+    parked = [solve.delay(**task(f"park{i}")) for i in range(4)]
+    expiring = solve.apply_async(kwargs=task("expiring"), expires=2)
+    waiting = [solve.delay(**task(f"wait{i}")) for i in range(2)]
+    wait_until(
+        lambda: all(r.state == PARKED for r in [*parked, *waiting]), 20, what="parked solves"
+    )
+    for r in parked:
+        r.revoke()
+    for r in parked:
+        with pytest.raises(TaskRevokedError):
+            r.get(timeout=30)
+    with pytest.raises(TaskRevokedError):
+        expiring.get(timeout=30)
+    assert all(r.get(timeout=30)["status"] == "solved" for r in [*running, *waiting])
+    assert sandbox.stats()["submits"] == 4  # the two running and the two left, nothing else
+    wait_until(lambda: app.runtime().state.limiter.in_use() == 0, 10, what="threads freed")
+
+
+def test_a_solve_revoked_at_the_provider_is_discarded_when_it_ends(
+    sandbox: Any, workers: Any
+) -> None:
+    sandbox.configure(solve_time=1.5, jitter=0.0)
+    workers()
+    result = solve.delay(**task("at-provider"))
+    wait_until(lambda: result.state == SUBMITTED, 10, what="the captcha at the provider")
+    assert result.info["captcha_id"]
+    result.revoke()
+    with pytest.raises(TaskRevokedError):
+        result.get(timeout=30)
+    assert sandbox.stats()["submits"] == 1
+    wait_until(lambda: app.runtime().state.limiter.in_use() == 0, 10, what="its thread freed")
+
+
+def test_a_solve_message_that_expired_before_it_ran_ends(
+    sandbox: Any, workers: Any, redis_conn: Any
+) -> None:
+    workers()
+    late = solve.apply_async(kwargs=task("late"), expires=datetime.now(UTC) - timedelta(seconds=1))
+    with pytest.raises(TaskRevokedError):
+        late.get(timeout=30)
+    requested = app.runtime().state.keys.requested()
+    wait_until(lambda: redis_conn.zscore(requested, late.id) is None, 10, what="not awaited")
+    assert sandbox.stats()["submits"] == 0
