@@ -86,7 +86,7 @@ class Send:
     report :meth:`Batch.sent`, :meth:`Batch.refused` or :meth:`Batch.unavailable`."""
 
     index: int
-    task: Task
+    task: Task = field(repr=False)  # a proxy password or cookies, maybe: never in a log
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class Resend:
     report :meth:`Batch.resent` or :meth:`Batch.unavailable`."""
 
     task_id: str
-    kwargs: Mapping[str, Any]
+    kwargs: Mapping[str, Any] = field(repr=False)  # as Send.task
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class ProtocolError(RuntimeError):
 @dataclass
 class _Pending:
     task_id: str
-    task: Task
+    task: Task = field(repr=False)
     sent_at: float
     deadline: float
 
@@ -190,7 +190,7 @@ class Batch:
     max_block_s: float = MAX_BLOCK_S
     pending: dict[int, _Pending] = field(default_factory=dict)
     #: Tasks taken from the source and not queued yet: (index, task), oldest first.
-    backlog: deque[tuple[int, Task]] = field(default_factory=deque)
+    backlog: deque[tuple[int, Task]] = field(default_factory=deque, repr=False)
     last_id: str = "0-0"
     queued: int = 0
     source_ended: bool = False

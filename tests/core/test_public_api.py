@@ -244,3 +244,44 @@ def test_every_error_class_says_what_to_do_and_every_code_has_a_class() -> None:
     assert codes["ERROR_WRONG_USER_KEY"] is errors.AuthError
     assert codes["ERROR_SOLVE_TIMEOUT"] is errors.SolveTimeout
     assert codes["ERROR_CAPTCHA_TASKS"] is errors.CaptchaTasksError
+
+
+def _package_of(path: Path) -> list[str]:
+    """The package a relative import in the file at ``path`` starts from."""
+    return list(path.relative_to(ROOT).parts[:-1])
+
+
+def _imports_a_lazy_submodule(path: Path) -> bool:
+    """Whether the module takes a lazily loaded submodule of the package (``from . import
+    errors``) through the package's ``__getattr__``."""
+    lazy = {name for name, (_, attr) in captcha_tasks._SOURCES.items() if attr is None}
+    package = _package_of(path)
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level and node.module is None:
+            target = package[: len(package) - node.level + 1]
+            if target == ["captcha_tasks"] and lazy & {a.name for a in node.names}:
+                return True
+    return False
+
+
+def test_a_module_that_takes_a_lazy_submodule_imports_first_in_a_fresh_process() -> None:
+    """``import captcha_tasks.batching`` first thing in a process loaded the whole package
+    from inside it, and failed on the circle."""
+    import subprocess
+
+    paths = sorted((ROOT / "captcha_tasks").rglob("*.py"))
+    modules = [
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in paths
+        if _imports_a_lazy_submodule(p)
+    ]
+    assert "captcha_tasks.batching" in modules and len(modules) > 5, modules
+    code = "import importlib, sys; importlib.import_module(sys.argv[1])"
+    for module in modules:
+        done = subprocess.run(
+            [sys.executable, "-W", "ignore::DeprecationWarning", "-c", code, module],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, (module, done.stderr[-1500:])
