@@ -35,7 +35,9 @@
     └── GaveUpError                    a budget ran out; the last cause is kept
         ├── SolveTimeout               the solve deadline passed
         ├── RetriesExhausted           transport / resubmit budget used up
-        └── Revoked                    ERROR_REVOKED: revoked, or expired before its submit
+        ├── Revoked                    ERROR_REVOKED: revoked, or expired before its submit
+        └── BudgetExceeded             ERROR_BUDGET_EXCEEDED: the tenant's daily_captchas
+                                       are spent (no in.php was sent)
 
 "Not ready yet" is a value (``captcha_tasks.client.NOT_READY``), never an exception.
 
@@ -298,6 +300,13 @@ class Revoked(GaveUpError):
     default_code = "ERROR_REVOKED"
 
 
+class BudgetExceeded(GaveUpError):
+    """The solve's tenant spent its ``daily_captchas`` for today (``CAPTCHAAI_TENANTS``): no
+    captcha was sent for it.  Budgets reset at 00:00 UTC; raise the budget or wait."""
+
+    default_code = "ERROR_BUDGET_EXCEEDED"
+
+
 _BY_CODE: dict[str, type[CaptchaTasksError]] = {
     "ERROR_NO_SLOT_AVAILABLE": NoSlotError,
     "ERROR_ZERO_BALANCE": ZeroBalance,
@@ -334,6 +343,7 @@ for _cls in (
     InternalError,
     Revoked,
     ProviderDown,
+    BudgetExceeded,
 ):
     _BY_CODE.setdefault(_cls.default_code, _cls)
 

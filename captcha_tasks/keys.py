@@ -106,6 +106,14 @@ class Keys:
         """Hash: provider callbacks by verdict ("accepted" or a rejection reason)."""
         return self._k("stats", "pingback")
 
+    def lane_outcomes(self) -> str:
+        """Hash: "solved|<lane>|<tenant>" / "failed|<lane>|<tenant>" -> solves that ended so."""
+        return self._k("stats", "lanes")
+
+    def tenant_budgets(self) -> str:
+        """Hash: "<UTC day number>|<tenant>" -> captchas the tenant submitted that day."""
+        return self._k("tenants", "submitted")
+
     def solved_counter(self, method: str) -> str:
         """Hash: solves of a method, by source."""
         return self._p("stats", "solved", method)
@@ -156,6 +164,31 @@ class Keys:
 
     def parked_seq(self) -> str:
         return self._k("limiter", "parked-seq")
+
+    def lanes(self) -> str:
+        """Sorted set (by member, scores 0): the parked submits of each lane and tenant,
+        member = "<lane>|<tenant>|<arrival, 16 digits>|<lease id>" (first in, first out)."""
+        return self._p("limiter", "lanes")
+
+    def owners(self) -> str:
+        """Hash: lease id -> "<lane>|<tenant>|<asked at, ms>" of a submit parked or holding
+        a slot."""
+        return self._p("limiter", "owners")
+
+    def lane_counts(self) -> str:
+        """Hash: "held|<lane>|<tenant>" and "parked|<lane>|<tenant>" -> slots held and
+        submits parked."""
+        return self._p("limiter", "counts")
+
+    def fair_tags(self) -> str:
+        """Hash: "<lane>|<tenant>" -> the tenant's virtual finish tag in the lane, and
+        "<lane>" -> the lane's virtual time (weighted fair queueing of freed slots)."""
+        return self._p("limiter", "fair")
+
+    def wait_times(self) -> str:
+        """Hash: "<lane>|<tenant>|<bucket>" -> slots handed out after a wait in that bucket,
+        "...|sum" (ms) and "...|n": the histogram of the time from request to thread."""
+        return self._p("limiter", "waits")
 
     def external_threads(self) -> str:
         """String with a TTL: provider threads another client of the key holds (the slots

@@ -35,6 +35,15 @@ Exposed (``captcha_tasks_`` prefix):
   that lost the master's identity), counted once each by housekeeping;
   ``redis_reconnects_total{process}``: connections to the master opened again (behind
   Sentinel), added up per kind of process (worker, beat, exporter, receiver, kafka, app)
+* by lane and tenant: ``lane_in_flight``, ``lane_parked`` (threads held, submits parked),
+  the counters ``lane_solved_total``, ``lane_failed_total``, and ``wait_seconds``: a
+  histogram of the time from a solve's request to its thread
+* per tenant: ``tenant_weight``, ``tenant_max_threads``, ``tenant_submitted_today``
+  (captchas since 00:00 UTC) against ``tenant_daily_budget`` and
+  ``tenant_budget_used_ratio`` (tenants with a budget)
+* ``queue_messages{queue,priority}``: messages waiting in each Celery queue of the
+  deployment, and in each of its priority sub-lists (kombu keeps a message sent with a
+  priority in ``<queue>\x06\x16<priority>``; without one, in the queue itself)
 """
 
 from __future__ import annotations
@@ -48,20 +57,24 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import click
 import redis
+from kombu.transport.redis import PRIORITY_STEPS, Channel
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeHistogramMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
 
 from .errors import PoolNotFound, StoreUnavailable
+from .lanes import LANES
 from .methods import METHODS
 from .settings import Settings, get_settings
 from .state import State
+from .state.limiter import WAIT_BUCKETS_S, LaneUse
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +134,9 @@ class StoreCollector(Collector):
         yield from self._callbacks()
         yield from self._providers()
         yield from self._failovers()
+        yield from self._lanes()
+        yield from self._tenants()
+        yield from self._queues()
 
     def describe(self) -> Iterable[Metric]:
         # Nothing up front: registering must not need Redis (metrics are read per scrape).
@@ -310,6 +326,112 @@ class StoreCollector(Collector):
             if field.startswith("reconnects:"):
                 reconnects.add_metric([field.split(":", 1)[1]], float(count))
         yield reconnects
+
+    def _lanes(self) -> Iterator[Metric]:
+        state = self.state
+        use = state.lanes()
+        labels = ["lane", "tenant"]
+        held = GaugeMetricFamily(
+            _name("lane_in_flight"), "Threads held, by lane and tenant.", labels=labels
+        )
+        parked = GaugeMetricFamily(
+            _name("lane_parked"), "Submits parked for a thread, by lane and tenant.", labels=labels
+        )
+        # Every lane of every tenant known, zero or not: a panel's series do not come and go.
+        for tenant in self._tenant_names(use):
+            for lane in LANES:
+                counts = use.get((lane, tenant), LaneUse())
+                held.add_metric([lane, tenant], float(counts.held))
+                parked.add_metric([lane, tenant], float(counts.parked))
+        yield held
+        yield parked
+        outcomes = state.stats.lane_outcomes()
+        for ending in ("solved", "failed"):
+            doc = f"Solves that ended {ending}, by lane and tenant."
+            counter = CounterMetricFamily(_name(f"lane_{ending}"), doc, labels=labels)
+            for (end, lane, tenant), count in sorted(outcomes.items()):
+                if end == ending:
+                    counter.add_metric([lane, tenant], float(count))
+            yield counter
+        waits = HistogramMetricFamily(
+            _name("wait_seconds"),
+            "Time from a solve's request to its thread, by lane and tenant.",
+            labels=labels,
+        )
+        for (lane, tenant), times in state.wait_times().items():
+            waits.add_metric([lane, tenant], _cumulative(times.buckets), times.sum_s)
+        yield waits
+
+    def _tenant_names(self, use: dict[tuple[str, str], LaneUse]) -> list[str]:
+        """The tenants declared here and those Redis has counts of (another process may
+        declare more)."""
+        return sorted({*self.settings.tenant_names, *(tenant for _, tenant in use)})
+
+    def _tenants(self) -> Iterator[Metric]:
+        settings = self.settings
+        names = self._tenant_names(self.state.lanes())
+        today = self.state.budgets.submitted_today(names)
+        label = ["tenant"]
+        weight = GaugeMetricFamily(
+            _name("tenant_weight"), "The tenant's weight (CAPTCHAAI_TENANTS).", labels=label
+        )
+        cap = GaugeMetricFamily(
+            _name("tenant_max_threads"), "Threads the tenant may hold at most.", labels=label
+        )
+        submitted = GaugeMetricFamily(
+            _name("tenant_submitted_today"),
+            "Captchas the tenant submitted since 00:00 UTC (when budgets reset).",
+            labels=label,
+        )
+        budget = GaugeMetricFamily(
+            _name("tenant_daily_budget"), "The tenant's daily_captchas.", labels=label
+        )
+        used = GaugeMetricFamily(
+            _name("tenant_budget_used_ratio"),
+            "Captchas submitted today / daily_captchas (1: spent, its solves fail).",
+            labels=label,
+        )
+        for name in names:
+            tenant = settings.tenant(name)
+            weight.add_metric([name], tenant.weight)
+            submitted.add_metric([name], float(today[name]))
+            if tenant.max_threads is not None:
+                cap.add_metric([name], float(tenant.max_threads))
+            if tenant.daily_captchas is not None:
+                budget.add_metric([name], float(tenant.daily_captchas))
+                ratio = today[name] / tenant.daily_captchas if tenant.daily_captchas else 1.0
+                used.add_metric([name], min(1.0, ratio))
+        yield from (weight, cap, submitted, budget, used)
+
+    def _queues(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(
+            _name("queue_messages"),
+            "Messages waiting in a Celery queue (per priority sub-list; priority 0: sent"
+            " without one).",
+            labels=["queue", "priority"],
+        )
+        lists = [
+            (queue, step, queue if not step else f"{queue}{Channel.sep}{step}")
+            for queue in self.settings.queues
+            for step in PRIORITY_STEPS
+        ]
+        pipe = self.state.db.pipeline()
+        for _, _, key in lists:
+            pipe.llen(key)
+        for (queue, step, _), size in zip(lists, pipe.execute(), strict=True):
+            family.add_metric([queue, str(step)], float(size))
+        yield family
+
+
+def _cumulative(buckets: tuple[int, ...]) -> list[tuple[str, float]]:
+    """Per-bucket counts of :data:`WAIT_BUCKETS_S` (and one longer) as cumulative
+    ``(le, count)`` pairs, ``+Inf`` last."""
+    out, total = [], 0
+    bounds = [*(repr(b) for b in WAIT_BUCKETS_S), "+Inf"]
+    for bound, count in zip(bounds, buckets, strict=True):
+        total += count
+        out.append((bound, float(total)))
+    return out
 
 
 def _gauge(suffix: str, doc: str, value: float) -> GaugeMetricFamily:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from .errors import ConfigurationError
+from .lanes import DEFAULT_TENANT, INTERACTIVE, LANES, Tenant, parse_tenants, tenant_of
 from .poolspec import parse_pools
 from .providers import KINDS, NAME_RE, ProviderSpec, parse_budgets, parse_providers
 from .proxyspec import mask, split
@@ -35,8 +36,9 @@ DEFAULT_BASE_URL = "https://ocr.captchaai.com"
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 #: Port of a sentinel whose address in REDIS_URL names none (Redis Sentinel's own default).
 DEFAULT_SENTINEL_PORT = 26379
-#: The Celery queues, one per kind of task, so a flood of one cannot starve the others.
-QUEUE_KINDS = ("solve", "submit", "poll", "housekeeping")
+#: The Celery queues, one per kind of task, so a flood of one cannot starve the others;
+#: solve messages have one per lane (interactive work keeps the plain ``solve`` queue).
+QUEUE_KINDS = ("solve", "solve.bulk", "solve.background", "submit", "poll", "housekeeping")
 _QUEUE_PREFIX = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
@@ -84,8 +86,9 @@ class Settings:
     token_lifetimes: Mapping[str, float] = field(default_factory=dict)
     #: CAPTCHAAI_KEY_PREFIX: prefix of every Redis key this package writes.
     key_prefix: str = "captcha"
-    #: CAPTCHAAI_QUEUE_PREFIX: prefix of the Celery queues (``<prefix>.solve``, ``.submit``,
-    #: ``.poll``, ``.housekeeping``); two deployments sharing a Redis use different ones.
+    #: CAPTCHAAI_QUEUE_PREFIX: prefix of the Celery queues (``<prefix>.solve``,
+    #: ``.solve.bulk``, ``.solve.background``, ``.submit``, ``.poll``, ``.housekeeping``);
+    #: two deployments sharing a Redis use different ones.
     queue_prefix: str = "captcha"
     #: CAPTCHAAI_ADAPTIVE_SAMPLES: solve-time samples needed before the adaptive first poll.
     adaptive_min_samples: int = 10
@@ -107,6 +110,11 @@ class Settings:
     #: CAPTCHAAI_POOLS: token pools, a JSON list of ``{name, method, sitekey, pageurl, size,
     #: ttl, min_remaining, ...extra solve parameters}``.
     pools: tuple[Any, ...] = ()
+    #: CAPTCHAAI_TENANTS: the tenants sharing the account, a JSON object of name ->
+    #: ``{weight, max_threads, daily_captchas}`` (each optional): freed threads go to them in
+    #: proportion to ``weight``, ``max_threads`` caps one, ``daily_captchas`` is its budget
+    #: per UTC day; ``default`` exists undeclared.
+    tenants: Mapping[str, Tenant] = field(default_factory=dict)
     #: CAPTCHAAI_PROXIES: proxies for the shared pool, comma or newline separated.
     proxies: tuple[str, ...] = field(default=(), repr=False)
     #: CAPTCHAAI_PROXY_COOLOFF: seconds a proxy the API reported bad stays quarantined.
@@ -236,6 +244,7 @@ class Settings:
             "must be > 0",
         )
         self._check_pingback()
+        self._check_tenants()
         for method, life in self.token_lifetimes.items():
             _check("CAPTCHAAI_TOKEN_LIFETIMES", life > 0, f"life of {method!r} must be > 0")
         self._check_kafka()
@@ -293,6 +302,14 @@ class Settings:
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+    def _check_tenants(self) -> None:
+        for name, tenant in self.tenants.items():
+            _check(
+                "CAPTCHAAI_TENANTS",
+                isinstance(tenant, Tenant) and tenant.name == name,
+                f"must map each name to its Tenant (got {name!r})",
+            )
 
     def _check_redis(self) -> None:
         if self.redis_url.startswith(SENTINEL_SCHEME + "://"):
@@ -401,6 +418,24 @@ class Settings:
     def capacity(self) -> int:
         """Threads this deployment may use: the plan's minus the reserved headroom."""
         return self.threads - self.threads_reserved
+
+    def solve_queue(self, lane: str = INTERACTIVE) -> str:
+        """The queue of solve messages in ``lane`` (interactive: ``<prefix>.solve``)."""
+        return self.queue("solve" if lane == INTERACTIVE else f"solve.{lane}")
+
+    @property
+    def solve_queues(self) -> tuple[str, ...]:
+        """The solve queues of every lane."""
+        return tuple(self.solve_queue(lane) for lane in LANES)
+
+    def tenant(self, name: str = DEFAULT_TENANT) -> Tenant:
+        """The tenant ``name`` (undeclared ones: weight 1, no cap, no budget)."""
+        return tenant_of(name, self.tenants)
+
+    @property
+    def tenant_names(self) -> tuple[str, ...]:
+        """Every tenant a solve may name: the declared ones and ``default``."""
+        return tuple(sorted({DEFAULT_TENANT, *self.tenants}))
 
     @property
     def kafka_in_flight_limit(self) -> int:
@@ -650,6 +685,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pool_reserve": ("CAPTCHAAI_POOL_RESERVE", int),
     "prewarm_every": ("CAPTCHAAI_PREWARM_EVERY", float),
     "pools": ("CAPTCHAAI_POOLS", _pools),
+    "tenants": ("CAPTCHAAI_TENANTS", parse_tenants),
     "proxies": ("CAPTCHAAI_PROXIES", _proxies),
     "proxy_cooloff": ("CAPTCHAAI_PROXY_COOLOFF", float),
     "visibility_timeout": ("CAPTCHAAI_VISIBILITY_TIMEOUT", float),

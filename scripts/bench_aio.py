@@ -12,7 +12,9 @@ own, and one worker process (``-P threads -c 32``) that polls right after each s
    complete; the process's thread count (``/proc/self/status``, sampled every 10 ms; target
    at most 8) and its RSS.
 
-    python scripts/bench_aio.py [--count 300] [--concurrent 1000]
+    python scripts/bench_aio.py [--count 300] [--concurrent 1000] [--plot DIR]
+
+``--plot DIR`` also draws both ways' latencies as CDFs (``aio-latency.svg``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import plots
 from bench_pipeline import KEY, Sandbox, spawn, stop
 
 PAGE = "https://example.com/bench-aio"
@@ -41,7 +45,7 @@ def proc_status(field: str) -> int:
     raise KeyError(field)
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
@@ -132,11 +136,35 @@ def table(sync: list[float], async_: list[float], conc: dict[str, Any]) -> list[
     ]
 
 
+def plot(args: argparse.Namespace, sync: list[float], async_: list[float]) -> None:
+    path = plots.latency_cdf(
+        plots.target(args, "aio-latency"),
+        {
+            "solve.delay().get()": [1000 * v for v in sync],
+            "await aio.solve()": [1000 * v for v in async_],
+        },
+        title="What await aio.solve() adds over solve.delay().get()",
+        params=(
+            f"{len(sync)} solves each way, interleaved, one after the other; the sandbox "
+            f"answering at once; one worker -P threads -c 32, poll right after the submit; "
+            f"{args.machine}"
+        ),
+        unit="ms",
+        counted="solves",
+        log_x=True,
+        marks=(50, 99),
+        percentile=percentile,
+    )
+    print(f"plot: {path}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--count", type=int, default=300, help="solves per way (latency)")
     parser.add_argument("--concurrent", type=int, default=1000)
+    plots.add_options(parser)
     args = parser.parse_args()
+    args.machine = plots.machine()
 
     from captcha_tasks.dev.devstack import RedisServer
 
@@ -170,6 +198,8 @@ def main() -> int:
         finally:
             stop(worker)
     checks = table(sync, async_, conc)
+    if args.plot:
+        plot(args, sync, async_)
     print()
     for text, ok in checks:
         print(f"{'MET   ' if ok else 'MISSED'} {text}")

@@ -14,7 +14,10 @@ and peak RSS.  (``bench_pipeline.py --inflight`` is the 10,000-in-flight scale m
 
 Not a timed test: the targets are printed as MET / MISSED.
 
-    python scripts/bench_batch.py [--count 200]
+    python scripts/bench_batch.py [--count 200] [--plot DIR]
+
+``--plot DIR`` also draws the results so far against time for the three runs
+(``batch-results.svg``), the ideal marked.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import plots
 
 from captcha_tasks.dev.devstack import (
     CeleryProcess,
@@ -55,6 +60,8 @@ class Run:
     res_ids: int
     submits: int
     rss_mb: float
+    #: seconds from the start at which each result line came
+    arrivals: list[float] = field(default_factory=list)
 
 
 def rss_mb(pid: int) -> float:
@@ -78,29 +85,35 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in text.split()]
 
 
-def follow(proc: subprocess.Popen[str], out: Path | None) -> tuple[float, list[dict[str, Any]]]:
-    """Wait for a producer of JSON lines; returns time to its first line and the lines."""
+def follow(
+    proc: subprocess.Popen[str], out: Path | None
+) -> tuple[float, list[dict[str, Any]], list[float]]:
+    """Wait for a producer of JSON lines; returns time to its first line, the lines and the
+    seconds at which each came."""
     start = time.monotonic()
     first = None
     lines: list[dict[str, Any]] = []
+    arrivals: list[float] = []
     stream = proc.stdout if out is None else None
     while True:
         if stream is not None:
             text = stream.readline()
-            if not text:
-                break
-            lines.append(json.loads(text))
+            done = not text
+            lines += [json.loads(text)] if text else []
         else:
             done = proc.poll() is not None
             if out is not None and out.exists():
                 lines = _complete_lines(out)
-            if done:
-                break
-            time.sleep(0.01)
+            if not done:
+                time.sleep(0.01)
+        now = time.monotonic() - start
+        arrivals += [now] * (len(lines) - len(arrivals))
         if lines and first is None:
-            first = time.monotonic() - start
+            first = now
+        if done:
+            break
     proc.wait()
-    return (first if first is not None else float("nan")), lines
+    return (first if first is not None else float("nan")), lines, arrivals
 
 
 def _complete_lines(path: Path) -> list[dict[str, Any]]:
@@ -137,13 +150,13 @@ def run_ours(
             text=True,
             stderr=subprocess.DEVNULL,
         )
-        first, lines = follow(cli, out)
+        first, lines, arrivals = follow(cli, out)
         wall = time.monotonic() - start
         rss = sum(rss_mb(p.pid) for p in procs)
     finally:
         for p in procs:
             p.stop()
-    return _summarise(name, wall, first, lines, sandbox, rss)
+    return _summarise(name, wall, first, lines, sandbox, rss, arrivals)
 
 
 def run_peer(sandbox: SandboxServer, count: int) -> Run:
@@ -167,9 +180,10 @@ def run_peer(sandbox: SandboxServer, count: int) -> Run:
         stdout=subprocess.PIPE,
         text=True,
     )
-    first, lines = follow(peer, None)
+    first, lines, arrivals = follow(peer, None)
     wall = time.monotonic() - start
-    return _summarise("(b) seed asyncio peer", wall, first, lines, sandbox, float("nan"))
+    peer_name = "(b) seed asyncio peer"
+    return _summarise(peer_name, wall, first, lines, sandbox, float("nan"), arrivals)
 
 
 def _summarise(
@@ -179,6 +193,7 @@ def _summarise(
     lines: list[dict[str, Any]],
     sandbox: SandboxServer,
     rss: float,
+    arrivals: list[float],
 ) -> Run:
     stats = sandbox.stats()
     solved = sum(1 for line in lines if line["status"] == "solved")
@@ -192,6 +207,7 @@ def _summarise(
         stats["res_php_ids"],
         stats["submits"],
         rss,
+        arrivals,
     )
 
 
@@ -236,16 +252,38 @@ def batch_mode(
         ("first result <= 1.5 s + 0.5 s", bulk.first_s <= 2.0),
         ("no failures", bulk.failed == 0 and bulk.solved == args.count),
     ]
+    if args.plot:
+        plot(args, [bulk, per_id, peer], ideal)
     print()
     for text, ok in checks:
         print(f"{'MET   ' if ok else 'MISSED'} {text}")
     return 0 if all(ok for _, ok in checks) else 1
 
 
+def plot(args: argparse.Namespace, runs: list[Run], ideal: float) -> None:
+    path = plots.timeline(
+        plots.target(args, "batch-results"),
+        {r.name: r.arrivals for r in runs},
+        title="A batch against the seed's asyncio solver: results so far",
+        params=(
+            f"{args.count} captchas; sandbox 15 threads, 1.5 s ± 0.3 s solves; poll interval "
+            f"0.5 s, initial wait 1 s; ours: two workers -c 16; the peer: asyncio + aiohttp, "
+            f"max_concurrent 15; {args.machine}"
+        ),
+        events=[plots.Marker(ideal, f"ideal {ideal:.1f} s")],
+        counted="results",
+        cumulative=True,
+        xlabel="time since the batch started (s)",
+    )
+    print(f"plot: {path}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=None)
+    plots.add_options(parser)
     args = parser.parse_args()
+    args.machine = plots.machine()
     args.count = args.count or 200
     log_dir = Path(tempfile.mkdtemp(prefix="bench-batch-"))
     config = SandboxConfig(threads=15, solve_time=1.5, jitter=0.3, api_keys=(KEY,))

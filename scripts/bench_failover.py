@@ -14,9 +14,13 @@ them are solved.  It prints, per event:
   results failed, and the thread leases left at the end and how long they took to go;
 * the master changes and the reconnects that the exporter counted.
 
-Not a timed test: the figures are quoted in docs/operations/failover.md.
+Not a timed test: the figures are quoted in docs/operations/failover.md and, with their
+plots, in docs/benchmarks/failover.md.
 
-    python scripts/bench_failover.py [--count 300] [--events switch,kill]
+    python scripts/bench_failover.py [--count 300] [--events switch,kill] [--plot DIR]
+
+``--plot DIR`` also draws, per event, the results per second with the event and the
+recovery marked (``failover-switch.svg``, ``failover-kill.svg``).
 """
 
 from __future__ import annotations
@@ -25,11 +29,20 @@ import argparse
 import os
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import plots
+
 from captcha_tasks.dev.devstack import SentinelCluster, wait_until
-from captcha_tasks.dev.failover import FAST, Event, FailoverDeployment, run_batch
+from captcha_tasks.dev.failover import (
+    FAST,
+    SANDBOX_OPTIONS,
+    BatchRun,
+    Event,
+    FailoverDeployment,
+    run_batch,
+)
 
 #: Seconds past the end a lease may take to go (a lease of a lost write expires).
 LEASE_WAIT_S = float(FAST["CAPTCHAAI_SLOT_LEASE"]) + 10
@@ -49,6 +62,7 @@ class Row:
     leases_gone_s: float | None
     master_changes: float
     reconnects: float
+    run: BatchRun = field(default_factory=BatchRun, repr=False)
 
 
 def scraped_total(page: str, prefix: str) -> float:
@@ -90,6 +104,7 @@ def one(event: str, count: int, out: Path) -> Row:
         leases_gone_s=gone,
         master_changes=scraped_total(page, "captcha_tasks_redis_master_changes_total"),
         reconnects=scraped_total(page, "captcha_tasks_redis_reconnects_total"),
+        run=run,
     )
 
 
@@ -97,12 +112,52 @@ def fmt(value: float | None, digits: int = 1) -> str:
     return "never" if value is None else f"{value:.{digits}f}"
 
 
+#: What each event is called on its plot.
+EVENT_LABELS = {"switch": "SENTINEL FAILOVER", "kill": "kill -9 of the master"}
+
+
+def plot(args: argparse.Namespace, row: Row) -> None:
+    run = row.run
+    _, began, in_place = run.events[0]
+    times: dict[str, list[float]] = {"solved": [], "failed": []}
+    for line, at in zip(run.lines, run.arrived, strict=True):
+        times["solved" if line["status"] == "solved" else "failed"].append(at - run.started)
+    label = EVENT_LABELS.get(row.event, row.event)
+    path = plots.timeline(
+        plots.target(args, f"failover-{row.event}"),
+        {name: t for name, t in times.items() if t or name == "solved"},
+        title=f"A batch through a {label}: results per second",
+        params=(
+            f"{args.count} captchas, the event at {args.count // 3} solved; a master, a "
+            f"replica and three sentinels on loopback (down-after 1 s); sandbox "
+            f"{' '.join(SANDBOX_OPTIONS)}, {FAST['CAPTCHAAI_THREADS']} threads; two workers, "
+            f"beat, the exporter and the receiver; {args.machine}"
+        ),
+        events=[
+            plots.Marker(
+                began - run.started,
+                f"{label}: new master in {in_place - began:.1f} s",
+                until_s=in_place - run.started,
+            ),
+            plots.Marker(
+                began - run.started + row.recovery_s,
+                f"results back for good (+{row.recovery_s:.1f} s)",
+            ),
+        ],
+        counted="results",
+        xlabel="time since the batch started (s)",
+    )
+    print(f"plot: {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=300)
     parser.add_argument("--events", default="switch,kill")
     parser.add_argument("--out", type=Path, default=None, help="logs (default: a temp dir)")
+    plots.add_options(parser)
     args = parser.parse_args()
+    args.machine = plots.machine()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-failover-"))
     rows = [one(event, args.count, out) for event in args.events.split(",")]
     print(f"{args.count} captchas per run, the event at {args.count // 3} solved; logs in {out}")
@@ -119,6 +174,9 @@ def main() -> None:
             f"| {r.leases_at_end} | {fmt(r.leases_gone_s)} | {r.master_changes:.0f} "
             f"| {r.reconnects:.0f} |"
         )
+    if args.plot:
+        for r in rows:
+            plot(args, r)
 
 
 if __name__ == "__main__":

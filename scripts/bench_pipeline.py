@@ -19,6 +19,9 @@ Not a timed test: targets are printed as MET / MISSED.
 
     python scripts/bench_pipeline.py [--count 1000] [--skip-peer]
     python scripts/bench_pipeline.py --inflight [--count 10000] [--workers 1]
+
+``--plot DIR`` (cost mode) also draws ours against the peer as bars: task messages, worker
+CPU and ``res.php`` requests per captcha and the wall time (``pipeline-cost.svg``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import plots
 import requests
 
 HERE = Path(__file__).resolve().parent
@@ -320,6 +324,8 @@ def cost_mode(args: argparse.Namespace, base: dict[str, str], sandbox: Any, log:
         peer_env = {**env, "REDIS_URL": env["REDIS_URL"].rsplit("/", 1)[0] + "/1"}
         runs.append(peer(peer_env, sandbox, log, args.count, args.warmup))
     print_table(runs, 1.0, args.threads)
+    if args.plot:
+        plot(args, runs)
     us = runs[0]
     checks = [
         ("<= 2.2 task messages per solved captcha", us.per_captcha_messages <= 2.2),
@@ -331,6 +337,29 @@ def cost_mode(args: argparse.Namespace, base: dict[str, str], sandbox: Any, log:
             (f"CPU within the peer's ({runs[1].cpu_ms:.1f} ms)", us.cpu_ms <= runs[1].cpu_ms)
         )
     return report(checks)
+
+
+def plot(args: argparse.Namespace, runs: list[Run]) -> None:
+    def metric(name: str, unit: str, value: Callable[[Run], float]) -> plots.Metric:
+        return plots.Metric(name, unit, {r.name: value(r) for r in runs})
+
+    ideal = args.count * 1.0 / args.threads
+    path = plots.bars(
+        plots.target(args, "pipeline-cost"),
+        [
+            metric("task messages per captcha", "messages", lambda r: r.per_captcha_messages),
+            metric("worker CPU per captcha", "ms (user + system)", lambda r: r.cpu_ms),
+            metric("res.php per captcha", "requests", lambda r: r.res_requests / max(1, r.solved)),
+            metric(f"wall time (ideal {ideal:.1f} s)", "s", lambda r: r.wall_s),
+        ],
+        title="captcha-tasks against the plain Celery submit | poll chain",
+        params=(
+            f"{args.count:,} captchas queued at once (after {args.warmup} warm-up); sandbox "
+            f"{args.threads} threads, 1 s ± 0.1 s solves; one worker process -P threads -c 32; "
+            f"poll interval 0.5 s, initial wait 1 s; {args.machine}"
+        ),
+    )
+    print(f"plot: {path}")
 
 
 def inflight_mode(args: argparse.Namespace, base: dict[str, str], sandbox: Any, log: Path) -> int:
@@ -378,7 +407,11 @@ def main() -> int:
     parser.add_argument("--cpu-target", type=float, default=20.0, help="ms per captcha")
     parser.add_argument("--inflight", action="store_true", help="10,000 in flight mode")
     parser.add_argument("--profile", action="store_true", help="py-spy the workers")
+    plots.add_options(parser)
     args = parser.parse_args()
+    if args.plot and args.inflight:
+        parser.error("--plot draws the cost mode's bars; --inflight has none")
+    args.machine = plots.machine()
     args.count = args.count or (10_000 if args.inflight else 1000)
 
     from captcha_tasks.dev.devstack import RedisServer

@@ -8,7 +8,9 @@
    solves, ``CAPTCHAAI_PREWARM_EVERY=1``, for 60 s after a 10 s warm-up.
    Targets: hit rate >= 95 %, waste (expired unused / solved) <= 5 %.
 
-    python scripts/bench_pools.py [--seconds 60] [--warmup 10]
+    python scripts/bench_pools.py [--seconds 60] [--warmup 10] [--plot DIR]
+
+``--plot DIR`` also draws the three take latencies as CDFs (``pools-take-latency.svg``).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+import plots
 
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
@@ -53,7 +57,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--samples", type=int, default=150)
+    plots.add_options(parser)
     args = parser.parse_args()
+    args.machine = plots.machine()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pools-"))
     with RedisServer(log_dir=log_dir) as redis_server:
         redis_server.start()
@@ -77,7 +83,7 @@ def main() -> int:
             CeleryProcess("beat", env=env, log_dir=log_dir).start(),
         ]
         try:
-            latency_ok = bench_latency(args.samples)
+            latency_ok = bench_latency(args)
             steady_ok = bench_steady(args.seconds, args.warmup)
         finally:
             for proc in reversed(procs):
@@ -87,8 +93,12 @@ def main() -> int:
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
+    return table_percentile(samples, 50), table_percentile(samples, 99)
+
+
+def table_percentile(samples: Sequence[float], q: float) -> float:
     ordered = sorted(samples)
-    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
 def timed_takes(
@@ -106,7 +116,8 @@ def timed_takes(
     return out[:samples]
 
 
-def bench_latency(samples: int) -> bool:
+def bench_latency(args: argparse.Namespace) -> bool:
+    samples = args.samples
     from captcha_tasks import solve
     from captcha_tasks.worker.app import app
     from captcha_tasks.worker.tasks import take_token
@@ -133,6 +144,24 @@ def bench_latency(samples: int) -> bool:
     for name, values in rows:
         p50, p99 = percentiles(values)
         print(f"{name:<32} {p50 * 1000:>8.2f} {p99 * 1000:>8.2f}")
+    if args.plot:
+        path = plots.latency_cdf(
+            plots.target(args, "pools-take-latency"),
+            {name: [1000 * v for v in values] for name, values in rows},
+            title="Take latency from a warm pool",
+            params=(
+                f"{samples} takes each, the pool refilled to 25 or more between bursts of 20; "
+                f"one worker -c 16 and beat; sandbox 15 threads, 1.5 s ± 0.3 s solves; "
+                f"{args.machine}"
+            ),
+            unit="ms",
+            quantity="take latency",
+            counted="takes",
+            log_x=True,
+            marks=(50, 99),
+            percentile=table_percentile,
+        )
+        print(f"plot: {path}")
     return True
 
 

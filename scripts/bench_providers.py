@@ -18,7 +18,11 @@ port, with its own key, issuing the same captcha ids) and two worker processes:
 
 Not a timed test: targets are printed as MET / MISSED.
 
-    python scripts/bench_providers.py [--only failover|balance|throughput]
+    python scripts/bench_providers.py [--only failover|balance|throughput] [--plot DIR]
+
+``--plot DIR`` also draws the solved captchas per second by provider of the failover run
+(the kill and the restart marked: ``providers-failover.svg``) and of the balance run (the
+balance running out marked: ``providers-balance.svg``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import plots  # noqa: E402
 from bench_pipeline import diff, report, spawn, stop, task_totals  # noqa: E402
 
 PAGE = "https://example.com/bench-providers"
@@ -163,10 +168,59 @@ def solved_indexes(lines: list[dict[str, Any]]) -> set[int]:
     return {int(line["index"]) for line in lines if line.get("status") == "solved"}
 
 
+def by_provider(arrivals: Arrivals, since: float) -> dict[str, list[float]]:
+    """Seconds from ``since`` at which each captcha came, solved ones by provider."""
+    out: dict[str, list[float]] = {}
+    for line, at in zip(arrivals.lines, arrivals.times, strict=True):
+        name = str(line.get("provider")) if line.get("status") == "solved" else "failed"
+        out.setdefault(name, []).append(at - since)
+    return out
+
+
+def plot_failover(
+    args: argparse.Namespace, arrivals: Arrivals, started: float, events: list[plots.Marker]
+) -> None:
+    path = plots.timeline(
+        plots.target(args, "providers-failover"),
+        by_provider(arrivals, started),
+        title="The primary provider dies and comes back: solved per second by provider",
+        params=(
+            f"{args.count} captchas (captcha-tasks batch); main and backup: 15 threads, 1 s "
+            f"± 0.1 s solves; two workers -P threads -c 32; the primary SIGKILLed at 150 "
+            f"solved, a fresh one on its port {args.down:g} s later; {args.machine}"
+        ),
+        events=events,
+        counted="solved",
+        xlabel="time since the batch started (s)",
+    )
+    print(f"plot: {path}")
+
+
+def plot_balance(
+    args: argparse.Namespace, arrivals: Arrivals, started: float, events: list[plots.Marker]
+) -> None:
+    path = plots.timeline(
+        plots.target(args, "providers-balance"),
+        by_provider(arrivals, started),
+        title="The primary's balance runs out: solved per second by provider",
+        params=(
+            f"{BALANCE_COUNT} captchas (captcha-tasks batch); main and backup: 15 threads, 1 s "
+            f"± 0.1 s solves; two workers -P threads -c 32; the primary's account empty after "
+            f"{BALANCE_CAPTCHAS} captchas; {args.machine}"
+        ),
+        events=events,
+        counted="solved",
+        xlabel="time since the batch started (s)",
+    )
+    print(f"plot: {path}")
+
+
 # -- runs ---------------------------------------------------------------------------------
 
 
-def failover(log_dir: Path, count: int, down_s: float) -> list[tuple[str, bool]]:
+def failover(
+    log_dir: Path, count: int, down_s: float, args: argparse.Namespace
+) -> list[tuple[str, bool]]:
     options = ["--threads", "15", "--solve-time", "1", "--jitter", "0.1"]
     providers = [("main", options), ("backup", options)]
     env_extra = {"CAPTCHAAI_THREADS": "15"}
@@ -178,7 +232,13 @@ def failover(log_dir: Path, count: int, down_s: float) -> list[tuple[str, bool]]
             time.sleep(0.02)
         killed_at = time.monotonic()
         killed_wall = time.time()
-        restarter = threading.Thread(target=main.restart, args=(down_s,), daemon=True)
+        restarted: list[float] = []
+
+        def restart() -> None:
+            main.restart(down_s)
+            restarted.append(time.monotonic())
+
+        restarter = threading.Thread(target=restart, daemon=True)
         restarter.start()
         wait_batch(proc, arrivals, count, 600)
         restarter.join(60)
@@ -203,6 +263,13 @@ def failover(log_dir: Path, count: int, down_s: float) -> list[tuple[str, bool]]
     back_s = "never" if back is None else f"{back:.1f}"
     print(f"{time.monotonic() - started:>7.1f} {len(tokens):>6} {shown:>28} {gap:>13.2f} "
           f"{paid:>5} {twice:>10} {back_s:>17}")  # fmt: skip
+    if args.plot:
+        events = [plots.Marker(killed_at - started, "primary killed")]
+        events += [plots.Marker(t - started, "primary back (restarted)") for t in restarted]
+        if back is not None:
+            first = killed_at + down_s + back - started
+            events.append(plots.Marker(first, "captchas go to it again"))
+        plot_failover(args, arrivals, started, events)
     return [
         ("every index solved", solved_indexes(lines) == set(range(count))),
         ("no token delivered twice", len(set(tokens)) == len(tokens)),
@@ -212,16 +279,24 @@ def failover(log_dir: Path, count: int, down_s: float) -> list[tuple[str, bool]]
     ]
 
 
-def balance(log_dir: Path, count: int, captchas: int) -> list[tuple[str, bool]]:
+#: The balance run: captchas in the batch, and after how many the primary's account is empty.
+BALANCE_COUNT, BALANCE_CAPTCHAS = 150, 40
+
+
+def balance(
+    log_dir: Path, count: int, captchas: int, args: argparse.Namespace
+) -> list[tuple[str, bool]]:
     options = ["--threads", "15", "--solve-time", "1", "--jitter", "0.1"]
     providers = [("main", options), ("backup", options)]
     with deployment(log_dir, providers, {"CAPTCHAAI_THREADS": "15"}) as (env, boxes):
         main = boxes["main"]
         main.configure(balance_captchas=captchas)
         before = main.stats()
+        started, started_wall = time.monotonic(), time.time()
         proc, arrivals = run_batch(env, log_dir, count, "balance")
         wait_batch(proc, arrivals, count, 600)
         after = main.stats()
+        paid_at = [p["at"] for p in main.paid()]
     refused = after["refused_submits"].get("ERROR_ZERO_BALANCE", 0)
     others = (after["res_php_requests"] - after.get("res_php_get_requests", 0)) - (
         before["res_php_requests"] - before.get("res_php_get_requests", 0)
@@ -232,6 +307,11 @@ def balance(log_dir: Path, count: int, captchas: int) -> list[tuple[str, bool]]:
     at_main = sum(1 for line in arrivals.lines if line.get("provider") == "main")
     print(f"{solved:>6} {at_main:>10} {refused:>15} {others:>14}")
     print("(other requests: getbalance probes and checks while it was empty, start-up included)")
+    if args.plot:
+        # the journal's wall clock, moved onto the arrivals' monotonic one
+        dry = [at - started_wall for at in paid_at[captchas - 1 : captchas]]
+        label = f"primary's balance empty ({captchas} paid)"
+        plot_balance(args, arrivals, started, [plots.Marker(t, label) for t in dry])
     return [
         ("all solved", solved == count),
         ("the empty primary sees at most 10 refused submits", refused <= 10),
@@ -297,6 +377,7 @@ def main() -> int:
     parser.add_argument("--down", type=float, default=15.0, help="seconds the primary is down")
     parser.add_argument("--throughput-kind", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    plots.add_options(parser)
     args = parser.parse_args()
     if args.throughput_kind:  # one throughput run, in its own process (see throughput_child)
         figures = throughput_run(
@@ -304,12 +385,13 @@ def main() -> int:
         )
         args.out.write_text(json.dumps(figures))
         return 0
+    args.machine = plots.machine()
     log_dir = Path(tempfile.mkdtemp(prefix="bench-providers-"))
     checks: list[tuple[str, bool]] = []
     if args.only in (None, "failover"):
-        checks += failover(log_dir / "failover", args.count, args.down)
+        checks += failover(log_dir / "failover", args.count, args.down, args)
     if args.only in (None, "balance"):
-        checks += balance(log_dir / "balance", 150, 40)
+        checks += balance(log_dir / "balance", BALANCE_COUNT, BALANCE_CAPTCHAS, args)
     if args.only in (None, "throughput"):
         checks += throughput(log_dir / "throughput", args.count if args.only else 1500)
     print(f"(logs in {log_dir})", flush=True)

@@ -60,6 +60,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "captcha_tasks.cli.solving:solve_command",
         "Solve one captcha through the workers and print its token.",
     ),
+    "tenants": (
+        "captcha_tasks.cli.tenants:tenants",
+        "Per tenant: weight, cap, threads in flight and submits parked by lane, budget left.",
+    ),
 }
 
 

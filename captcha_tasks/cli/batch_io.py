@@ -1,6 +1,7 @@
 """Batch files for ``captcha-tasks batch``: CSV or JSONL in, JSONL or CSV out.
 
-Input rows carry ``method``, ``sitekey``, ``pageurl`` and optional extra API parameters.
+Input rows carry ``method``, ``sitekey``, ``pageurl`` and optional extra API parameters, and
+may name their ``tenant`` and ``lane`` (a row's own wins over ``--tenant`` / ``--lane``).
 The whole input is checked before anything is submitted, so a bad line costs nothing;
 rows are then read again lazily, so a 100,000-row file is never held in memory.
 Output is appended and flushed one line per result, so a crash loses nothing written.
@@ -16,7 +17,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import ValidationError
-from ..methods import build_request
+from ..settings import Settings
+from ..worker.tasks import normalize_solve_args
 
 OUTPUT_FIELDS = (
     "index",
@@ -76,8 +78,11 @@ def _jsonl_rows(fh: IO[str]) -> Iterator[tuple[int, dict[str, Any] | BadLine]]:
         yield line, row
 
 
-def check_input(path: Path) -> tuple[int, list[BadLine]]:
-    """Validate every row; returns the row count and every bad line."""
+def check_input(
+    path: Path, settings: Settings, route: dict[str, str] | None = None
+) -> tuple[int, list[BadLine]]:
+    """Validate every row (as ``solve`` will, with the ``route`` defaults a row may
+    override, against ``settings``' tenants); returns the row count and every bad line."""
     disguised = _csv_named_otherwise(path)
     if disguised is not None:
         return 0, [disguised]
@@ -88,7 +93,7 @@ def check_input(path: Path) -> tuple[int, list[BadLine]]:
             bad.append(row)
             continue
         try:
-            build_request(**_solve_args(row))
+            normalize_solve_args((), {**(route or {}), **_solve_args(row)}, settings)
         except (ValidationError, TypeError) as exc:
             bad.append(BadLine(line, str(exc)))
     return count, bad
@@ -114,14 +119,17 @@ def _solve_args(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k != "index"}
 
 
-def tasks(path: Path, skip: set[int]) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(index, solve kwargs)`` for every row whose index is not in ``skip``."""
+def tasks(
+    path: Path, skip: set[int], route: dict[str, str] | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(index, solve kwargs)`` for every row whose index is not in ``skip``; ``route``
+    (``tenant``, ``lane``) fills in what a row does not name."""
     index = -1
     for _line, row in read_rows(path):
         index += 1
         if index in skip or isinstance(row, BadLine):
             continue
-        yield index, _solve_args(row)
+        yield index, {**(route or {}), **_solve_args(row)}
 
 
 def solved_indexes(path: Path) -> set[int]:

@@ -11,6 +11,8 @@ from typing import Any
 import click
 from tqdm import tqdm
 
+from ..errors import ValidationError
+from ..lanes import LANES, check_tenant
 from ..stream import stream
 from ..worker.app import app
 from ..worker.tasks import solve
@@ -24,6 +26,8 @@ from .batch_io import ResultWriter, check_input, solved_indexes, tasks
 @click.option("--param", "params", multiple=True, metavar="K=V", help="Extra API parameter.")
 @click.option("--timeout", default=300.0, show_default=True, type=float)
 @click.option("--json", "as_json", is_flag=True, help="Print the whole result as JSON.")
+@click.option("--tenant", default=None, help="A tenant CAPTCHAAI_TENANTS declares.")
+@click.option("--lane", type=click.Choice(LANES), default=None, help="Default: interactive.")
 def solve_command(
     method: str,
     sitekey: str | None,
@@ -31,10 +35,13 @@ def solve_command(
     params: tuple[str, ...],
     timeout: float,
     as_json: bool,
+    tenant: str | None,
+    lane: str | None,
 ) -> None:
     """Solve one captcha through the workers and print its token."""
 
-    extra = dict(_split_param(p) for p in params)
+    extra: dict[str, str] = dict(_split_param(p) for p in params)
+    extra.update({k: v for k, v in (("tenant", tenant), ("lane", lane)) if v is not None})
     result = solve.delay(method=method, sitekey=sitekey, pageurl=pageurl, **extra).get(
         timeout=timeout
     )
@@ -89,18 +96,38 @@ def account() -> None:
 )
 @click.option("--window", type=int, default=None, help="Tasks queued at once.")
 @click.option("--timeout-per-task", type=float, default=None, help="Seconds per task.")
+@click.option(
+    "--tenant",
+    default=None,
+    help="The tenant of rows that name none (one CAPTCHAAI_TENANTS declares; default: default).",
+)
+@click.option(
+    "--lane",
+    type=click.Choice(LANES),
+    default=None,
+    help="The lane of rows that name none (default: bulk).",
+)
 def batch(
     input_path: Path,
     output: Path | None,
     resume: Path | None,
     window: int | None,
     timeout_per_task: float | None,
+    tenant: str | None,
+    lane: str | None,
 ) -> None:
     """Solve every row of INPUT (CSV or JSONL), writing each result as it arrives."""
 
     if not input_path.exists():
         raise click.BadParameter(f"{input_path} does not exist", param_hint="INPUT")
-    count, bad = check_input(input_path)
+    settings = app.runtime().settings
+    route = {"lane": lane} if lane else {}
+    if tenant is not None:
+        try:
+            route["tenant"] = check_tenant(tenant, settings.tenants)
+        except ValidationError as exc:
+            raise click.BadParameter(exc.message, param_hint="--tenant") from None
+    count, bad = check_input(input_path, settings, route)
     if bad:
         for line in bad:
             click.echo(f"{input_path}: {line}", err=True)
@@ -118,7 +145,7 @@ def batch(
         raise click.ClickException(f"cannot write {output}: {exc.strerror}") from None
     todo = count - len(skip & set(range(count)))
     try:
-        summary = _run_batch(tasks(input_path, skip), todo, writer, window, timeout_per_task)
+        summary = _run_batch(tasks(input_path, skip, route), todo, writer, window, timeout_per_task)
     except KeyboardInterrupt:
         writer.close()
         where = output or "your output file"

@@ -42,6 +42,7 @@ from ..errors import (
     StoreUnavailable,
     ValidationError,
 )
+from ..lanes import BULK
 from ..outcome import Failed
 from ..settings import Settings
 from ..state import State
@@ -258,10 +259,11 @@ class Bridge:
             self._dead_letter_only(received, exc)
             return
         try:
-            kwargs = normalize_solve_args((), dict(task.fields))
+            kwargs = normalize_solve_args((), dict(task.fields), self.settings)
         except ValidationError as exc:
             self._invalid(received, task, exc)
             return
+        kwargs.setdefault("lane", BULK)  # a pipeline's work, unless the task names a lane
         self._claim(task, kwargs, [received])
 
     def _dead_letter_only(self, received: Received, exc: BadMessage) -> None:

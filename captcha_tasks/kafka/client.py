@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigurationError, KafkaDeliveryError, KafkaUnavailable
+from ..lanes import check_lane, check_tenant
 from ..methods import build_request
 from ..settings import Settings, get_settings
 from .messages import check_task_id, task_value
@@ -144,7 +145,14 @@ class TaskProducer:
         pageurl: str | None = None,
         **params: Any,
     ) -> str:
-        """Queue one task; ``task_id`` must be unique (a UUID, for example)."""
+        """Queue one task; ``task_id`` must be unique (a UUID, for example).  ``tenant=``
+        (one ``CAPTCHAAI_TENANTS`` declares) and ``lane=`` (default: bulk) travel with it."""
+        lane, tenant = params.pop("lane", None), params.pop("tenant", None)
+        route = {}
+        if lane is not None:
+            route["lane"] = check_lane(lane)
+        if tenant is not None:
+            route["tenant"] = check_tenant(tenant, self.settings.tenants)
         request = build_request(method, sitekey, pageurl, **params)
         fields: dict[str, Any] = {"method": request.method}
         if request.sitekey is not None:
@@ -152,6 +160,7 @@ class TaskProducer:
         if request.pageurl is not None:
             fields["pageurl"] = request.pageurl
         fields.update(request.params)
+        fields.update(route)
         value = task_value(check_task_id(task_id), fields)
         self._produce(task_id, value)
         return task_id

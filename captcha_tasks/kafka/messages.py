@@ -3,7 +3,10 @@
 ``captcha-tasks`` (key: ``task_id``)::
 
     {"task_id": "1b4e28ba-2fa1-11d2-883f-0016d3cca427", "method": "turnstile",
-     "sitekey": "0x4AAA...", "pageurl": "https://example.com/login", ...extra solve parameters}
+     "sitekey": "0x4AAA...", "pageurl": "https://example.com/login", ...extra solve parameters,
+     "tenant": "crawler", "lane": "bulk"}
+
+``tenant`` (default ``default``) and ``lane`` (default ``bulk``) are optional.
 
 ``captcha-results`` (key: ``task_id``): the outcome dict of :mod:`captcha_tasks.outcome`
 plus ``task_id``::

@@ -22,11 +22,12 @@ from ..providers import ProviderSpec
 from ..settings import Settings
 from .batches import BatchStreams
 from .board import Board, BoardConfig
+from .budgets import TenantBudgets
 from .circuits import Circuits
 from .db import Db
 from .failovers import Failovers
 from .followups import Followups
-from .limiter import LimiterConfig, ThreadLimiter
+from .limiter import LaneUse, LimiterConfig, ThreadLimiter, WaitTimes
 from .pools import PoolStore
 from .proxies import ProxyLeases
 from .records import Records
@@ -73,6 +74,7 @@ class State:
     records: Records
     followups: Followups
     failovers: Failovers
+    budgets: TenantBudgets
 
     @property
     def keys(self) -> Keys:
@@ -110,6 +112,27 @@ class State:
     def stats(self) -> Stats:
         return self.primary.stats
 
+    def lanes(self) -> dict[tuple[str, str], LaneUse]:
+        """Slots held and submits parked by (lane, tenant), at every provider together."""
+        total: dict[tuple[str, str], LaneUse] = {}
+        for at in self.providers.values():
+            for where, use in at.limiter.lanes().items():
+                was = total.get(where, LaneUse())
+                total[where] = LaneUse(was.held + use.held, was.parked + use.parked)
+        return dict(sorted(total.items()))
+
+    def wait_times(self) -> dict[tuple[str, str], WaitTimes]:
+        """Waits from request to thread by (lane, tenant), at every provider together."""
+        total: dict[tuple[str, str], WaitTimes] = {}
+        for at in self.providers.values():
+            for where, times in at.limiter.wait_times().items():
+                was = total.get(where)
+                if was is not None:
+                    buckets = tuple(a + b for a, b in zip(was.buckets, times.buckets, strict=True))
+                    times = WaitTimes(buckets, was.sum_s + times.sum_s, was.count + times.count)
+                total[where] = times
+        return dict(sorted(total.items()))
+
     @classmethod
     def build(cls, settings: Settings, client: Redis | None = None) -> State:
         """Every state object for ``settings``, on ``client`` (default: a new client from
@@ -135,6 +158,7 @@ class State:
             records=Records(db),
             followups=Followups(db, board.followup_grace_s),
             failovers=Failovers(db, providers[names[0]].limiter.lua_keys),
+            budgets=TenantBudgets(db),
         )
 
 
@@ -170,6 +194,7 @@ def limiter_config(settings: Settings, spec: ProviderSpec | None = None) -> Limi
         res_base=budgets.res_base,
         claim_s=settings.connect_timeout + settings.read_timeout + 10,
         message_grace_s=settings.visibility_timeout + 10,
+        tenants=settings.tenants,
     )
 
 

@@ -217,7 +217,7 @@ FINISH = Script(
 -- none stored), A.revoked_result = the value stored instead for a revoked solve,
 -- A.result_ttl_s, A.entry and A.revoked_entry = batch entries (absent: none),
 -- A.solve_s = solve time (absent: none), A.source and A.code = what to count (absent:
--- nothing), A.followup_grace_ms
+-- nothing), A.lane and A.tenant (absent: not counted by lane), A.followup_grace_ms
 -- returns {0} when the solve was completed already (nothing stored or emitted), else
 --   {1, {given, expired}, follow-up or false, revoked (1 / 0)}: the handed-out submits
 """,
@@ -240,6 +240,11 @@ end
 if entry then batch_append(K, entry, {STREAM_TTL}) end
 if A.solve_s and not revoked then times_add(K, A.solve_s) end
 if not revoked then stats_count(K, A.source, A.code) else stats_count(K, '', 'ERROR_REVOKED') end
+if A.lane then
+  local ending = 'failed'
+  if A.solved and not revoked then ending = 'solved' end
+  stats_lane(K, ending, A.lane, A.tenant)
+end
 local followup = followup_take(K, A.lease, A.followup_grace_ms)
 local flag = 0
 if revoked then flag = 1 end
@@ -302,6 +307,11 @@ class Completion:
     solve_time_s: float | None = None
     source: str | None = None
     error_code: str | None = None
+    #: Whether it ended with an answer (else failed).
+    solved: bool = False
+    #: The lane and tenant it is counted under (None: not counted by lane).
+    lane: str | None = None
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -434,8 +444,7 @@ class Board:
         keys = {
             **self._board_keys(),
             **self.limiter.lua_keys(),
-            "solved": self.keys.solved_counter("-"),
-            "api_errors": self.keys.api_errors(),
+            **stats_keys(self.keys, "-"),
             "resubmits": self.keys.resubmits(),
         }
         args = {
@@ -495,6 +504,9 @@ class Board:
             "solve_s": None if done.solve_time_s is None else f"{done.solve_time_s:.3f}",
             "source": done.source,
             "code": done.error_code,
+            "lane": done.lane,
+            "tenant": done.tenant if done.lane else None,
+            "solved": done.solved or None,
         }
         args.update({name: value for name, value in optional.items() if value is not None})
         return keys, args

@@ -22,7 +22,8 @@ T = TypeVar("T")
 #: Seconds a revocation is remembered (longer than any solve lives).
 REVOKED_TTL_S = 24 * 3600
 
-#: Lua: the solve's record (``K.record``: hash attempt, captcha_id, provider, done), its submit
+#: Lua: the solve's record (``K.record``: hash attempt, captcha_id, provider, done, and
+#: charged: the last attempt counted against its tenant's budget), its submit
 #: claim (``K.claim``: string with a TTL, the id of the message holding it) and its
 #: revocation (``K.revoked``: string with a TTL).
 RECORD = Lib(
@@ -40,6 +41,17 @@ local function record_submitted(K, attempt, captcha_id, provider, ttl_s)
   redis.call('HSET', K.record, 'attempt', attempt, 'captcha_id', captcha_id, 'provider', provider)
   redis.call('EXPIRE', K.record, ttl_s)
   redis.call('DEL', K.claim)
+end
+-- True when this attempt (or a later one) was counted against its tenant's budget.
+local function record_charged(K, attempt)
+  local charged = redis.call('HGET', K.record, 'charged')
+  return charged ~= false and tonumber(charged) >= attempt
+end
+-- The attempt's captcha is about to be paid for: it is counted.  A record nothing
+-- submitted yet lives a day at most.
+local function record_charge(K, attempt)
+  redis.call('HSET', K.record, 'charged', attempt)
+  if redis.call('TTL', K.record) < 0 then redis.call('EXPIRE', K.record, 86400) end
 end
 local function record_revoked(K)
   return redis.call('EXISTS', K.revoked) == 1

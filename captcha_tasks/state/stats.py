@@ -1,6 +1,6 @@
 """Counters of the deployment, kept in Redis for the metrics exporter: solves by method and
-source, API errors by code, provider callbacks by verdict, and whether the API honours
-``res.php?ids=``."""
+source, solves that ended by lane and tenant, API errors by code, provider callbacks by
+verdict, and whether the API honours ``res.php?ids=``."""
 
 from __future__ import annotations
 
@@ -15,14 +15,19 @@ T = TypeVar("T")
 
 BULK_SUPPORT_TTL = 3600
 
-#: Lua: K.solved (hash: solves of the method by source), K.api_errors (hash: by code).
+#: Lua: K.solved (hash: solves of the method by source), K.api_errors (hash: by code),
+#: K.lane_outcomes (hash: "solved|<lane>|<tenant>" / "failed|<lane>|<tenant>" -> solves).
 STATS = Lib(
     name="STATS",
-    keys=("solved", "api_errors"),
+    keys=("solved", "api_errors", "lane_outcomes"),
     source="""
 local function stats_count(K, source, code)
   if source and source ~= '' then redis.call('HINCRBY', K.solved, source, 1) end
   if code and code ~= '' then redis.call('HINCRBY', K.api_errors, code, 1) end
+end
+-- A solve of the lane and tenant ended ('solved' or 'failed').
+local function stats_lane(K, ending, lane, tenant)
+  redis.call('HINCRBY', K.lane_outcomes, ending .. '|' .. lane .. '|' .. tenant, 1)
 end
 """,
 )
@@ -30,7 +35,11 @@ end
 
 def stats_keys(keys: Keys, method: str) -> dict[str, str]:
     """The keys of :data:`STATS` for solves of ``method``."""
-    return {"solved": keys.solved_counter(method), "api_errors": keys.api_errors()}
+    return {
+        "solved": keys.solved_counter(method),
+        "api_errors": keys.api_errors(),
+        "lane_outcomes": keys.lane_outcomes(),
+    }
 
 
 class Stats:
@@ -65,6 +74,12 @@ class Stats:
     def resubmits(self) -> dict[str, int]:
         """New captchas submitted for solves whose captcha failed, by reason."""
         return self._counts(self.keys.resubmits())
+
+    def lane_outcomes(self) -> dict[tuple[str, str, str], int]:
+        """Solves that ended so far, by (ending, lane, tenant); ending is ``solved`` or
+        ``failed``."""
+        found = self._counts(self.keys.lane_outcomes())
+        return {tuple(name.split("|", 2)): n for name, n in found.items()}  # type: ignore[misc]
 
     def count_callback(self, verdict: str) -> None:
         """Count one provider callback by verdict."""

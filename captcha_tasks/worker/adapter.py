@@ -155,11 +155,18 @@ class Runner:
         error = errors.InternalError(f"{type(exc).__name__} in {step}", captcha_id=job.captcha_id)
         self.completer.complete(job, Fail(error))
 
-    def revoked(self, solve_id: str, method: Any, batch: BatchRef | None, expired: bool) -> None:
+    def revoked(
+        self,
+        solve_id: str,
+        method: Any,
+        batch: BatchRef | None,
+        expired: bool,
+        route: tuple[Any, Any] = (None, None),
+    ) -> None:
         """A solve message Celery discarded before it ran (revoked, or past its
         ``expires``): the solve ends revoked (its batch line, the message no longer
-        awaited)."""
-        job = Job.unusable(solve_id, method, time.time(), batch)
+        awaited; counted in the ``route``'s lane and tenant)."""
+        job = Job.unusable(solve_id, method, time.time(), batch, *route)
         self.completer.complete(job, Fail(errors.Revoked("expired" if expired else "revoked")))
 
     # -- solve -------------------------------------------------------------------------
@@ -174,7 +181,8 @@ class Runner:
         ``followup``: what the caller chained to it (see :mod:`.results`); ``expires``:
         when it may no longer be submitted."""
         batch = BatchRef.from_dict(kwargs.pop("_batch", None))
-        job = Job.unusable(message.id, kwargs.get("method"), time.time(), batch)
+        lane, tenant = kwargs.get("lane"), kwargs.get("tenant")
+        job = Job.unusable(message.id, kwargs.get("method"), time.time(), batch, lane, tenant)
         try:
             self._solve(message, kwargs, batch, followup, expires)
         except OUTAGES:
@@ -197,14 +205,26 @@ class Runner:
         stashed = kwargs.pop("_secrets", None) or []
         secrets = self._stashed(solve_id, stashed)
         now = time.time()
+        route = steps.Route.of(kwargs, batch is not None)
         try:
+            route.check()
             request = build_request(**kwargs, **secrets)
         except errors.ValidationError as exc:  # skipped the call-site check
-            job = Job.unusable(solve_id, kwargs.get("method"), now, batch)
+            job = Job.unusable(solve_id, kwargs.get("method"), now, batch, route.lane, route.tenant)
             self.completer.complete(job, Fail(exc))
             return
         timeout = self.policy.solve_timeout
-        job = Job.new(solve_id, request, now, timeout, batch=batch, expires=expires)
+        job = Job.new(
+            solve_id,
+            request,
+            now,
+            timeout,
+            batch=batch,
+            expires=expires,
+            lane=route.lane,
+            tenant=route.tenant,
+            asked=route.asked,
+        )
         faults.point("solve")
         if self._from_pool(job, request, now):
             return
@@ -310,10 +330,10 @@ class Runner:
         circuits = self.state.circuits
         for _ in range(len(self.state.providers) + 1):
             route = steps.route(job, self.settings.all_providers, circuits.view(), now)
-            if not isinstance(route, steps.Route):
+            if not isinstance(route, steps.Destination):
                 circuits.forget()  # no provider: make sure of it before saying so
                 route = steps.route(job, self.settings.all_providers, circuits.view(), now)
-                if not isinstance(route, steps.Route):
+                if not isinstance(route, steps.Destination):
                     return job, route
             job, admission = self._admit_routed(job, route, message, now)
             if admission.status != "down":
@@ -334,7 +354,7 @@ class Runner:
         return job, steps.on_admission(job, admission, now)
 
     def _admit_routed(
-        self, job: Job, route: steps.Route, message: Message, now: float
+        self, job: Job, route: steps.Destination, message: Message, now: float
     ) -> tuple[Job, Admission]:
         """Admit at the route's overflow providers when the wait at home would be too
         long, else at home; a job that held something at another provider lets it go."""
@@ -362,7 +382,9 @@ class Runner:
             job.to_json(),
             attempt=job.attempt,
             deadline_in_s=job.deadline - now,
-            refill=job.pool is not None,
+            lane=job.lane_name,
+            tenant=job.tenant_name,
+            asked_at=job.asked if job.asked is not None else job.started,
             batch_id=job.batch.id if job.batch else None,
             message_id=message.id,
             redelivered=message.redelivered,

@@ -28,6 +28,7 @@ from celery.signals import (
 
 from .. import redact
 from ..errors import StoreUnavailable
+from ..lanes import INTERACTIVE, LANES
 from ..settings import Settings, get_settings, reset_settings
 from ..state import State
 from . import flower_auth, names, startup
@@ -87,10 +88,19 @@ class App(Celery):
         self._runtime_lock = threading.Lock()
         self._runtime = None
 
-    def route(self, name: str, *_: Any, **__: Any) -> dict[str, str] | None:
-        """Celery router: each task to its queue, named by this process's settings."""
+    def route(
+        self, name: str, args: Any = None, kwargs: Any = None, *_: Any, **__: Any
+    ) -> dict[str, str] | None:
+        """Celery router: each task to its queue, named by this process's settings; a
+        solve to the queue of its lane."""
         kind = names.QUEUE_OF_TASK.get(name)
-        return None if kind is None else {"queue": self.runtime().settings.queue(kind)}
+        if kind is None:
+            return None
+        settings = self.runtime().settings
+        if name == names.SOLVE:
+            lane = (kwargs or {}).get("lane") if isinstance(kwargs, dict) else None
+            return {"queue": settings.solve_queue(lane if lane in LANES else INTERACTIVE)}
+        return {"queue": settings.queue(kind)}
 
 
 app = App("captcha_tasks", set_as_current=False)

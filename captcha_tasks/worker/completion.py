@@ -120,6 +120,9 @@ class Completer:
             solve_time_s=solve_time,
             source=source,
             error_code=code,
+            solved=isinstance(ending, Deliver),
+            lane=job.lane_name,
+            tenant=job.tenant_name,
         )
 
     def publish(self, handout: Handout) -> None:

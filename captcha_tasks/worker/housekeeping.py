@@ -24,6 +24,7 @@ from typing import Any
 from celery import bootsteps
 
 from .. import errors
+from ..lanes import BACKGROUND
 from ..methods import SolveRequest, build_request
 from ..state.circuits import PROBE_MAX_S
 from ..state.limiter import Drift
@@ -44,9 +45,14 @@ def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
     state, settings = runner.state, runner.settings
     follow_master(runner)
-    swept = state.limiter.sweep(TICK_S, settings.queue("solve"), settings.queue("submit"))
+    swept = state.limiter.sweep(TICK_S, settings.solve_queues, settings.queue("submit"))
     if swept is None:
         return False
+    if swept.repaired:
+        log.warning(
+            "the limiter's counts by lane and tenant disagreed with its slots and parked"
+            " submits (submits parked by a version without lanes?): rebuilt"
+        )
     runner.completer.publish(swept.handout)
     for parked in swept.lost:
         log.warning("solve %s: its submit message was lost; sending it again", parked.lease_id)
@@ -247,6 +253,6 @@ def top_up(runner: Runner, spec: PoolSpec) -> int:
 def _start_refill(runner: Runner, pool: str, request: SolveRequest) -> None:
     refill_id = f"refill-{uuid.uuid4().hex}"
     timeout = runner.settings.solve_timeout
-    job = Job.new(refill_id, request, time.time(), timeout, pool=pool)
+    job = Job.new(refill_id, request, time.time(), timeout, pool=pool, lane=BACKGROUND)
     runner.state.pools.refill_started(pool, refill_id, timeout)
     runner.resend(job, 0.0, unclaim=False)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ..lanes import BACKGROUND, DEFAULT_TENANT, INTERACTIVE, LANES, is_tenant_name
 from ..methods import METHODS, SolveRequest
 
 
@@ -59,6 +60,11 @@ class Job:
     #: The provider the job was last admitted at (its slot, its parked or deferred entry,
     #: its captcha are there); None before its first admission.
     provider: str | None = None
+    #: The lane and tenant it was asked for in (None: the defaults, see :attr:`lane_name`).
+    lane: str | None = None
+    tenant: str | None = None
+    #: When its caller asked for it (Unix time, the caller's clock), if known.
+    asked: float | None = None
 
     @classmethod
     def new(
@@ -71,14 +77,55 @@ class Job:
         pool: str | None = None,
         batch: BatchRef | None = None,
         expires: float | None = None,
+        lane: str | None = None,
+        tenant: str | None = None,
+        asked: float | None = None,
     ) -> Job:
-        return cls(solve_id, request, now, now + timeout_s, pool=pool, batch=batch, expires=expires)
+        return cls(
+            solve_id,
+            request,
+            now,
+            now + timeout_s,
+            pool=pool,
+            batch=batch,
+            expires=expires,
+            lane=lane,
+            tenant=tenant,
+            asked=asked,
+        )
 
     @classmethod
-    def unusable(cls, solve_id: str, method: Any, now: float, batch: BatchRef | None) -> Job:
-        """The job of a solve message whose request is not valid (it can only fail)."""
+    def unusable(
+        cls,
+        solve_id: str,
+        method: Any,
+        now: float,
+        batch: BatchRef | None,
+        lane: Any = None,
+        tenant: Any = None,
+    ) -> Job:
+        """The job of a solve message whose request is not valid (it can only fail); its
+        lane and tenant as the message named them, when they are names at all."""
         name = method if isinstance(method, str) and method in METHODS else "unknown"
-        return cls(solve_id, SolveRequest(name, None, None, {}), now, now, batch=batch)
+        return cls(
+            solve_id,
+            SolveRequest(name, None, None, {}),
+            now,
+            now,
+            batch=batch,
+            lane=lane if lane in LANES else None,
+            tenant=tenant if is_tenant_name(tenant) else None,
+        )
+
+    @property
+    def lane_name(self) -> str:
+        """The lane it is served in (a job from before lanes: a refill's is background,
+        any other's interactive)."""
+        return self.lane or (BACKGROUND if self.pool else INTERACTIVE)
+
+    @property
+    def tenant_name(self) -> str:
+        return self.tenant or DEFAULT_TENANT
 
     # -- steps ---------------------------------------------------------------------------
     def submitted(self, captcha_id: str, now: float) -> Job:
@@ -143,10 +190,10 @@ class Job:
         if self.captcha_id is not None:
             data["captcha_id"] = self.captcha_id
             data["submitted_at"] = self.submitted_at
-        if self.expires is not None:
-            data["expires"] = self.expires
-        if self.provider is not None:
-            data["provider"] = self.provider
+        for name in ("expires", "lane", "tenant", "asked", "provider"):
+            value = getattr(self, name)
+            if value is not None:
+                data[name] = value
         return data
 
     def to_json(self) -> str:
@@ -171,6 +218,9 @@ class Job:
             secrets=tuple(request.get("secrets") or ()),
             expires=data.get("expires"),
             provider=data.get("provider"),
+            lane=data.get("lane"),
+            tenant=data.get("tenant"),
+            asked=data.get("asked"),
         )
 
     @classmethod

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 
 from .. import errors
 from ..client import NOT_READY, Answer, NotReady
+from ..lanes import check_lane, default_lane, is_tenant_name
 from ..methods import METHODS, SolveRequest
 from ..outcome import Solved
 from ..providers import ProviderSpec
@@ -170,7 +171,7 @@ Decision = Submit | SubmitAt | Stop | PollAt | Resubmit | Deliver | Fail
 
 
 @dataclass(frozen=True)
-class Route:
+class Destination:
     """Where a submit goes: admitted at ``home`` (and parked there while its threads are
     busy); the ``overflow`` providers are asked first when the wait at home would pass
     ``CAPTCHAAI_OVERFLOW_AFTER``."""
@@ -202,6 +203,41 @@ def pace(policy: Policy, timing: Timing, bulk: bool) -> Pace:
     return Pace(True, min(policy.bulk_interval, max(MIN_BULK_EVERY, every)))
 
 
+# -- lanes -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a solve message says its solve is served: its lane and tenant (checked at
+    the call site), and when its caller asked for it."""
+
+    lane: str
+    tenant: str | None
+    asked: float | None
+
+    @classmethod
+    def of(cls, kwargs: dict[str, object], batch: bool) -> Route:
+        """Take the route out of a solve message's keyword arguments (what is left is the
+        request); a message from before lanes gets its call site's default lane."""
+        lane = kwargs.pop("lane", None)
+        tenant = kwargs.pop("tenant", None)
+        asked = kwargs.pop("_asked", None)
+        return cls(
+            lane if isinstance(lane, str) else default_lane(batch=batch),
+            tenant if isinstance(tenant, str) else None,
+            float(asked) if isinstance(asked, int | float) else None,
+        )
+
+    def check(self) -> None:
+        """A message that skipped the call-site check: a lane that does not exist, or a name
+        that cannot be a tenant's, is a :class:`~captcha_tasks.errors.ValidationError`.
+        (A tenant this worker does not declare is served with weight 1, no cap and no
+        budget: the caller's settings declared it.)"""
+        check_lane(self.lane)
+        if self.tenant is not None and not is_tenant_name(self.tenant):
+            raise errors.ValidationError(f"{self.tenant!r} cannot name a tenant")
+
+
 # -- jobs --------------------------------------------------------------------------------
 
 
@@ -228,7 +264,7 @@ def route(
     providers: Sequence[ProviderSpec],
     circuits: Mapping[str, Circuit],
     now: float,
-) -> Route | SubmitAt | Fail:
+) -> Destination | SubmitAt | Fail:
     """The provider a submit goes to: the first (in the configured order) that takes its
     method and is in rotation, an ``overflow`` one only when no other is.  With none in
     rotation: wait for the first probe when one may come back (it stopped answering), or
@@ -242,7 +278,7 @@ def route(
     if homes:
         home = homes[0].name
         spill = tuple(p.name for p in up if p.role == "overflow" and p.name != home)
-        return Route(home, spill)
+        return Destination(home, spill)
     down = [circuits[p.name] for p in taking]
     soft = [c for c in down if c.why == "soft"]
     if soft:
@@ -314,6 +350,14 @@ def on_admission(job: Job, admission: Admission, now: float) -> Decision:
         return SubmitAt(now + admission.wait_s, job, keep_claim=True)
     if admission.status == "revoked":
         return Fail(errors.Revoked("revoked"))
+    if admission.status == "over_budget":
+        return Fail(
+            errors.BudgetExceeded(
+                f"tenant {job.tenant_name!r} spent its daily_captchas for today (they reset"
+                " at 00:00 UTC); nothing was sent",
+                captcha_id=job.captcha_id,
+            )
+        )
     return Stop(admission.status)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from datetime import datetime
 from typing import Any
@@ -32,8 +33,10 @@ from celery.exceptions import Ignore
 from celery.signals import task_revoked
 
 from .. import errors
+from ..lanes import DEFAULT_TENANT, check_lane, check_tenant, default_lane
 from ..methods import POOL_PROXY, build_request
 from ..redact import SECRET_PARAMS, mask_params
+from ..settings import Settings
 from ..state import State
 from ..state.pools import PoolSpec
 from . import housekeeping, names
@@ -64,13 +67,23 @@ class SolveTask(Task):
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         kwargs = dict(kwargs or {})
         batch = kwargs.pop("_batch", None)
-        kwargs = normalize_solve_args(args or (), kwargs)
+        # A retry (after an outage) sends the message it ran again: what it carries
+        # besides the request is kept as it was.
+        asked = kwargs.pop("_asked", None)
+        stashed = kwargs.pop("_secrets", None)
+        runtime = app.runtime()
+        kwargs = normalize_solve_args(args or (), kwargs, runtime.settings)
+        kwargs.setdefault("lane", default_lane(batch=batch is not None))
+        kwargs.setdefault("tenant", DEFAULT_TENANT)
         # Flower and task events show this instead of the arguments: no proxy password,
         # no cookie values, no image body.
         options.setdefault("kwargsrepr", repr(mask_params(kwargs)))
         solve_id = options.setdefault("task_id", str(uuid.uuid4()))
-        runtime = app.runtime()
+        # Its wait for a thread counts from now (the metrics' wait_seconds).
+        kwargs["_asked"] = asked if asked is not None else round(time.time(), 3)
         kwargs = _stash_secrets(runtime.state, solve_id, kwargs)
+        if stashed:
+            kwargs["_secrets"] = stashed
         if batch is not None:
             kwargs["_batch"] = batch
         runtime.state.pools.ensure_declared()  # this process's CAPTCHAAI_POOLS, before it solves
@@ -91,8 +104,21 @@ def _stash_secrets(state: State, solve_id: str, kwargs: dict[str, Any]) -> dict[
     return {**kept, "_secrets": sorted(secret)}
 
 
-def normalize_solve_args(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Validate ``solve``'s arguments; returns them as keyword arguments."""
+def normalize_solve_args(
+    args: Any, kwargs: dict[str, Any], settings: Settings | None = None
+) -> dict[str, Any]:
+    """Validate ``solve``'s arguments; returns them as keyword arguments (with ``lane`` and
+    ``tenant`` when the caller named them: a lane of :data:`~captcha_tasks.lanes.LANES`, a
+    tenant ``settings`` declare; default: this process's settings)."""
+    kwargs = dict(kwargs)
+    route: dict[str, str] = {}
+    if kwargs.get("lane") is not None:
+        route["lane"] = check_lane(kwargs["lane"])
+    if kwargs.get("tenant") is not None:
+        tenants = (settings or app.runtime().settings).tenants
+        route["tenant"] = check_tenant(kwargs["tenant"], tenants)
+    kwargs.pop("lane", None)
+    kwargs.pop("tenant", None)
     names = ("method", "sitekey", "pageurl")
     if len(args) > len(names):
         raise errors.ValidationError("solve takes at most method, sitekey, pageurl positionally")
@@ -107,6 +133,7 @@ def normalize_solve_args(args: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         "sitekey": request.sitekey,
         "pageurl": request.pageurl,
         **request.params,
+        **route,
     }
 
 
@@ -155,7 +182,8 @@ def _revoked(sender: Any = None, request: Any = None, expired: bool = False, **_
         return
     kwargs = dict(getattr(request, "kwargs", None) or {})
     batch = BatchRef.from_dict(kwargs.get("_batch"))
-    runner().revoked(str(request.id), kwargs.get("method"), batch, expired)
+    route = (kwargs.get("lane"), kwargs.get("tenant"))
+    runner().revoked(str(request.id), kwargs.get("method"), batch, expired, route)
 
 
 @app.task(

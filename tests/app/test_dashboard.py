@@ -33,7 +33,8 @@ DATASOURCE_VARIABLE = "DS_PROMETHEUS"
 
 #: A PromQL metric name of ours: not part of a longer identifier (a label, a function).
 METRIC = re.compile(r"(?<![A-Za-z0-9_:])captcha_tasks_[A-Za-z0-9_:]*")
-#: Metrics read through rate() and the like, which only make sense on counters.
+#: Metrics read through rate() and the like, which only make sense on counters (a
+#: histogram's cumulative buckets among them).
 RATED = re.compile(r"\b(?:rate|irate|increase)\(\s*(captcha_tasks_[A-Za-z0-9_:]*)")
 #: Label names in `by (...)` / `without (...)` and in selectors `{name=~"..."}`.
 GROUPED = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
@@ -45,6 +46,9 @@ LABEL_VALUES = re.compile(r"label_values\(\s*(captcha_tasks_[A-Za-z0-9_:]*)\s*,\
 PROMETHEUS_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain;version=0.0.4"
 
 PAGE = "https://example.com/dashboard"
+#: A tenant with a cap and a budget: every tenant figure is served.
+SHOP = {"weight": 2, "max_threads": 10, "daily_captchas": 100}
+MODULE_ENV = {"CAPTCHAAI_TENANTS": json.dumps({"shop": SHOP})}
 POOL = "dashboard-pool"
 SECRET = "dashboard-test-secret-" + "x" * 8
 
@@ -193,6 +197,14 @@ def test_the_dashboard_shows_what_operators_look_for(dashboard: dict[str, Any]) 
             "api_errors_total",
             "pingback_accepted_total",
             "pingback_rejected_total",
+            "lane_in_flight",
+            "lane_parked",
+            "lane_solved_total",
+            "lane_failed_total",
+            "wait_seconds_bucket",
+            "tenant_submitted_today",
+            "tenant_daily_budget",
+            "queue_messages",
         )
     }
     assert wanted <= used, f"not on the dashboard: {wanted - used}"
@@ -204,7 +216,7 @@ def test_the_dashboard_shows_what_operators_look_for(dashboard: dict[str, Any]) 
     }
     assert quantiles == {"0.5", "0.9", "0.99"}
     grouped = {tuple(g.replace(" ", "").split(",")) for e in exprs for g in GROUPED.findall(e)}
-    assert {("source",), ("code",), ("reason",)} <= grouped
+    assert {("source",), ("code",), ("reason",), ("lane", "tenant"), ("le", "lane")} <= grouped
 
 
 # -- provisioning by the compose stack -----------------------------------------------------
@@ -327,7 +339,10 @@ def _reject_a_callback() -> None:
 def test_every_query_reads_what_a_live_exporter_serves(
     worker: CeleryProcess, sandbox: Any, clean_state: None, metrics_url: str
 ) -> None:
-    results = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(2)]
+    results = [
+        solve.delay(method="turnstile", sitekey="k", pageurl=PAGE, tenant=tenant)
+        for tenant in ("default", "shop")
+    ]
     assert all(r.get(timeout=30)["status"] == "solved" for r in results)
     with pytest.raises(FatalError):  # counted under its error code
         solve.delay(method="turnstile", sitekey="k", pageurl=PAGE, proxy="u:p@bad-proxy:1").get(
@@ -345,7 +360,9 @@ def test_every_query_reads_what_a_live_exporter_serves(
             labels = set().union(*(served[m][1] for m in used))
             assert labels_in(expr) <= labels, f"{where}: no such label in {expr!r}"
             for rated in RATED.findall(expr):
-                assert served[rated][0] == "counter", f"{where}: rate() of a {served[rated][0]}"
+                # a histogram's buckets are counters too (a gauge histogram's are not)
+                kind = served[rated][0]
+                assert kind in ("counter", "histogram"), f"{where}: rate() of a {kind}"
             for metric, label in LABEL_VALUES.findall(expr):
                 assert label in served[metric][1], f"{where}: {metric} has no label {label}"
             if "histogram_quantile" in expr:

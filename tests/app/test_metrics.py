@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from prometheus_client.registry import Collector
 from captcha_tasks import solve
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.errors import FatalError
-from captcha_tasks.metrics import SOLVE_TIME_BUCKETS, _buckets, make_wsgi_app
+from captcha_tasks.metrics import SOLVE_TIME_BUCKETS, StoreCollector, _buckets, make_wsgi_app
 from captcha_tasks.state.board import Completion
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import create_pool, prewarm
@@ -164,6 +165,59 @@ def test_pooled_solves_are_counted_with_source_pool(
         samples, "captcha_tasks_solved_total", method="turnstile", source="pool", provider=PROVIDER
     )
     assert counted == pooled
+
+
+def test_lanes_tenants_and_budgets_are_counted(metrics_url: str, clean_state: None) -> None:
+    """What the limiter and the completion count, read through the exporter: threads and
+    parked submits by lane and tenant, waits, the budget, endings."""
+    state = app.runtime().state
+    limiter = state.limiter
+    capacity = limiter.config.capacity
+    held = [f"lanes-lease-{i}" for i in range(capacity)]
+    asked = time.time() - 0.2
+    for lease in held:
+        admission = limiter.admit(lease, "{}", attempt=0, deadline_in_s=30, asked_at=asked)
+        assert admission.status == "go"
+    parked = limiter.admit("lanes-parked", "{}", attempt=0, deadline_in_s=30, lane="bulk")
+    assert parked.status == "parked"
+    done = Completion(held[0], "turnstile", solved=True, lane="interactive", tenant="default")
+    try:
+        state.board.finish(done)
+        samples = _scrape(metrics_url)
+    finally:
+        for lease in [*held, "lanes-parked"]:
+            state.board.finish(Completion(lease, "turnstile"))
+
+    where = {"lane": "interactive", "tenant": "default"}
+    # the first lease freed went to the parked bulk submit
+    assert _value(samples, "captcha_tasks_lane_in_flight", **where) == capacity - 1
+    assert _value(samples, "captcha_tasks_lane_in_flight", lane="bulk", tenant="default") == 1
+    assert _value(samples, "captcha_tasks_lane_parked", lane="bulk", tenant="default") == 0
+    assert _value(samples, "captcha_tasks_lane_parked", lane="background", tenant="default") == 0
+    assert _value(samples, "captcha_tasks_lane_solved_total", **where) == 1
+    assert _value(samples, "captcha_tasks_wait_seconds_count", **where) == capacity
+    assert _value(samples, "captcha_tasks_wait_seconds_bucket", le="0.1", **where) == 0
+    assert _value(samples, "captcha_tasks_wait_seconds_bucket", le="0.5", **where) == capacity
+    assert 0.2 * capacity <= _value(samples, "captcha_tasks_wait_seconds_sum", **where)
+    assert _value(samples, "captcha_tasks_tenant_submitted_today", tenant="default") == capacity
+    assert _value(samples, "captcha_tasks_tenant_weight", tenant="default") == 1
+
+
+def test_every_queue_and_priority_sub_list_is_counted(redis_conn: Any) -> None:
+    # queues of their own, which no worker of this module consumes
+    settings = app.runtime().settings.replace(queue_prefix=f"idle-{os.getpid()}")
+    bulk, submit = settings.solve_queue("bulk"), settings.queue("submit")
+    redis_conn.rpush(bulk, "m1", "m2")
+    redis_conn.rpush(f"{submit}\x06\x169", "m3")  # how kombu keeps a priority-9 message
+    try:
+        found = StoreCollector(settings, app.runtime().state).collect()
+        [family] = [f for f in found if f.name == "captcha_tasks_queue_messages"]
+    finally:
+        redis_conn.delete(bulk, f"{submit}\x06\x169")
+    sizes = {(s.labels["queue"], s.labels["priority"]): s.value for s in family.samples}
+    assert len(sizes) == len(settings.queues) * 4  # each queue, each of its sub-lists
+    assert (sizes[(bulk, "0")], sizes[(bulk, "3")], sizes[(submit, "9")]) == (2, 0, 1)
+    assert sum(sizes.values()) == 3
 
 
 def test_buckets_are_cumulative() -> None:

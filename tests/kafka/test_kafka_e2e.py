@@ -41,6 +41,7 @@ from captcha_tasks.worker.app import app
 pytestmark = pytest.mark.slow
 
 PAGE = "https://example.com/kafka"
+MODULE_ENV = {"CAPTCHAAI_TENANTS": json.dumps({"scrapers": {"weight": 1}})}
 
 
 def enqueue_all(setup: KafkaSetup, count: int) -> list[str]:
@@ -65,7 +66,8 @@ def celery_backlog() -> int:
     parked submits (one each per captcha).  Poll messages are left out: a captcha can
     briefly have two (its countdown poll and one a bulk poll woke)."""
     r = app.runtime().state.redis
-    names = (app.runtime().settings.queue("solve"), app.runtime().settings.queue("submit"))
+    settings = app.runtime().settings
+    names = (*settings.solve_queues, settings.queue("submit"))  # the bridge's are bulk
     queued = sum(int(r.llen(q)) for q in names)  # type: ignore[arg-type]
     return queued + app.runtime().state.limiter.parked_count()
 
@@ -340,6 +342,38 @@ def test_captchaai_methods_answer_with_their_shape_and_user_agent(
     assert isinstance(by_id["t-bls"]["token"], list) and by_id["t-bls"]["token"]
     assert "user_agent" not in by_id["t-fc"]
     assert sandbox.verify(by_id["t-fc"]["token"])["success"] is True
+
+
+def test_a_tasks_tenant_and_lane_are_served_and_an_unknown_tenant_is_a_failed_task(
+    kafka: Callable[..., KafkaSetup],
+    start_bridge: Any,
+    start_worker: Any,
+    sandbox: Any,
+    clean_state: None,
+) -> None:
+    setup = kafka(partitions=1)
+    start_worker(concurrency=8, name="kafka-w7")
+    with TaskProducer(setup.settings) as producer:
+        producer.enqueue("t-bulk", "turnstile", "k", PAGE, tenant="scrapers")
+        producer.enqueue("t-now", "turnstile", "k", PAGE, tenant="scrapers", lane="interactive")
+    producer = Producer(producer_config(setup.settings))  # a producer that checks nothing
+    fields = {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, "tenant": "nobody"}
+    producer.produce(setup.settings.kafka_tasks_topic, task_value("t-nobody", fields), b"t-nobody")
+    producer.flush(10)
+    start_bridge(setup, "bridge-tenants")
+    results = setup.reader(setup.settings.kafka_results_topic)
+    results.read_until(lambda r: len(r) >= 3, 60, "the answers")
+    by_id = {r.key: r.value for r in results.records}
+    assert by_id["t-bulk"]["status"] == by_id["t-now"]["status"] == "solved"
+    assert by_id["t-nobody"]["error"] == "ERROR_VALIDATION"
+    assert "unknown tenant 'nobody'" in by_id["t-nobody"]["message"]
+    assert sandbox.stats()["submits"] == 2
+    counted = app.runtime().state.stats.lane_outcomes()
+    assert (
+        counted[("solved", "bulk", "scrapers")]
+        == counted[("solved", "interactive", "scrapers")]
+        == 1
+    )
 
 
 def rewind(setup: KafkaSetup) -> None:

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 import pytest
+from contract import validate
 from image_files import png
 
 from captcha_tasks.dev.devstack import wait_until
@@ -186,6 +187,24 @@ def test_enqueue_validates_before_anything_is_produced(monkeypatch: pytest.Monke
         "method": "base64",
         "body": base64.b64encode(image).decode(),
     }
+
+
+def test_enqueue_carries_a_declared_tenant_and_a_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings.from_env(
+        {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "CAPTCHAAI_TENANTS": '{"shop": {}}'}
+    )
+    producer = TaskProducer(settings)
+    produced: list[tuple[str, bytes]] = []
+    monkeypatch.setattr(producer, "_produce", lambda *args: produced.append(args))
+    with pytest.raises(ValidationError, match="unknown tenant 'shp'"):
+        producer.enqueue("t-1", "turnstile", "k", PAGE, tenant="shp")
+    with pytest.raises(ValidationError, match="unknown lane 'now'"):
+        producer.enqueue("t-2", "turnstile", "k", PAGE, lane="now")
+    assert produced == []
+    producer.enqueue("t-3", "turnstile", "k", PAGE, tenant="shop", lane="interactive")
+    fields = parse_task(produced[0][1]).fields
+    assert (fields["tenant"], fields["lane"]) == ("shop", "interactive")
+    validate("kafka-task", {"task_id": "t-3", **fields})
 
 
 # -- offsets --------------------------------------------------------------------------------

@@ -59,13 +59,13 @@ def test_reconcile_makes_every_owed_message_due(redis_conn: Any, keys: Keys) -> 
     redis_conn.rpush(QUEUE, "a message ahead of them")
     redis_conn.set(keys.poll_round(), "1")
     redis_conn.set(keys.threads_check_lock(), "1")
-    swept = limiter.sweep(0.001, QUEUE)
+    swept = limiter.sweep(0.001, [QUEUE])
     assert swept is not None and not swept.unstarted and not swept.lost  # not due yet
 
     assert failovers.reconcile() == (1, 1)
     assert not redis_conn.exists(keys.poll_round(), keys.threads_check_lock())
     redis_conn.delete(keys.housekeeping_lock())
-    swept = limiter.sweep(0.001, QUEUE)
+    swept = limiter.sweep(0.001, [QUEUE])
     assert swept is not None
     assert [p.lease_id for p in swept.unstarted] == ["queued"]  # the queue notwithstanding
     assert [p.lease_id for p in swept.lost] == ["owed"]

@@ -95,14 +95,14 @@ def test_a_finished_solve_hands_its_slot_to_the_oldest_parked(redis_conn: Any, k
 
 
 def test_newcomer_does_not_jump_the_queue(redis_conn: Any, keys: Keys) -> None:
-    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.3)
     assert admit(lim, "a") == "go"
     assert admit(lim, "p1", 1) == "parked"
     # a slot frees by lease loss, not release: the parked one still goes first
-    redis_conn.zrem(keys.slots(), "a")
-    assert admit(lim, "late", 2) == "parked"
-    handout = sweep_now(lim, redis_conn).handout
-    assert [p.lease_id for p in handout.given] == ["p1"]
+    wait_until(lambda: lim.in_use() == 0, 3, what="the lease to expire")
+    late = lim.admit("late", job_of("late", 2), attempt=0, deadline_in_s=60)
+    assert late.status == "parked"
+    assert [p.lease_id for p in late.handout.given] == ["p1"]
 
 
 def test_a_redelivered_message_keeps_its_slot(redis_conn: Any, keys: Keys) -> None:
@@ -115,9 +115,9 @@ def test_a_redelivered_message_keeps_its_slot(redis_conn: Any, keys: Keys) -> No
 
 def test_refills_leave_the_reserve_to_on_demand(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=3, reserve=1)
-    assert admit(lim, "r1", 1, refill=True) == "go"
-    assert admit(lim, "r2", 2, refill=True) == "go"
-    assert admit(lim, "r3", 3, refill=True) == "parked"
+    assert admit(lim, "r1", 1, lane="background") == "go"
+    assert admit(lim, "r2", 2, lane="background") == "go"
+    assert admit(lim, "r3", 3, lane="background") == "parked"
     assert lim.free_for_refills() == 0
     # the reserved slot still serves an on-demand solve, ahead of the parked refill
     assert admit(lim, "d1", 4) == "go"
@@ -302,7 +302,7 @@ def test_a_parked_submit_is_parked_once(redis_conn: Any, keys: Keys) -> None:
 def sweep_now(lim: ThreadLimiter, redis_conn: Any) -> Any:
     """One sweep, whoever swept last (the lock only spaces sweeps of many workers)."""
     redis_conn.delete(lim.keys.housekeeping_lock())
-    swept = lim.sweep(tick_s=5, solve_queue=QUEUE, submit_queue=SUBMIT_QUEUE)
+    swept = lim.sweep(tick_s=5, solve_queues=[QUEUE], submit_queue=SUBMIT_QUEUE)
     assert swept is not None
     return swept
 
@@ -356,8 +356,8 @@ def test_the_sweep_reclaims_leases_and_hands_out_without_beat(redis_conn: Any, k
 
 def test_one_sweep_per_tick(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys)
-    assert lim.sweep(tick_s=5, solve_queue=QUEUE) is not None
-    assert lim.sweep(tick_s=5, solve_queue=QUEUE) is None
+    assert lim.sweep(tick_s=5, solve_queues=[QUEUE]) is not None
+    assert lim.sweep(tick_s=5, solve_queues=[QUEUE]) is None
 
 
 def test_a_solve_message_lost_before_it_started_is_sent_again(redis_conn: Any, keys: Keys) -> None:

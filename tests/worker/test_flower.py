@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import requests
 from browser import chromium
 
@@ -172,6 +173,9 @@ def test_flower_stops_when_told_even_with_redis_down(output_dir: Path, sig: int)
     env = _flower_env(FLOWER_BASIC_AUTH=f"{USER}:{PASSWORD}", REDIS_URL=redis_server.url)
     flower = FlowerProcess(env, output_dir).start()
     try:
+        # Flower's event receiver must hold its subscription before Redis goes: a receiver
+        # still connecting retries inside kombu and never logs the failure we wait for.
+        wait_until(lambda: _events_subscribed(redis_server), 30, what="Flower's event receiver")
         redis_server.stop()
         wait_until(lambda: "Failed to capture events" in flower.log_text(), 30, what="retries")
         # An outage of a chosen length, not a synchronisation: every 5 s Flower asks the
@@ -185,6 +189,12 @@ def test_flower_stops_when_told_even_with_redis_down(output_dir: Path, sig: int)
     finally:
         flower.stop()
         redis_server.stop()
+
+
+def _events_subscribed(redis_server: RedisServer) -> bool:
+    """Whether a client listens to Celery's event exchange (kombu's fanout on Redis pub/sub)."""
+    with redis.Redis.from_url(redis_server.url) as client:
+        return bool(client.pubsub_channels("*celeryev*")) or bool(client.pubsub_numpat())
 
 
 # -- the task list in a real browser -------------------------------------------------------

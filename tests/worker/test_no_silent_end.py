@@ -75,6 +75,19 @@ def test_an_outage_inside_a_step_is_waited_out(sandbox: Any, start_worker: Any, 
     wait_until(lambda: no_lease(result.id), 5, what="its thread freed")
 
 
+def test_a_solve_retried_after_an_outage_keeps_its_proxy_tenant_and_lane(
+    sandbox: Any, start_worker: Any
+) -> None:
+    """The retry of the first step is the same message again: what it carries besides the
+    request (its stashed proxy's name, its route) is sent on as it was."""
+    start_worker({**FAST, "CAPTCHAAI_FAULTS": "redis@solve*1"}, name="outage-proxied")
+    proxied = {**task("outage-proxied"), "proxy": "user:secret@proxy.test:3128"}
+    result = solve.delay(**proxied, lane="bulk")
+    assert result.get(timeout=30)["status"] == "solved"
+    counted = app.runtime().state.stats.lane_outcomes()
+    assert counted.get(("solved", "bulk", "default")) == 1
+
+
 def test_what_a_failure_after_the_completion_left_undone_is_done_again(
     sandbox: Any, start_worker: Any, env: dict[str, str], redis_conn: Any
 ) -> None:

@@ -90,6 +90,16 @@ def test_admission_decisions(admission: Admission, expected: object) -> None:
     assert steps.on_admission(job(), admission, T0) == expected
 
 
+def test_a_spent_tenant_budget_fails_at_once() -> None:
+    crawler = dataclasses.replace(job(), tenant="crawler")
+    failed = steps.on_admission(crawler, Admission("over_budget"), T0)
+    assert isinstance(failed, Fail) and isinstance(failed.error, errors.BudgetExceeded)
+    assert failed.error.code == "ERROR_BUDGET_EXCEEDED"
+    assert "'crawler'" in failed.error.message and "00:00 UTC" in failed.error.message
+    # the caller's side rebuilds the same type from the stored code
+    assert type(errors.from_api_code("ERROR_BUDGET_EXCEEDED")) is errors.BudgetExceeded
+
+
 def test_a_busy_claim_means_later() -> None:
     busy = steps.on_admission(job(), Admission("busy", 40.0), T0)
     assert isinstance(busy, SubmitAt) and busy.at == T0 + 40 and busy.keep_claim
@@ -371,19 +381,19 @@ def circuits(**down: tuple[str, str]) -> dict[str, Circuit]:
 
 
 def test_a_captcha_goes_to_the_primary_while_it_is_in_rotation() -> None:
-    assert steps.route(job(), PROVIDERS, circuits(), T0) == steps.Route("main", ("spill",))
+    assert steps.route(job(), PROVIDERS, circuits(), T0) == steps.Destination("main", ("spill",))
 
 
 def test_then_to_the_first_fallback_that_takes_its_method() -> None:
     down = circuits(main=("soft", "ERROR_TRANSPORT"))
-    assert steps.route(job(), PROVIDERS, down, T0) == steps.Route("backup", ("spill",))
+    assert steps.route(job(), PROVIDERS, down, T0) == steps.Destination("backup", ("spill",))
     image = job("base64", body=png_b64())
     assert steps.route(image, PROVIDERS, down, T0).home == "images"  # type: ignore[union-attr]
 
 
 def test_an_overflow_provider_is_home_when_nothing_else_is_in_rotation() -> None:
     down = circuits(main=("balance", "ERROR_ZERO_BALANCE"), backup=("key", "ERROR_WRONG_USER_KEY"))
-    assert steps.route(job(), PROVIDERS, down, T0) == steps.Route("spill", ())
+    assert steps.route(job(), PROVIDERS, down, T0) == steps.Destination("spill", ())
 
 
 def test_with_every_provider_empty_the_caller_hears_it_at_once() -> None:
