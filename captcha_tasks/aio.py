@@ -79,6 +79,7 @@ from .stream import (
 )
 from .worker.app import app
 from .worker.results import Results
+from .worker.runtime import Runtime
 from .worker.tasks import solve as solve_task
 
 log = logging.getLogger(__name__)
@@ -110,24 +111,34 @@ async def solve(
     return _outcome(record)
 
 
-async def stream(
+def stream(
     tasks: Iterable[Task] | AsyncIterable[Task],
     *,
     timeout_per_task: float | None = None,
     window: int | None = None,
+    lane: str | None = None,
+    tenant: str | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """Solve ``tasks`` and yield each outcome dict, with its input ``index``, in completion
     order: :func:`captcha_tasks.stream.stream` for ``async for``.
 
-    ``tasks`` may be an iterable or an async iterable of ``solve`` keyword arguments.
+    ``tasks`` may be an iterable or an async iterable of ``solve`` keyword arguments;
+    ``lane`` and ``tenant`` are the defaults of the tasks that name none, as in ``stream()``.
     Leaving the loop (``break``, an exception, the task being cancelled) cancels what was
     not submitted yet; ``async with contextlib.aclosing(stream(...))`` makes that happen
     at once rather than when the generator is collected.
     """
     runtime = app.runtime()
-    batch = new_batch(runtime.settings, window, timeout_per_task)
+    batch = new_batch(runtime.settings, window, timeout_per_task, lane=lane, tenant=tenant)
+    return _drive(runtime, batch, _iterate(tasks))
+
+
+async def _drive(
+    runtime: Runtime, batch: Batch, source: AsyncIterator[Task]
+) -> AsyncIterator[dict[str, Any]]:
+    """Carry out ``batch``'s decisions until it is done (the async generator
+    :func:`stream` returns, once its arguments are checked)."""
     hub = _hubs().hub()
-    source = _iterate(tasks)
     try:
         while True:
             batch.saw_master(FAILOVERS.generation)

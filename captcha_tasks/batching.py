@@ -188,6 +188,9 @@ class Batch:
     window: int
     timeout_s: float
     max_block_s: float = MAX_BLOCK_S
+    #: Keyword arguments every task gets unless it names them itself (the batch's ``lane``
+    #: and ``tenant``).
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     pending: dict[int, _Pending] = field(default_factory=dict)
     #: Tasks taken from the source and not queued yet: (index, task), oldest first.
     backlog: deque[tuple[int, Task]] = field(default_factory=deque, repr=False)
@@ -297,7 +300,7 @@ class Batch:
     def pulled(self, task: Task) -> None:
         """The source gave the next task."""
         self._expect(Pull)
-        self.backlog.append((self._taken, task))
+        self.backlog.append((self._taken, {**self.defaults, **task} if self.defaults else task))
         self._taken += 1
 
     def ended(self) -> None:

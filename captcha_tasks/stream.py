@@ -55,6 +55,7 @@ from .batching import (
     solve_kwargs,
 )
 from .connections import FAILOVERS
+from .lanes import check_lane, check_tenant
 from .settings import Settings
 from .state import State
 from .state.batches import BatchStreams
@@ -69,6 +70,8 @@ def stream(
     *,
     timeout_per_task: float | None = None,
     window: int | None = None,
+    lane: str | None = None,
+    tenant: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """Solve ``tasks`` (dicts of ``solve`` keyword arguments) and yield each outcome dict,
     with its input ``index``, in completion order.
@@ -77,13 +80,21 @@ def stream(
     on.  ``window`` bounds the tasks queued at once (default: twice the usable threads —
     one set in flight at the provider, one parked and ready to take a freed thread).
     ``timeout_per_task`` (default: the solve timeout plus a minute) fails a task whose
-    result never arrives.
+    result never arrives.  ``lane`` (default ``bulk``) and ``tenant`` (default
+    ``default``) apply to every task that does not name its own; an unknown one is a
+    :class:`~captcha_tasks.errors.ValidationError` here, before anything is sent.
     """
     runtime = app.runtime()
-    batch = new_batch(runtime.settings, window, timeout_per_task)
-    state = runtime.state
+    batch = new_batch(runtime.settings, window, timeout_per_task, lane=lane, tenant=tenant)
+    return _drive(runtime.state, batch, iter(tasks))
+
+
+def _drive(
+    state: State, batch: Batch, source: Iterator[Mapping[str, Any]]
+) -> Iterator[dict[str, Any]]:
+    """Carry out ``batch``'s decisions until it is done (the generator :func:`stream`
+    returns, once its arguments are checked)."""
     streams = state.batches
-    source = iter(tasks)
     try:
         while True:
             batch.saw_master(FAILOVERS.generation)
@@ -111,10 +122,24 @@ def stream(
         _abandon(streams, batch.close())
 
 
-def new_batch(settings: Settings, window: int | None, timeout_per_task: float | None) -> Batch:
-    """A batch with the defaults of ``settings`` (shared with :func:`captcha_tasks.aio.stream`)."""
+def new_batch(
+    settings: Settings,
+    window: int | None,
+    timeout_per_task: float | None,
+    *,
+    lane: str | None = None,
+    tenant: str | None = None,
+) -> Batch:
+    """A batch with the defaults of ``settings`` (shared with :func:`captcha_tasks.aio.stream`);
+    ``lane`` and ``tenant``, checked here, go to every task that names none."""
+    defaults: dict[str, Any] = {}
+    if lane is not None:
+        defaults["lane"] = check_lane(lane)
+    if tenant is not None:
+        defaults["tenant"] = check_tenant(tenant, settings.tenants)
     return Batch(
         uuid.uuid4().hex,
+        defaults=defaults,
         window=2 * settings.capacity if window is None else window,
         timeout_s=settings.solve_timeout + 60 if timeout_per_task is None else timeout_per_task,
         # A move before the batch started lost none of its writes.

@@ -241,6 +241,22 @@ def test_events_that_were_not_asked_for_are_refused() -> None:
         batch.resent()
 
 
+def test_the_batch_defaults_go_to_every_task_that_names_none() -> None:
+    batch = Batch("b", window=2, timeout_s=60, defaults={"lane": "background", "tenant": "shop"})
+    sent = []
+    for own in ({}, {"tenant": "crawler"}):
+        assert batch.next_action(0.0) == Pull()
+        batch.pulled({**task(), **own})
+        action = batch.next_action(0.0)
+        assert isinstance(action, Send)
+        sent.append(action.task)
+        batch.sent(tid(action.index), 0.0)
+    assert [(t["lane"], t["tenant"]) for t in sent] == [
+        ("background", "shop"),
+        ("background", "crawler"),  # a task's own wins
+    ]
+
+
 @pytest.mark.parametrize(
     ("window", "timeout", "message"),
     [(0, 60, "window must be at least 1"), (1, 0, "timeout_per_task must be positive")],
