@@ -106,6 +106,34 @@ class Keys:
         """Hash: provider callbacks by verdict ("accepted" or a rejection reason)."""
         return self._k("stats", "pingback")
 
+    def pingback_channel(self) -> str:
+        """Hash (scoped): how the provider's callbacks are doing: ``state`` (up / degraded
+        / down), ``share`` (recent share of answers that came by callback), ``misses`` /
+        ``hits`` (answers by poll / by callback in a row), ``since`` (answers since the
+        last switch)."""
+        return self._p("pingback", "channel")
+
+    def pingback_polled(self) -> str:
+        """Sorted set (scoped): captcha id -> when a poll found its answer (ms) while a
+        callback was asked for: a callback that comes after it is late, not lost."""
+        return self._p("pingback", "polled")
+
+    def pingback_lateness(self) -> str:
+        """Hash (scoped): how late answers of captchas that asked for a callback were:
+        counts by bucket (``b:<index>``), ``sum``, ``count``, and ``overdue`` (answers a
+        poll found after the captcha's callback was due)."""
+        return self._p("stats", "pingback-late")
+
+    def pingback_early(self) -> str:
+        """Hash (scoped): ticket (``<solve id>.<attempt>``) -> a callback that came before
+        its captcha was registered (JSON: captcha id, code)."""
+        return self._p("pingback", "early")
+
+    def pingback_early_due(self) -> str:
+        """Sorted set (scoped): ticket -> when its early callback is forgotten (ms, Redis
+        clock)."""
+        return self._p("pingback", "early-due")
+
     def lane_outcomes(self) -> str:
         """Hash: "solved|<lane>|<tenant>" / "failed|<lane>|<tenant>" -> solves that ended so."""
         return self._k("stats", "lanes")

@@ -28,13 +28,21 @@ Exposed (``captcha_tasks_`` prefix):
   ``provider_threads_capacity``, ``provider_parked_submits``, ``provider_deferred_submits``,
   ``provider_captchas_in_flight``, ``budget_waits_total{budget}`` (submits deferred by a
   request budget, not by threads: ``submit_rate``, ``no_slot``, ``pause``)
-* ``pingback_accepted_total``, ``pingback_rejected_total{reason}``: provider callbacks
 * ``solve_seconds{method,provider}``: a gauge histogram of the recent solve times per method
   (the samples the adaptive first poll keeps), for ``histogram_quantile``
 * ``redis_master_changes_total``: Redis masters that took over (a failover, or a restart
   that lost the master's identity), counted once each by housekeeping;
   ``redis_reconnects_total{process}``: connections to the master opened again (behind
   Sentinel), added up per kind of process (worker, beat, exporter, receiver, kafka, app)
+* ``pingback_accepted_total``, ``pingback_rejected_total{reason}``: provider callbacks;
+  ``pingback_early_total``: callbacks kept because they came before their captcha was
+  registered
+* per provider, the callback channel: ``pingback_channel{provider,state}`` (1 for its
+  state: ``up``, ``degraded`` or ``down``), ``pingback_callback_share{provider}`` (the
+  recent share of answers that came by callback), ``pingback_callbacks_overdue_total``
+  (answers a poll found after their captcha's callback was due) and
+  ``pingback_answer_late_seconds`` (a histogram of how long each answer of a captcha that
+  asked for a callback waited at the provider before we had it: 0 for a callback)
 * by lane and tenant: ``lane_in_flight``, ``lane_parked`` (threads held, submits parked),
   the counters ``lane_solved_total``, ``lane_failed_total``, and ``wait_seconds``: a
   histogram of the time from a solve's request to its thread
@@ -74,6 +82,7 @@ from .lanes import LANES
 from .methods import METHODS
 from .settings import Settings, get_settings
 from .state import State
+from .state.channel import STATES
 from .state.limiter import WAIT_BUCKETS_S, LaneUse
 
 log = logging.getLogger(__name__)
@@ -132,6 +141,7 @@ class StoreCollector(Collector):
         yield from self._api_errors()
         yield from self._solves()
         yield from self._callbacks()
+        yield from self._channel()
         yield from self._providers()
         yield from self._failovers()
         yield from self._lanes()
@@ -234,12 +244,50 @@ class StoreCollector(Collector):
             "Provider callbacks that completed their captcha.",
             value=float(counts.pop("accepted", 0)),
         )
+        yield CounterMetricFamily(
+            _name("pingback_early"),
+            "Provider callbacks that came before their captcha was registered (kept).",
+            value=float(counts.pop("early", 0)),
+        )
         rejected = CounterMetricFamily(
             _name("pingback_rejected"), "Provider callbacks refused, by reason.", labels=["reason"]
         )
         for reason, count in sorted(counts.items()):
             rejected.add_metric([reason], float(count))
         yield rejected
+
+    def _channel(self) -> Iterator[Metric]:
+        states = GaugeMetricFamily(
+            _name("pingback_channel"),
+            "A provider's callback channel: 1 for the state it is in (up, degraded, down).",
+            labels=["provider", "state"],
+        )
+        share = GaugeMetricFamily(
+            _name("pingback_callback_share"),
+            "Recent share of answers (of captchas that asked for one) that came by callback.",
+            labels=["provider"],
+        )
+        overdue = CounterMetricFamily(
+            _name("pingback_callbacks_overdue"),
+            "Answers a poll found after their captcha's callback was due.",
+            labels=["provider"],
+        )
+        late = HistogramMetricFamily(
+            _name("pingback_answer_late_seconds"),
+            "How long answers of captchas that asked for a callback waited at the provider"
+            " before we had them (0: a callback).",
+            labels=["provider"],
+        )
+        for name, at in self.state.providers.items():
+            now = at.channel.read()
+            for state in STATES:
+                states.add_metric([name, state], 1.0 if state == now.state else 0.0)
+            share.add_metric([name], now.share)
+            lateness = at.channel.lateness()
+            overdue.add_metric([name], float(lateness.overdue))
+            buckets = [(_le(bound), float(count)) for bound, count in lateness.buckets]
+            late.add_metric([name], buckets, lateness.sum_s)
+        yield from (states, share, overdue, late)
 
     def _providers(self) -> Iterator[Metric]:
         circuits = self.state.circuits.read()
@@ -434,6 +482,10 @@ def _cumulative(buckets: tuple[int, ...]) -> list[tuple[str, float]]:
     return out
 
 
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(bound)
+
+
 def _gauge(suffix: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(_name(suffix), doc, value=float(value))
 
@@ -452,10 +504,7 @@ def _pool_statuses(state: State) -> list[dict[str, Any]]:
 def _buckets(samples: list[float]) -> list[tuple[str, float]]:
     """Cumulative ``(le, count)`` pairs, ``+Inf`` last."""
     bounds = [*SOLVE_TIME_BUCKETS, float("inf")]
-    return [
-        ("+Inf" if bound == float("inf") else repr(bound), float(sum(s <= bound for s in samples)))
-        for bound in bounds
-    ]
+    return [(_le(bound), float(sum(s <= bound for s in samples))) for bound in bounds]
 
 
 # -- HTTP ------------------------------------------------------------------------------

@@ -156,9 +156,10 @@ class Settings:
     #: CAPTCHAAI_PINGBACK_SECRET: key of the MAC in every callback URL (required with
     #: CAPTCHAAI_PINGBACK_URL, at least 16 characters).
     pingback_secret: str = field(default="", repr=False)
-    #: CAPTCHAAI_PINGBACK_FALLBACK_POLL: with callbacks on, a captcha still waiting this many
-    #: seconds after its expected solve time is polled (a lost callback costs latency only).
-    pingback_fallback_poll: float = 10.0
+    #: CAPTCHAAI_PINGBACK_FALLBACK_POLL: while callbacks arrive, a captcha whose callback
+    #: has not come this many seconds after its method's 95th percentile solve time (learned
+    #: from the answers) is polled: its callback is overdue (a lost one costs latency only).
+    pingback_fallback_poll: float = 1.0
     #: CAPTCHAAI_PINGBACK_TRUSTED_PROXIES: networks (CIDRs) of the reverse proxies in front
     #: of the receiver; a request from one of them is judged by the client address its
     #: ``X-Forwarded-For`` names (the right-most one outside these networks).

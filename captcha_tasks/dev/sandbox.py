@@ -213,6 +213,9 @@ class SandboxConfig:
     balance: float = 10.0
     max_image_bytes: int = 1024 * 1024
     seed: int | None = None
+    #: With a ``seed``: a task (method, sitekey, pageurl) takes the same solve time in every
+    #: run, whatever order it is submitted in, so that runs compare captcha for captcha.
+    solve_times_by_task: bool = False
     #: How captchas submitted with ``pingback`` are called back: "GET" (CaptchaAI) or
     #: "POST" (2captcha: form fields, registered addresses only).
     pingback_method: str = "GET"
@@ -269,6 +272,7 @@ class SandboxConfig:
         self.status_429_rate = _check_number("status_429_rate", self.status_429_rate, 0.0, 1.0)
         self.retry_after = _check_int("retry_after", self.retry_after, minimum=0)
         self.queue_silently = _check_bool("queue_silently", self.queue_silently)
+        self.solve_times_by_task = _check_bool("solve_times_by_task", self.solve_times_by_task)
         self.pingback_drop_rate = _check_number(
             "pingback_drop_rate", self.pingback_drop_rate, 0.0, 1.0
         )
@@ -709,6 +713,10 @@ class _Hang:
     then: _Reply | None
 
 
+def _drop_seed(seed: int | None) -> int | None:
+    return None if seed is None else seed + 1
+
+
 def _open_journal(path: Path | None) -> IO[str] | None:
     # Line-buffered: each line reaches the OS before in.php answers, so it survives a
     # SIGKILL of this process.
@@ -747,6 +755,9 @@ class _State:
         self._clock = clock
         self._config = dataclasses.replace(config)
         self._rng = random.Random(config.seed)
+        # Callbacks are dropped by a random stream of their own: a seeded sandbox gives the
+        # same solve times whatever share of callbacks it drops (benchmarks compare runs).
+        self._drops = random.Random(_drop_seed(config.seed))
         self._next_id = config.first_id
         self._captchas: dict[str, _Captcha] = {}
         self._tokens: dict[str, _Token] = {}
@@ -804,6 +815,7 @@ class _State:
             self._config = config
             if "seed" in changes:
                 self._rng.seed(config.seed)
+                self._drops.seed(_drop_seed(config.seed))
             if "balance_captchas" in changes:
                 self._captchas_left = config.balance_captchas
             if _OUTAGE_FIELDS & set(changes):
@@ -917,7 +929,7 @@ class _State:
         ):
             self._counts["pingbacks_unregistered"] += 1
             return
-        if self._rng.random() < config.pingback_drop_rate:
+        if self._drops.random() < config.pingback_drop_rate:
             self._counts["pingbacks_dropped"] += 1
             return
         answer = captcha.answer
@@ -932,6 +944,14 @@ class _State:
             offset = time.time() - self._clock()
             found = (self._captchas.get(i) for i in ids)
             return {c.captcha_id: c.ready_at + offset for c in found if c is not None}
+
+    def token_ready_times(self, tokens: Sequence[str]) -> dict[str, float]:
+        """When each token's captcha had it ready, as Unix time (tokens it never issued
+        are left out)."""
+        with self._lock:
+            offset = time.time() - self._clock()
+            found = ((t, self._tokens.get(t)) for t in tokens)
+            return {t: info.valid_from + offset for t, info in found if info is not None}
 
     def transport_fault(self, submit: bool) -> _Reply | _Hang | None:
         """What happens to the next protocol request (``submit``: an in.php one) before it
@@ -1045,6 +1065,9 @@ class _State:
         captcha_id = str(self._next_id)
         self._next_id += 1
         solve = max(0.0, config.solve_time + rng.uniform(-config.jitter, config.jitter))
+        if config.solve_times_by_task and config.seed is not None:
+            task = random.Random(f"{config.seed}|{spec.method}|{spec.sitekey}|{spec.pageurl}")
+            solve = max(0.0, config.solve_time + task.uniform(-config.jitter, config.jitter))
         ready_at = now + solve
         ttl = config.ttl_for(spec.method)
         error: str | None = None
@@ -1571,6 +1594,11 @@ class SandboxServer:
     def ready_times(self, ids: Sequence[str]) -> dict[str, float]:
         """When each captcha's answer was ready, as Unix time (``GET /sandbox/ready``)."""
         return self._state.ready_times(ids)
+
+    def token_ready_times(self, tokens: Sequence[str]) -> dict[str, float]:
+        """When the captcha of each token had its answer ready, as Unix time (for latency
+        benchmarks whose results carry tokens, not captcha ids)."""
+        return self._state.token_ready_times(tokens)
 
     def reset(self) -> None:
         """Zero the counters and the in-flight peak; captchas and config are kept."""

@@ -6,6 +6,12 @@ A callback is hostile input until proven otherwise.  It counts only when
 * its ``id`` is the captcha that ticket's attempt has at the provider (on the board);
 * it is the first word on that captcha: the completion script claims a solve once.
 
+A callback whose captcha is not on the board yet (the provider called back before the
+worker registered it) is kept for a while, bounded, and applied when it is registered
+(``202 early``).  Every answer a callback brings, and every callback that comes after a
+poll found the answer (late, not lost), tells the callback channel how callbacks are
+doing (:meth:`~captcha_tasks.worker.adapter.Runner.heard`).
+
 Anything else is answered with a 4xx and changes nothing; each rejection is counted by
 reason.  An address that keeps sending rejected callbacks is throttled (429) for a while;
 an address outside ``CAPTCHAAI_PINGBACK_ALLOW`` is refused (403).  Behind a reverse proxy
@@ -30,12 +36,11 @@ from functools import lru_cache
 from urllib.parse import parse_qsl
 
 from .. import errors, pingback
-from ..client import callback_answer
+from ..client import NOT_READY, callback_answer
 from ..worker import steps
 from ..worker.adapter import Runner
 from ..worker.app import app as worker_app
 from ..worker.job import Job
-from ..worker.steps import Resubmit
 from . import addresses
 
 log = logging.getLogger(__name__)
@@ -49,6 +54,8 @@ STRIKES_PER_S = 1.0
 STRIKES_REMEMBERED = 10_000
 
 ACCEPTED = "accepted"
+#: A callback kept until its captcha is registered (neither accepted nor refused yet).
+EARLY = "early"
 #: Rejection reasons, with their HTTP status.
 REJECTIONS = {
     "not_allowed": 403,
@@ -63,7 +70,12 @@ REJECTIONS = {
     "replay": 409,
     "rate_limited": 429,
     "unavailable": 503,
+    "early_full": 503,
 }
+#: Rejections that are no fault of the caller: no strike.  A replay has a right MAC and
+#: names the attempt's captcha: the provider repeating itself, or a callback that came
+#: after a poll found the answer.
+NOT_THEIR_FAULT = frozenset({"unavailable", "early_full", "replay"})
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,10 @@ class Verdict:
     @property
     def accepted(self) -> bool:
         return self.reason == ACCEPTED
+
+    @property
+    def refused(self) -> bool:
+        return self.reason in REJECTIONS
 
 
 def _reject(reason: str) -> Verdict:
@@ -159,9 +175,9 @@ class Receiver:
             verdict = _reject("rate_limited")
         else:
             verdict = self._judge(verb, segment, fields, body_size)
-            if not verdict.accepted and verdict.reason != "unavailable":
+            if verdict.refused and verdict.reason not in NOT_THEIR_FAULT:
                 self.strikes.strike(address)
-        if not verdict.accepted:
+        if verdict.refused:
             log.info("callback from %s refused: %s %s", address, verdict.status, verdict.reason)
         return self._count(verdict)
 
@@ -188,25 +204,39 @@ class Receiver:
 
     def handle(self, ticket: pingback.Ticket, captcha_id: str, code: str) -> Verdict:
         """End the captcha ``captcha_id`` of the ticket's attempt (at the ticket's
-        provider: ids are the provider's own) with ``code``."""
+        provider: ids are the provider's own) with ``code``, or keep the callback until that
+        captcha is registered."""
         if ticket.provider is not None and ticket.provider not in self.state.providers:
             return _reject("unknown_id")
         at = self.state.provider(ticket.provider)
         entry, ended = at.board.lookup(captcha_id, ticket.solve_id)
+        if entry is None and ended:
+            # the answer was in before (a poll found it): the callback is late, not lost
+            self.runner.heard([steps.heard_late(captcha_id)], at.name)
+            return _reject("replay")
         if entry is None:
-            return _reject("replay" if ended else "unknown_id")
+            return self._early(ticket, captcha_id, code)
         job = Job.from_json(entry.job).at(at.name)
         if job.solve_id != ticket.solve_id or job.attempt != ticket.attempt:
             return _reject("mismatch")
-        answer = callback_answer(code, captcha_id)
-        decision = steps.on_callback(job, answer, entry.polled_at, time.time(), self.runner.policy)
-        if decision is None:
+        done = self.runner.answer_callback(entry, job, code)
+        if done is None:
             return _reject("bad_code")
-        if isinstance(decision, Resubmit):
-            done = self.runner.retire(entry, job, decision, time.time())
-        else:
-            done = self.runner.completer.complete(job, decision, source="pingback")
         return Verdict(200, ACCEPTED) if done else _reject("replay")
+
+    def _early(self, ticket: pingback.Ticket, captcha_id: str, code: str) -> Verdict:
+        """A callback for a captcha not on the board: maybe its worker has not registered it
+        yet.  Kept (its code must end a captcha) until it does, or a while."""
+        answer = callback_answer(code, captcha_id)
+        if answer is NOT_READY or isinstance(answer, errors.RetryableError):
+            return _reject("bad_code")
+        board = self.state.provider(ticket.provider).board
+        kept = board.keep_early(ticket.solve_id, ticket.attempt, captcha_id, code)
+        if kept == "registered":  # registered meanwhile: judged as any other
+            return self.handle(ticket, captcha_id, code)
+        if kept == "kept":
+            return Verdict(202, EARLY)
+        return _reject({"again": "replay", "full": "early_full"}.get(kept, "unknown_id"))
 
     def _count(self, verdict: Verdict) -> Verdict:
         try:

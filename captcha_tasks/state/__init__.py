@@ -23,6 +23,7 @@ from ..settings import Settings
 from .batches import BatchStreams
 from .board import Board, BoardConfig
 from .budgets import TenantBudgets
+from .channel import CallbackChannel
 from .circuits import Circuits
 from .db import Db
 from .failovers import Failovers
@@ -53,6 +54,8 @@ class ProviderState:
     board: Board
     solve_times: SolveTimes
     stats: Stats
+    #: How the provider's callbacks are doing, and callbacks that came too early.
+    channel: CallbackChannel
 
     @property
     def name(self) -> str:
@@ -111,6 +114,10 @@ class State:
     @property
     def stats(self) -> Stats:
         return self.primary.stats
+
+    @property
+    def channel(self) -> CallbackChannel:
+        return self.primary.channel
 
     def lanes(self) -> dict[tuple[str, str], LaneUse]:
         """Slots held and submits parked by (lane, tenant), at every provider together."""
@@ -175,6 +182,7 @@ def provider_state(
         board=Board(scoped, limiter, board),
         solve_times=SolveTimes(scoped, timing_config(settings)),
         stats=Stats(scoped),
+        channel=CallbackChannel(scoped),
     )
 
 

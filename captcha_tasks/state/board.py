@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .batches import BATCH, STREAM_TTL, batch_keys
+from .channel import EARLY, EARLY_KEEP_S, EARLY_MOST, EARLY_POLL_S, early_keys, early_ticket
 from .db import Db
 from .followups import FOLLOWUPS, followup_keys
 from .limiter import MESSAGES, NO_HANDOUT, SLOTS, Handout, ThreadLimiter, handed_out
@@ -66,30 +67,56 @@ end
 
 REGISTER = Script(
     """
--- A captcha is at the provider: put it on the board and schedule its first poll.
--- K: BOARD, SLOTS (its lease), RECORD (the solve's record and claim), K.result (the
---   caller's result key: opaque here)
+-- A captcha is at the provider: put it on the board and schedule its first poll; take
+-- the callback that came for it before this (an early one).
+-- K: BOARD, SLOTS (its lease), RECORD (the solve's record and claim), EARLY, K.result
+--   (the caller's result key: opaque here)
 -- A.cid = captcha id, A.job (JSON), A.lease = lease id, A.handout (SLOTS),
 -- A.first_ms = ms until the first poll (the lease outlives it), A.attempt, A.provider,
--- A.record_ttl_s, A.gap_ms = least ms between rounds, A.grace_ms = ms a round may be late,
+-- A.ticket (its early callback's, EARLY), A.early_ms = ms until the first poll of a
+--   captcha whose early callback is handed to the caller (should it die before applying
+--   it, a poll reads the answer the provider has), A.record_ttl_s, A.gap_ms = least ms
+--   between rounds, A.grace_ms = ms a round may be late,
 -- A.submitted_record = what the caller's result key says while the captcha is at the
 --   provider (absent: nothing), A.result_ttl_s
--- returns {countdown ms, due ms} of a round message the caller must publish, or {-1}
+-- returns {{countdown ms, due ms} of a round message the caller must publish, or {-1};
+--   the early callback's code, or false}
 """,
     keys=("result",),
-    libs=(BOARD, SLOTS, RECORD),
+    libs=(BOARD, SLOTS, RECORD, EARLY),
     body="""
-local due = now + A.first_ms
+local early = early_take(K, A.ticket, A.cid)
+local first_ms = A.first_ms
+if early then first_ms = math.min(first_ms, A.early_ms) end
+local due = now + first_ms
 redis.call('HSET', K.board, A.cid, A.job)
 redis.call('ZADD', K.due, due, A.cid)
-slot_renew(K, A.handout, A.lease, A.first_ms)
+slot_renew(K, A.handout, A.lease, first_ms)
 local ended = redis.call('HEXISTS', K.record, 'done') == 1
 record_submitted(K, A.attempt, A.cid, A.provider, A.record_ttl_s)
 if A.submitted_record and not ended then
   redis.call('SET', K.result, A.submitted_record, 'EX', A.result_ttl_s)
   redis.call('PUBLISH', K.result, A.submitted_record)
 end
-return board_schedule(K, due, A.gap_ms, A.grace_ms)
+return {board_schedule(K, due, A.gap_ms, A.grace_ms), early}
+""",
+)
+
+KEEP_EARLY = Script(
+    """
+-- A callback for a captcha not on the board: keep it until the captcha is registered.
+-- K: BOARD, RECORD (the ticket's solve), EARLY
+-- A.cid = captcha id, A.attempt and A.ticket (EARLY) of the ticket, A.code,
+-- A.keep_ms = how long it is kept, A.most = how many are kept at most
+-- returns 'registered' (on the board now: judge it again), 'passed' (the ticket's attempt
+--   is registered, as another captcha, or its solve is over), or EARLY's 'kept', 'again'
+--   or 'full'
+""",
+    libs=(BOARD, RECORD, EARLY),
+    body="""
+if redis.call('HEXISTS', K.board, A.cid) == 1 then return 'registered' end
+if record_passed(K, A.attempt) then return 'passed' end
+return early_keep(K, A.ticket, A.cid, A.code, A.keep_ms, A.most)
 """,
 )
 
@@ -276,6 +303,16 @@ class RoundDue:
 
 
 @dataclass(frozen=True)
+class Registered:
+    """What registering a captcha asks of the caller: the round message to publish (None:
+    one is due in time already), and the code of a callback that came before (None: none
+    did)."""
+
+    round: RoundDue | None
+    early: str | None = None
+
+
+@dataclass(frozen=True)
 class Again:
     """A captcha a round puts back: poll it again after ``delay_s``."""
 
@@ -354,6 +391,7 @@ class Board:
         self._retire = db.bind(RETIRE)
         self._evacuate = db.bind(EVACUATE)
         self._finish = db.bind(FINISH)
+        self._keep_early = db.bind(KEEP_EARLY)
 
     def _board_keys(self) -> dict[str, str]:
         k = self.keys
@@ -376,15 +414,16 @@ class Board:
         job: str,
         first_poll_in_s: float,
         result: tuple[str, str, int] | None = None,
-    ) -> RoundDue | None:
+    ) -> Registered:
         """Put a submitted captcha (of attempt ``attempt`` of ``solve_id``) on the board;
-        returns the round message to publish, or None when one is due in time already.
-        ``result``: the caller's result key, what it says while the captcha is at the
-        provider, and for how long (s)."""
+        returns the round message to publish and the callback that came before it (see
+        :meth:`keep_early`).  ``result``: the caller's result key, what it says while the
+        captcha is at the provider, and for how long (s)."""
         keys = {
             **self._board_keys(),
             **self.limiter.lua_keys(),
             **record_keys(self.keys, solve_id),
+            **early_keys(self.keys),
             "result": result[0] if result else self.keys.submission(solve_id),
         }
         args = {
@@ -395,12 +434,36 @@ class Board:
             "first_ms": ms(max(0.0, first_poll_in_s)),
             "attempt": attempt,
             "provider": self.limiter.provider,
+            "ticket": early_ticket(solve_id, attempt),
+            "early_ms": ms(EARLY_POLL_S),
             "record_ttl_s": self.config.record_ttl_s,
             **self._rounds(),
         }
         if result:
             args.update(submitted_record=result[1], result_ttl_s=result[2])
-        return _countdown(self._guarded(lambda: self._register(keys, args)))
+        reply = self._guarded(lambda: self._register(keys, args))
+        return Registered(_countdown(reply[0]), text(reply[1]) if reply[1] else None)
+
+    def keep_early(self, solve_id: str, attempt: int, captcha_id: str, code: str) -> str:
+        """Keep a callback (its MAC checked) for a captcha not on the board until it is
+        registered (:meth:`register` returns it).  Returns ``"kept"``, ``"registered"``
+        (it is on the board now: judge it again), ``"passed"`` (that attempt is at the
+        provider as another captcha, or its solve is over), ``"again"`` (one is kept for
+        that attempt already) or ``"full"``."""
+        keys = {
+            **self._board_keys(),
+            **record_keys(self.keys, solve_id),
+            **early_keys(self.keys),
+        }
+        args = {
+            "cid": captcha_id,
+            "attempt": attempt,
+            "ticket": early_ticket(solve_id, attempt),
+            "code": code,
+            "keep_ms": ms(EARLY_KEEP_S),
+            "most": EARLY_MOST,
+        }
+        return text(self._guarded(lambda: self._keep_early(keys, args)))
 
     # -- poll rounds -------------------------------------------------------------------
     def take_due(self, round_at_ms: int | None, most: int) -> list[Entry]:

@@ -22,13 +22,14 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from .. import errors, faults, pingback
-from ..client import NOT_READY, Answer, CaptchaAIClient, NotReady
+from ..client import NOT_READY, Answer, CaptchaAIClient, NotReady, callback_answer
 from ..connections import UNREACHABLE
 from ..methods import SolveRequest, build_request, default_wait
 from ..outcome import Solved, parse_iso
 from ..settings import Settings
 from ..state import State
 from ..state.board import Again, Entry, RoundDue
+from ..state.channel import DEGRADED, DOWN, UP, Channel, Heard
 from ..state.limiter import Admission
 from ..state.proxies import split
 from ..state.timing import Timing
@@ -420,9 +421,8 @@ class Runner:
     def _on_reply(self, job: Job, reply: str | errors.CaptchaTasksError) -> Decision:
         down = self._answered(job.provider, reply if not isinstance(reply, str) else None)
         timing = self._timing(job)
-        return steps.on_submitted(
-            job, reply, time.time(), timing, self.policy, self._bulk(job.provider), down
-        )
+        now, bulk, channel = time.time(), self._bulk(job.provider), self._channel(job.provider)
+        return steps.on_submitted(job, reply, now, timing, self.policy, bulk, down, channel)
 
     def _answered(self, provider: str | None, error: errors.CaptchaTasksError | None) -> bool:
         """Record how a request to ``provider`` went (``error``: None when it answered);
@@ -487,7 +487,7 @@ class Runner:
         job = decision.job
         faults.point("register")
         info = {"captcha_id": job.captcha_id, "attempt": job.attempt, "provider": job.provider}
-        due = self.state.provider(job.provider).board.register(
+        registered = self.state.provider(job.provider).board.register(
             job.solve_id,
             job.attempt,
             str(job.captcha_id),
@@ -497,7 +497,55 @@ class Runner:
         )
         if self._for_caller(job):
             self.events("task-submitted", job.solve_id, **info)
-        self.publish_round(due, job.provider)
+        self.publish_round(registered.round, job.provider)
+        if registered.early is not None:
+            # its callback came before it was on the board: taken from Redis, applied now
+            entry = Entry(str(job.captcha_id), job.to_json(), None, 0)
+            self.answer_callback(entry, job, registered.early)
+
+    # -- provider callbacks ------------------------------------------------------------
+    def answer_callback(self, entry: Entry, job: Job, code: str) -> bool | None:
+        """The provider called back with ``code`` for the captcha of ``entry`` (its job
+        ``job``, at its provider): end it as a poll reading the same answer would.  None:
+        the code ends nothing (changes nothing); False: something else ended the captcha
+        first."""
+        answer = callback_answer(code, entry.captcha_id)
+        now = time.time()
+        decision = steps.on_callback(job, answer, entry.polled_at, now, self.policy)
+        if decision is None:
+            return None
+        if isinstance(decision, Resubmit):
+            done = self.retire(entry, job, decision, now)
+        else:
+            done = self.completer.complete(job, decision, source="pingback")
+        if done:
+            self.heard([steps.heard_by_callback(job)], job.provider)
+        return done
+
+    def heard(self, items: Sequence[Heard | None], provider: str | None) -> None:
+        """Tell ``provider``'s callback channel how answers came, and switch its state when
+        they say so (one process switches it, and says so once).  Never breaks a solve."""
+        found = [h for h in items if h is not None]
+        if not found:
+            return
+        at = self.state.provider(provider)
+        try:
+            channel = at.channel.observe(found, steps.CHANNEL_WEIGHT)
+            switch = steps.judge_channel(channel)
+            if switch is not None and at.channel.switch(channel.state, switch.to, switch.share):
+                _announce(at.name, channel, switch.to)
+        except errors.StoreUnavailable:
+            log.debug("could not tell the callback channel about %d answers", len(found))
+
+    def _channel(self, provider: str | None) -> str:
+        """The state of ``provider``'s callback channel (``down`` when callbacks are off, or
+        Redis does not say: poll as without them)."""
+        if self.policy.pingback_fallback is None:
+            return DOWN
+        try:
+            return self.state.provider(provider).channel.read().state
+        except errors.StoreUnavailable:
+            return DOWN
 
     # -- poll rounds -------------------------------------------------------------------
     def poll_round(self, round_at_ms: int | None, provider: str | None = None) -> None:
@@ -520,6 +568,7 @@ class Runner:
         board = self.state.provider(provider).board
         asked_at = time.time()
         bulk = self._bulk(provider)
+        replies: dict[str, Reply | float] = {}
         if entries and self._lost_at(provider):
             decisions: list[tuple[_Due, Decision]] = [
                 (d, steps.on_provider_down(d.job, asked_at)) for d in entries
@@ -528,27 +577,33 @@ class Runner:
             in_bulk: set[str] = set()
         else:
             replies, in_bulk = self._fetch(provider, entries, bulk) if entries else ({}, set())
-            paces = [steps.pace(self.policy, self._timing(d.job), bulk) for d in entries]
+            channel = self._channel(provider) if entries else DOWN
+            paces = [self._pace(d.job, bulk, channel) for d in entries]
             # Decided as of when they were asked: the pace runs from ask to ask, however
             # long the request and this round took.
             decisions = [
                 (due, self._decide(due, replies, asked_at, pace))
                 for due, pace in zip(entries, paces, strict=True)
             ]
-        self.completer.complete_many(
+        endings = [
+            (d, decision) for d, decision in decisions if isinstance(decision, Deliver | Fail)
+        ]
+        claimed = self.completer.complete_many(
             [
                 Done(d.job, decision, "bulk_poll" if d.captcha_id in in_bulk else "poll")
-                for d, decision in decisions
-                if isinstance(decision, Deliver | Fail)
+                for d, decision in endings
             ]
         )
+        ended = [d for (d, _), done in zip(endings, claimed, strict=True) if done]
         now = time.time()
         again = [
             _again(d, decision, now) for d, decision in decisions if isinstance(decision, PollAt)
         ]
         for due, decision in decisions:
-            if isinstance(decision, Resubmit):
-                self.retire(due.entry, due.job, decision, now)
+            if isinstance(decision, Resubmit) and self.retire(due.entry, due.job, decision, now):
+                ended.append(due)
+        heard = [self._heard_by_poll(d, replies.get(d.captcha_id), asked_at) for d in ended]
+        self.heard(heard, provider)
         self._count(*(d.error for _, d in decisions if isinstance(d, PollAt)), provider=provider)
         gap = min((p.every for p in paces if p.bulk), default=self.settings.bulk_window_s)
         if len(entries) >= ROUND_MOST:
@@ -593,6 +648,17 @@ class Runner:
         return steps.on_answer(
             job, reply, entry.polled_at, entry.errors, now, timing, self.policy, pace
         )
+
+    def _pace(self, job: Job, bulk: bool, channel: str) -> steps.Pace:
+        timing = self._timing(job)
+        waits = steps.counts_on_callback(job, timing, self.policy, channel)
+        return steps.pace(self.policy, timing, bulk, waits)
+
+    def _heard_by_poll(self, due: _Due, reply: Reply | float | None, now: float) -> Heard | None:
+        if reply is None or isinstance(reply, float):
+            return None
+        timing = self._timing(due.job)
+        return steps.heard_by_poll(due.job, reply, due.entry.polled_at, now, timing, self.policy)
 
     def _fetch(
         self, provider: str, entries: Sequence[_Due], bulk_on: bool
@@ -819,6 +885,30 @@ class _Due:
     @property
     def captcha_id(self) -> str:
         return self.entry.captcha_id
+
+
+def _announce(provider: str, channel: Channel, to: str) -> None:
+    """Say, once, that ``provider``'s callback channel switched to ``to``."""
+    if to == DOWN:
+        log.warning(
+            "callbacks from provider %s stopped arriving (the last %d answers came by poll):"
+            " its captchas are polled as if callbacks were off; pingback URLs are still sent,"
+            " and callbacks that come back switch this back (can the provider reach"
+            " CAPTCHAAI_PINGBACK_URL?)",
+            provider,
+            channel.misses,
+        )
+    elif to == DEGRADED and channel.state == UP:
+        log.warning(
+            "only %.0f%% of recent answers from provider %s came by callback: its captchas"
+            " are polled from about their method's 25th percentile solve time on",
+            100 * channel.share,
+            provider,
+        )
+    elif to == DEGRADED:
+        log.info("callbacks from provider %s arrive again: polling less (degraded)", provider)
+    elif to == UP:
+        log.info("callbacks from provider %s arrive reliably: captchas wait for them", provider)
 
 
 def _again(due: _Due, decision: PollAt, now: float) -> Again:

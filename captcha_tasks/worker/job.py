@@ -60,6 +60,8 @@ class Job:
     #: The provider the job was last admitted at (its slot, its parked or deferred entry,
     #: its captcha are there); None before its first admission.
     provider: str | None = None
+    #: When the current captcha's callback is overdue (Unix time), if it waits for one.
+    callback_due: float | None = None
     #: The lane and tenant it was asked for in (None: the defaults, see :attr:`lane_name`).
     lane: str | None = None
     tenant: str | None = None
@@ -130,7 +132,9 @@ class Job:
     # -- steps ---------------------------------------------------------------------------
     def submitted(self, captcha_id: str, now: float) -> Job:
         """This attempt is at the provider as ``captcha_id``."""
-        return replace(self, captcha_id=captcha_id, submitted_at=now, transport_errors=0)
+        return replace(
+            self, captcha_id=captcha_id, submitted_at=now, transport_errors=0, callback_due=None
+        )
 
     def next_attempt(self) -> Job:
         """A new captcha for the same solve (a resubmit)."""
@@ -141,12 +145,15 @@ class Job:
             captcha_id=None,
             submitted_at=None,
             transport_errors=0,
+            callback_due=None,
         )
 
     def moved(self) -> Job:
         """A new captcha for the same solve because its provider went out of rotation: a
         new attempt, not counted against the resubmit budget."""
-        return replace(self, attempt=self.attempt + 1, captcha_id=None, submitted_at=None)
+        return replace(
+            self, attempt=self.attempt + 1, captcha_id=None, submitted_at=None, callback_due=None
+        )
 
     def at(self, provider: str) -> Job:
         """The job as admitted at ``provider``."""
@@ -190,7 +197,7 @@ class Job:
         if self.captcha_id is not None:
             data["captcha_id"] = self.captcha_id
             data["submitted_at"] = self.submitted_at
-        for name in ("expires", "lane", "tenant", "asked", "provider"):
+        for name in ("expires", "lane", "tenant", "asked", "provider", "callback_due"):
             value = getattr(self, name)
             if value is not None:
                 data[name] = value
@@ -218,6 +225,7 @@ class Job:
             secrets=tuple(request.get("secrets") or ()),
             expires=data.get("expires"),
             provider=data.get("provider"),
+            callback_due=data.get("callback_due"),
             lane=data.get("lane"),
             tenant=data.get("tenant"),
             asked=data.get("asked"),

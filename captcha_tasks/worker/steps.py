@@ -21,6 +21,14 @@ next as a value; :mod:`captcha_tasks.worker.adapter` carries it out::
 A :class:`~.job.Job` is carried from step to step: the request (never the API key, never
 a proxy password or cookies: those wait in Redis), its budgets and the current attempt's
 captcha.
+
+With provider callbacks on, what answers say of the callbacks decides how a captcha is
+polled (:func:`judge_channel`, :func:`first_poll`): while they arrive (``up``) a captcha
+waits for its callback and is polled only once it is overdue, soon after its method's
+solve times say it is done; while many are lost (``degraded``) polls start about the
+method's 25th percentile solve time; once they stop (``down``) captchas are polled as if
+callbacks were off, and the callbacks that come switch it back.  A captcha counting on
+its callback is polled seldom: only in case its callback was lost.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from ..lanes import check_lane, default_lane, is_tenant_name
 from ..methods import METHODS, SolveRequest
 from ..outcome import Solved
 from ..providers import ProviderSpec
+from ..state.channel import DEGRADED, DOWN, UP, Channel, Heard
 from ..state.circuits import Circuit
 from ..state.limiter import Admission
 from ..state.timing import Timing
@@ -48,14 +57,33 @@ Reply = Answer | NotReady | errors.CaptchaTasksError
 EXPIRY_MARGIN = 1.0
 #: Bulk polls a captcha gets within the window its method's captchas finish in.
 BULK_POLLS_PER_SPREAD = 4.0
+#: ... and one that counts on its callback (polled in case it was lost).
+CALLBACK_POLLS_PER_SPREAD = 6.0
 #: Least seconds between bulk polls of a captcha.
 MIN_BULK_EVERY = 0.1
 #: Cold (no solve times known, and no CAPTCHAAI_INITIAL_WAIT), pipe-safe captchas are first
 #: asked about in bulk after this share of the method's default wait, then at the bulk
 #: pace: the first answers teach the method's real times.
 COLD_PROBE = 0.1
+#: ... and one counting on its callback is probed again every this share of that wait: it
+#: is polled in case its callback was lost, but its answers must still teach the times.
+COLD_CALLBACK_PACE = 0.05
 BACKOFF_BASE = 0.5
 BACKOFF_CAP = 30.0
+
+#: How far one answer moves the channel's share of answers that came by callback.
+CHANNEL_WEIGHT = 0.1
+#: Below this share an ``up`` channel is ``degraded``; at this one a degraded one is up
+#: again, once it has heard :data:`CHANNEL_SETTLE` answers since it switched.
+CHANNEL_LEAVE_UP = 0.85
+CHANNEL_ENTER_UP = 0.95
+CHANNEL_SETTLE = 20
+#: Answers in a row that polls found, no callback between: callbacks stopped (``down``).
+CHANNEL_STOPPED = 8
+#: Callbacks in a row that bring a ``down`` channel back (``degraded``, starting at
+#: :data:`CHANNEL_BACK_SHARE`: short of up, until the callbacks prove themselves).
+CHANNEL_BACK = 5
+CHANNEL_BACK_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -69,8 +97,8 @@ class Policy:
     transport_retries: int
     max_resubmits: int
     token_lifetimes: Mapping[str, float] = field(default_factory=dict)
-    #: With provider callbacks on: seconds past a captcha's expected solve time before it
-    #: is polled (None: callbacks off, poll as usual).
+    #: With provider callbacks on: seconds past its method's 95th percentile solve time a
+    #: captcha waiting for its callback is polled (None: callbacks off, poll as usual).
     pingback_fallback: float | None = None
     #: Seconds a captcha may be expected to wait for the home provider's threads before an
     #: overflow provider takes it (None: never).
@@ -189,16 +217,25 @@ class Pace:
     every: float
 
 
-def pace(policy: Policy, timing: Timing, bulk: bool) -> Pace:
+def pace(policy: Policy, timing: Timing, bulk: bool, waits: bool = False) -> Pace:
     """A captcha likely done is asked about :data:`BULK_POLLS_PER_SPREAD` times within
     the window its method's captchas finish in (their 5th to 95th percentile): fast for a
     provider with steady times, so an answer waits a fraction of that window, and a
     bounded number of requests per captcha.  Never slower than the bulk window (cold: the
-    bulk window), never faster than :data:`MIN_BULK_EVERY`."""
+    bulk window), never faster than :data:`MIN_BULK_EVERY`.
+
+    One that ``waits`` for its callback (:func:`counts_on_callback`) is polled only in
+    case its callback was lost: :data:`CALLBACK_POLLS_PER_SPREAD` times within that
+    window but never faster than the bulk window (cold: every :data:`COLD_CALLBACK_PACE`
+    of its method's cold wait), so that rounds, each one ``res.php`` request however many
+    captchas it asks about, stay few."""
     if not bulk:
         return Pace(False, policy.poll_interval)
     if not timing.warm:
-        return Pace(True, policy.bulk_interval)
+        every = timing.first_wait * COLD_CALLBACK_PACE if waits else 0.0
+        return Pace(True, max(policy.bulk_interval, every))
+    if waits:
+        return Pace(True, max(policy.bulk_interval, timing.spread / CALLBACK_POLLS_PER_SPREAD))
     every = timing.spread / BULK_POLLS_PER_SPREAD
     return Pace(True, min(policy.bulk_interval, max(MIN_BULK_EVERY, every)))
 
@@ -327,6 +364,108 @@ def on_provider_down(job: Job, now: float) -> Resubmit | Fail:
     return Resubmit(job.moved(), error)
 
 
+# -- the callback channel ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Switch the callback channel to state ``to`` (its share starting at ``share``)."""
+
+    to: str
+    share: float | None = None
+
+
+def judge_channel(channel: Channel) -> Switch | None:
+    """What the answers heard say of the provider's callbacks: the state to switch to, or
+    None to stay.
+
+    * :data:`CHANNEL_STOPPED` answers in a row found by polls: callbacks stopped
+      (``down``), whatever the state;
+    * ``down`` stays down until :data:`CHANNEL_BACK` callbacks in a row came (``degraded``);
+    * otherwise the share of answers by callback decides, with a band between
+      :data:`CHANNEL_LEAVE_UP` and :data:`CHANNEL_ENTER_UP` where the state stays, so a
+      steady loss does not flap it.
+    """
+    state = channel.state
+    if channel.misses >= CHANNEL_STOPPED:
+        return None if state == DOWN else Switch(DOWN)
+    if state == DOWN:
+        return Switch(DEGRADED, CHANNEL_BACK_SHARE) if channel.hits >= CHANNEL_BACK else None
+    if channel.share < CHANNEL_LEAVE_UP:
+        return None if state == DEGRADED else Switch(DEGRADED)
+    settled = state == UP or channel.since >= CHANNEL_SETTLE
+    if channel.share >= CHANNEL_ENTER_UP and settled:
+        return None if state == UP else Switch(UP)
+    return None
+
+
+def awaits_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> bool:
+    """Whether the job's captcha waits for its callback before it is polled: callbacks are
+    on and asked for it, the channel is not down, and its method's solve times are known
+    (cold, it is probed as without callbacks: its answers teach them)."""
+    if policy.pingback_fallback is None or not uses_pingback(job):
+        return False
+    return timing.warm and channel != DOWN
+
+
+def counts_on_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> bool:
+    """Whether the job's captcha is polled only in case its callback is lost: callbacks
+    are on, asked for it and not down, and it waits for its callback (``callback_due``)
+    or its method's solve times are not known yet (its callback will likely bring the
+    answer first)."""
+    if policy.pingback_fallback is None or not uses_pingback(job) or channel == DOWN:
+        return False
+    return job.callback_due is not None or not timing.warm
+
+
+def degraded_start(timing: Timing) -> float:
+    """Seconds after its submit a captcha is first polled while many callbacks are lost:
+    halfway from its method's earliest likely finish to its median solve time (about its
+    25th percentile), so that a lost answer is found soon after it is ready, and most
+    captchas whose callback comes are never asked about."""
+    return (timing.earliest + timing.typical) / 2
+
+
+def callback_due(timing: Timing, policy: Policy) -> float:
+    """Seconds after its submit a captcha's callback is overdue: its method's 95th
+    percentile solve time plus ``CAPTCHAAI_PINGBACK_FALLBACK_POLL``."""
+    return timing.earliest + timing.spread + (policy.pingback_fallback or 0.0)
+
+
+def heard_by_callback(job: Job) -> Heard | None:
+    """A callback brought the answer of the job's captcha."""
+    return None if job.captcha_id is None else Heard("callback", job.captcha_id)
+
+
+def heard_late(captcha_id: str) -> Heard:
+    """A callback came for a captcha whose answer a poll had found: late, not lost."""
+    return Heard("late", captcha_id)
+
+
+def heard_by_poll(
+    job: Job, answer: Reply, polled_before: float | None, now: float, timing: Timing, policy: Policy
+) -> Heard | None:
+    """What a poll that read ``answer`` at ``now`` says of the callbacks: None unless a
+    callback was asked for and the answer ends the captcha."""
+    if policy.pingback_fallback is None or not uses_pingback(job) or job.captcha_id is None:
+        return None
+    if answer is NOT_READY or isinstance(answer, errors.RetryableError):
+        return None
+    late = lateness(job, polled_before, now, timing)
+    overdue = job.callback_due is not None and now >= job.callback_due
+    return Heard("poll", job.captcha_id, late, overdue)
+
+
+def lateness(job: Job, polled_before: float | None, now: float, timing: Timing) -> float:
+    """Seconds an answer a poll found at ``now`` likely waited at the provider: half the
+    time since the captcha was last seen not ready; found at its first poll, half the time
+    since its method's earliest likely finish (it became ready in between)."""
+    if polled_before is not None:
+        return max(0.0, (now - polled_before) / 2)
+    elapsed = now - _submitted_at(job)
+    return max(0.0, (elapsed - min(timing.earliest, elapsed)) / 2)
+
+
 # -- submit ------------------------------------------------------------------------------
 
 
@@ -369,13 +508,17 @@ def on_submitted(
     policy: Policy,
     bulk: bool,
     down: bool = False,
+    channel: str = UP,
 ) -> Decision:
     """``in.php`` answered ``reply`` (a captcha id, or the error it raised).  ``down``: the
     provider is out of rotation now (this error may have taken it out): the submit goes
-    elsewhere at once, spending no retry."""
+    elsewhere at once, spending no retry.  ``channel``: the state of the provider's
+    callback channel."""
     if isinstance(reply, str):
         polled = job.submitted(reply, now)
-        wait = first_poll(polled, timing, policy, bulk)
+        if awaits_callback(polled, timing, policy, channel):
+            polled = replace(polled, callback_due=now + callback_due(timing, policy))
+        wait = first_poll(polled, timing, policy, bulk, channel)
         return PollAt(min(now + wait, job.deadline), polled)
     if down:
         return SubmitAt(now, job, reply)
@@ -395,16 +538,16 @@ def on_submitted(
     return _failed_captcha(job, reply, now, policy)
 
 
-def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool) -> float:
+def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool, channel: str = UP) -> float:
     """Seconds after its submit a captcha is first polled.
 
-    With callbacks on, the callback is expected: poll only a fallback's time after the
-    method's expected solve time (its 95th percentile once known, else its cold wait).
-    In bulk, asking early costs little: at the method's earliest likely finish once its
-    times are known, and early while they are not."""
-    if policy.pingback_fallback is not None and uses_pingback(job):
-        expected = timing.earliest + timing.spread if timing.warm else timing.first_wait
-        return expected + policy.pingback_fallback
+    A captcha waiting for its callback (:func:`awaits_callback`, its ``callback_due``
+    set) is polled when the callback is overdue while the channel is up, and from
+    :func:`degraded_start` on while it is degraded.  Any other is polled as without
+    callbacks.  In bulk, asking early costs little: at the method's earliest
+    likely finish once its times are known, and early while they are not."""
+    if job.callback_due is not None:
+        return callback_due(timing, policy) if channel == UP else degraded_start(timing)
     if not uses_bulk(job, bulk):
         return timing.first_wait
     if timing.warm:
@@ -441,9 +584,9 @@ def on_answer(
     if isinstance(answer, errors.CaptchaTasksError):
         return _failed_captcha(job, answer, now, policy)
     decision = _solved(job, answer, polled_before, now, policy)
-    if policy.pingback_fallback is not None and polled_before is None:
-        # Its callback was lost and its first poll came late on purpose: when it was
-        # solved is unknown, and learning the fallback's wait would delay every poll.
+    if job.callback_due is not None and polled_before is None:
+        # It waited for its callback and its first poll came late on purpose: when it was
+        # solved is unknown, and learning that wait would delay every poll.
         return replace(decision, solve_time_s=None) if isinstance(decision, Deliver) else decision
     return decision
 

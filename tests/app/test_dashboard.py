@@ -156,6 +156,16 @@ def test_every_panel_queries_the_exporter(dashboard: dict[str, Any]) -> None:
     assert panels
     ids = [panel["id"] for panel in panels]
     assert len(ids) == len(set(ids)), "panel ids repeat"
+    cells = [
+        (x, y, panel["title"])
+        for panel in panels
+        for x in range(panel["gridPos"]["x"], panel["gridPos"]["x"] + panel["gridPos"]["w"])
+        for y in range(panel["gridPos"]["y"], panel["gridPos"]["y"] + panel["gridPos"]["h"])
+    ]
+    taken: dict[tuple[int, int], str] = {}
+    for x, y, title in cells:
+        assert (x, y) not in taken, f"panels {taken[x, y]!r} and {title!r} overlap"
+        taken[x, y] = title
     source = {"type": "prometheus", "uid": f"${{{DATASOURCE_VARIABLE}}}"}
     for panel in panels:
         title, targets = panel["title"], panel.get("targets", [])
@@ -197,6 +207,10 @@ def test_the_dashboard_shows_what_operators_look_for(dashboard: dict[str, Any]) 
             "api_errors_total",
             "pingback_accepted_total",
             "pingback_rejected_total",
+            "pingback_channel",
+            "pingback_callback_share",
+            "pingback_callbacks_overdue_total",
+            "pingback_answer_late_seconds_bucket",
             "lane_in_flight",
             "lane_parked",
             "lane_solved_total",

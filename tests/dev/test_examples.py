@@ -146,6 +146,9 @@ MODULE_ENV = {
     "CAPTCHAAI_PINGBACK_SECRET": "examples-pingback-secret",
     # while no app listens (the other tests), a captcha is polled soon after its solve time
     "CAPTCHAAI_PINGBACK_FALLBACK_POLL": "2",
+    # before its solve times are known, a captcha is first polled after this: longer than
+    # the callback of the pingback test takes (the sandbox's 0.3 s solves), so it comes first
+    "CAPTCHAAI_INITIAL_WAIT": "2",
 }
 
 

@@ -122,6 +122,29 @@ def api(make_api: Callable[..., Api]) -> Api:
     return make_api(seed=7)
 
 
+# -- solve times ---------------------------------------------------------------------------
+
+
+def solve_times(api: Api, sitekeys: list[str]) -> dict[str, float]:
+    """Each task's solve time (less the shortest), all submitted at once in this order."""
+    ids = {key: api.submit({**RECAPTCHA, "googlekey": key}) for key in sitekeys}
+    ready = api.server.ready_times(list(ids.values()))
+    first = min(ready.values())
+    return {key: ready[cid] - first for key, cid in ids.items()}
+
+
+def test_with_solve_times_by_task_a_task_takes_its_time_whatever_its_turn(
+    make_api: Callable[..., Api],
+) -> None:
+    keys = [f"site-{n}" for n in range(6)]
+    one = solve_times(make_api(seed=5, solve_times_by_task=True), keys)
+    other = solve_times(make_api(seed=5, solve_times_by_task=True), keys[::-1])
+    assert one == pytest.approx(other)
+    assert len({round(t, 6) for t in one.values()}) == len(keys)  # still drawn, not one
+    by_turn = solve_times(make_api(seed=5), keys[::-1])
+    assert by_turn != pytest.approx(solve_times(make_api(seed=5), keys))  # by turn otherwise
+
+
 # -- submit and poll -----------------------------------------------------------------------
 
 

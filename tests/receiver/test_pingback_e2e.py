@@ -18,6 +18,8 @@ from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.metrics import StoreCollector
 from captcha_tasks.receiver.callbacks import STRIKES_BURST, Receiver
 from captcha_tasks.receiver.server import PingbackServer
+from captcha_tasks.state.channel import DEGRADED, DOWN, UP
+from captcha_tasks.worker import steps
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 
@@ -31,12 +33,25 @@ GET_TIMEOUT = 15
 NO_POLL_S = 60.0
 
 
-def worker_env(port: int, fallback: float) -> dict[str, str]:
+#: The tests' cold wait (CAPTCHAAI_INITIAL_WAIT): while a method's solve times are not
+#: known its captchas are polled as without callbacks, after this; longer than a callback
+#: takes (the sandbox's 0.3 s solves), so a working callback comes first.
+COLD_WAIT_S = 2.0
+
+
+def worker_env(port: int, fallback: float, cold_wait: float = COLD_WAIT_S) -> dict[str, str]:
     return {
         "CAPTCHAAI_PINGBACK_URL": f"http://127.0.0.1:{port}/captcha/pingback",
         "CAPTCHAAI_PINGBACK_SECRET": SECRET,
         "CAPTCHAAI_PINGBACK_FALLBACK_POLL": str(fallback),
+        "CAPTCHAAI_INITIAL_WAIT": str(cold_wait),
     }
+
+
+def unpolled_env(port: int) -> dict[str, str]:
+    """Callbacks on, and no captcha polled within GET_TIMEOUT, even before its method's
+    solve times are known."""
+    return worker_env(port, NO_POLL_S, cold_wait=NO_POLL_S)
 
 
 @pytest.fixture
@@ -71,7 +86,7 @@ def test_callbacks_complete_captchas_without_a_single_poll(
     sandbox: Any, serve_receiver: Any, start_worker: Any
 ) -> None:
     server = serve_receiver()
-    start_worker(worker_env(server.port, NO_POLL_S))
+    start_worker(unpolled_env(server.port))
     results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(20)]
     assert all(sandbox.verify(r["token"])["success"] for r in results)
     # counted by the sandbox when the receiver's reply is back: maybe after the result
@@ -88,14 +103,20 @@ def test_captchaai_answers_with_callbacks(
     sandbox: Any, serve_receiver: Any, start_worker: Any
 ) -> None:
     server = serve_receiver()
-    start_worker(worker_env(server.port, NO_POLL_S))
+    start_worker(unpolled_env(server.port))
     grid = solve.delay(method="grid", body=png_b64(), instructions="bus", grid_size="3x3")
     lemin = solve.delay(method="lemin", sitekey="CROPPED_x", pageurl=PAGE, div_id="box")
     assert isinstance(grid.get(timeout=GET_TIMEOUT)["token"], list)
     assert set(lemin.get(timeout=GET_TIMEOUT)["token"]) == {"answer", "challenge_uuid"}
     wait_until(lambda: sandbox.stats()["pingbacks_sent"] == 2, 10, what="the replies")
+
+
+def test_answers_with_a_user_agent_are_polled_not_called_back(
+    sandbox: Any, serve_receiver: Any, start_worker: Any
+) -> None:
+    server = serve_receiver()
+    start_worker(worker_env(server.port, NO_POLL_S, cold_wait=0.3))
     # a callback has no room for a user agent: such captchas are polled, not called back
-    sandbox.reset()
     proxy = "u:p@10.0.0.1:3128"
     # ends within GET_TIMEOUT: polled at once, not after the NO_POLL_S fallback
     result = solve.delay(method="cloudflare_challenge", pageurl=PAGE, proxy=proxy).get(
@@ -129,12 +150,54 @@ def test_a_receiver_down_for_a_while(sandbox: Any, serve_receiver: Any, start_wo
     assert solved_by_source().get("pingback") == 5
 
 
+def channel_metric() -> dict[str, float]:
+    """The primary's channel, by state."""
+    found = exported("captcha_tasks_pingback_channel{")
+    primary = app.runtime().state.primary.name
+    return {
+        label.split('state="')[1].split('"')[0]: value
+        for label, value in found.items()
+        if f'provider="{primary}"' in label
+    }
+
+
+def test_when_callbacks_stop_captchas_are_polled_and_when_they_return_awaited_again(
+    sandbox: Any, serve_receiver: Any, start_worker: Any
+) -> None:
+    port = free_port()  # nobody listens there yet: every callback is refused
+    worker = start_worker(worker_env(port, 1.0))
+    stopped = [r.get(timeout=GET_TIMEOUT) for r in solve_many(12)]
+    assert all(r["status"] == "solved" for r in stopped)
+    channel = app.runtime().state.channel
+    # the answers came by poll: callbacks stopped (heard just after each result is out)
+    wait_until(lambda: channel.read().state == DOWN, 10, what="the channel down")
+    assert channel_metric() == {"up": 0.0, "degraded": 0.0, "down": 1.0}
+
+    def warnings() -> list[str]:
+        return [line for line in worker.log_text().splitlines() if "stopped arriving" in line]
+
+    assert len(wait_until(warnings, 10, what="the warning")) == 1  # type: ignore[arg-type]
+    late = exported("captcha_tasks_pingback_answer_late_seconds_count")
+    assert list(late.values()) == [12.0]  # the primary's, every answer heard
+
+    serve_receiver(port)  # the receiver is back: the workers kept sending its URL
+    back = [r.get(timeout=GET_TIMEOUT) for r in solve_many(steps.CHANNEL_BACK)]
+    assert all(r["status"] == "solved" for r in back)
+    wait_until(lambda: channel.read().state != DOWN, 10, what="the channel back")
+    assert channel.read().state == DEGRADED  # until callbacks prove themselves
+    for _ in range(steps.CHANNEL_SETTLE // 5 + 1):
+        assert all(r.get(timeout=GET_TIMEOUT)["status"] == "solved" for r in solve_many(5))
+    wait_until(lambda: channel.read().state == UP, 10, what="the channel up")
+    assert solved_by_source()["pingback"] >= steps.CHANNEL_BACK + steps.CHANNEL_SETTLE
+    assert channel_metric() == {"up": 1.0, "degraded": 0.0, "down": 0.0}
+
+
 def test_an_error_in_a_callback_takes_the_polls_route(
     sandbox: Any, serve_receiver: Any, start_worker: Any
 ) -> None:
     sandbox.configure(unsolvable_rate=1.0)
     server = serve_receiver()
-    start_worker(worker_env(server.port, NO_POLL_S))
+    start_worker(unpolled_env(server.port))
     with pytest.raises(errors.UnsolvableError):
         solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE).get(timeout=GET_TIMEOUT)
     attempts = 1 + app.runtime().settings.max_resubmits
@@ -200,7 +263,7 @@ def test_forged_callbacks_are_refused_and_change_nothing(
 ) -> None:
     sandbox.configure(pingback_drop_rate=1.0, solve_time=0.5, jitter=0.0)  # we call back
     port = serve_receiver().port
-    start_worker(worker_env(port, NO_POLL_S))
+    start_worker(unpolled_env(port))
     pending = solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE)
     captcha_id = in_flight_captcha(pending.id)["captcha_id"]
     genuine = pingback.ticket(SECRET, pending.id, 0)
@@ -260,7 +323,7 @@ def test_2captcha_style_callbacks_to_a_registered_address(
 ) -> None:
     sandbox.configure(pingback_method="POST")
     server = serve_receiver()
-    env = worker_env(server.port, NO_POLL_S)
+    env = unpolled_env(server.port)
     app.runtime().api().add_pingback(env["CAPTCHAAI_PINGBACK_URL"])  # pingback register
     start_worker(env)
     results = [r.get(timeout=GET_TIMEOUT) for r in solve_many(5)]

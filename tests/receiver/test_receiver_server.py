@@ -145,6 +145,8 @@ def worker_env(port: int) -> dict[str, str]:
         "CAPTCHAAI_PINGBACK_URL": f"http://127.0.0.1:{port}/captcha/pingback",
         "CAPTCHAAI_PINGBACK_SECRET": SECRET,
         "CAPTCHAAI_PINGBACK_FALLBACK_POLL": str(NO_POLL_S),
+        # nor polled before its method's solve times are known: every answer by callback
+        "CAPTCHAAI_INITIAL_WAIT": str(NO_POLL_S),
     }
 
 

@@ -41,7 +41,7 @@ def admit(limiter: ThreadLimiter, solve_id: str, attempt: int = 0) -> str:
 
 
 def register(board: Board, solve_id: str, captcha_id: str, first_poll_in_s: float) -> Any:
-    return board.register(solve_id, 0, captcha_id, job(solve_id, captcha_id), first_poll_in_s)
+    return board.register(solve_id, 0, captcha_id, job(solve_id, captcha_id), first_poll_in_s).round
 
 
 def on_board(board: Board, limiter: ThreadLimiter, solve_id: str, captcha_id: str) -> None:

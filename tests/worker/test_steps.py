@@ -14,6 +14,7 @@ from captcha_tasks.client import NOT_READY, Answer
 from captcha_tasks.methods import build_request
 from captcha_tasks.outcome import parse_iso
 from captcha_tasks.providers import ProviderSpec
+from captcha_tasks.state.channel import DEGRADED, DOWN, UP, Channel, Heard
 from captcha_tasks.state.circuits import Circuit
 from captcha_tasks.state.limiter import Admission
 from captcha_tasks.state.timing import Timing
@@ -256,17 +257,50 @@ def test_a_spent_res_budget_polls_later() -> None:
 
 # -- provider callbacks -----------------------------------------------------------------------
 
-CALLBACKS = dataclasses.replace(POLICY, pingback_fallback=20.0)
+CALLBACKS = dataclasses.replace(POLICY, pingback_fallback=1.0)
+#: Solve times of 12 s (5th percentile), 15 s (median) and 18 s (95th percentile).
+SOLVES = Timing(first_wait=16.0, earliest=12.0, typical=15.0, warm=True, spread=6.0)
 
 
-@pytest.mark.parametrize("timing", [COLD, WARM])
-def test_with_callbacks_on_the_first_poll_waits_a_fallback_past_the_expected_time(
-    timing: Timing,
-) -> None:
-    decision = steps.on_submitted(job(), "7001", T0 + 1, timing, CALLBACKS, bulk=True)
+def sent(timing: Timing, channel: str, policy: steps.Policy = CALLBACKS) -> PollAt:
+    """The decision for a captcha submitted at T0 + 1 with the channel in ``channel``."""
+    decision = steps.on_submitted(job(), "7001", T0 + 1, timing, policy, True, channel=channel)
     assert isinstance(decision, PollAt)
-    expected = timing.earliest + timing.spread if timing.warm else timing.first_wait
-    assert decision.at == T0 + 1 + expected + CALLBACKS.pingback_fallback  # type: ignore[operator]
+    return decision
+
+
+def test_while_callbacks_arrive_a_captcha_is_polled_soon_after_its_callback_is_overdue() -> None:
+    decision = sent(SOLVES, UP)
+    p95 = SOLVES.earliest + SOLVES.spread  # the solve times' 95th percentile
+    assert decision.at == pytest.approx(T0 + 1 + p95 + CALLBACKS.pingback_fallback)  # type: ignore[operator]
+    assert decision.job.callback_due == decision.at  # overdue from then on
+    slower = dataclasses.replace(SOLVES, spread=10.0)
+    assert sent(slower, UP).at == pytest.approx(decision.at + 4.0)  # the solve times decide
+
+
+def test_while_many_callbacks_are_lost_polls_start_before_the_median_solve_time() -> None:
+    decision = sent(SOLVES, DEGRADED)
+    assert decision.at == T0 + 1 + (SOLVES.earliest + SOLVES.typical) / 2
+    assert decision.job.callback_due == sent(SOLVES, UP).at  # it still waits for one
+
+
+def test_once_callbacks_stopped_captchas_are_polled_as_without_them() -> None:
+    down, off = sent(SOLVES, DOWN), sent(SOLVES, UP, policy=POLICY)
+    assert down.at == off.at == T0 + 1 + SOLVES.earliest
+    assert down.job.callback_due is None
+
+
+@pytest.mark.parametrize("channel", [UP, DEGRADED, DOWN])
+def test_with_no_solve_times_known_captchas_are_probed_as_without_callbacks(
+    channel: str,
+) -> None:
+    # so the policy converges when no callback ever comes: the polls teach the times
+    probe = sent(COLD_DEFAULT, channel)
+    assert probe.at == sent(COLD_DEFAULT, UP, policy=POLICY).at
+    assert probe.at == T0 + 1 + COLD_DEFAULT.first_wait * steps.COLD_PROBE
+    assert probe.job.callback_due is None
+    found = steps.on_answer(probe.job, Answer("0.tok"), None, 0, probe.at, COLD, CALLBACKS, BULK)
+    assert isinstance(found, Deliver) and found.solve_time_s is not None
 
 
 def test_answers_with_a_user_agent_are_polled_even_with_callbacks() -> None:
@@ -352,15 +386,126 @@ def test_structured_answers_are_delivered_as_json_values() -> None:
     assert decision.outcome.token == {"answer": "0xaa", "challenge_uuid": "u-1"}
 
 
-def test_a_late_fallback_poll_teaches_no_solve_time() -> None:
-    polled = steps.on_submitted(job(), "7001", T0, COLD, CALLBACKS, bulk=True)
-    assert isinstance(polled, PollAt)
-    late = steps.on_answer(polled.job, Answer("0.tok"), None, 0, polled.at, COLD, CALLBACKS, BULK)
+@pytest.mark.parametrize("channel", [UP, DEGRADED])
+def test_a_first_poll_late_on_purpose_teaches_no_solve_time(channel: str) -> None:
+    polled = sent(SOLVES, channel)
+    late = steps.on_answer(polled.job, Answer("0.tok"), None, 0, polled.at, SOLVES, CALLBACKS, BULK)
     assert isinstance(late, Deliver) and late.solve_time_s is None
     again = steps.on_answer(
-        polled.job, Answer("0.tok"), polled.at, 0, polled.at + 1, COLD, CALLBACKS, BULK
+        polled.job, Answer("0.tok"), polled.at, 0, polled.at + 1, SOLVES, CALLBACKS, BULK
     )
-    assert isinstance(again, Deliver) and again.solve_time_s == pytest.approx(polled.at + 0.5 - T0)
+    assert isinstance(again, Deliver)
+    assert again.solve_time_s == pytest.approx(polled.at + 0.5 - (T0 + 1))
+
+
+@pytest.mark.parametrize("channel", [UP, DEGRADED])
+def test_a_captcha_counting_on_its_callback_is_polled_seldom_in_case_it_was_lost(
+    channel: str,
+) -> None:
+    polled = sent(SOLVES, channel)
+    assert steps.counts_on_callback(polled.job, SOLVES, CALLBACKS, channel)
+    pace = steps.pace(CALLBACKS, SOLVES, True, waits=True)
+    # a few polls across the finishing window, however short the bulk window is
+    assert pace == steps.Pace(True, SOLVES.spread / steps.CALLBACK_POLLS_PER_SPREAD)
+    assert pace.every > steps.pace(CALLBACKS, SOLVES, True).every == CALLBACKS.bulk_interval
+    again = steps.on_answer(polled.job, NOT_READY, None, 0, polled.at, SOLVES, CALLBACKS, pace)
+    assert isinstance(again, PollAt) and again.at == pytest.approx(polled.at + pace.every)
+    narrow = dataclasses.replace(SOLVES, spread=0.4)  # never faster than the bulk window
+    assert steps.pace(CALLBACKS, narrow, True, waits=True).every == CALLBACKS.bulk_interval
+
+
+def test_cold_captchas_counting_on_their_callback_are_probed_seldom() -> None:
+    probe = sent(COLD_DEFAULT, UP)
+    assert steps.counts_on_callback(probe.job, COLD_DEFAULT, CALLBACKS, UP)
+    slow = dataclasses.replace(COLD_DEFAULT, first_wait=20.0)  # a reCAPTCHA's, say
+    pace = steps.pace(CALLBACKS, slow, True, waits=True)
+    assert pace == steps.Pace(True, slow.first_wait * steps.COLD_CALLBACK_PACE)
+    assert pace.every > steps.pace(CALLBACKS, slow, True).every == CALLBACKS.bulk_interval
+    # never faster than the bulk window
+    assert steps.pace(CALLBACKS, COLD_DEFAULT, True, waits=True).every >= CALLBACKS.bulk_interval
+
+
+def test_once_callbacks_stopped_or_when_off_captchas_are_polled_at_the_usual_pace() -> None:
+    for channel in (UP, DEGRADED, DOWN):
+        down = sent(SOLVES, DOWN)  # registered while down: it waits for no callback
+        assert not steps.counts_on_callback(down.job, SOLVES, CALLBACKS, channel)
+    waiting = sent(SOLVES, UP)
+    assert not steps.counts_on_callback(waiting.job, SOLVES, CALLBACKS, DOWN)  # stopped since
+    assert not steps.counts_on_callback(sent(COLD_DEFAULT, UP).job, COLD, CALLBACKS, DOWN)
+    off = sent(SOLVES, UP, policy=POLICY)
+    assert not steps.counts_on_callback(off.job, SOLVES, POLICY, UP)
+
+
+# -- what answers say of the callback channel ----------------------------------------------
+
+
+def test_what_a_poll_that_found_the_answer_says_of_the_callbacks() -> None:
+    polled = sent(SOLVES, UP)
+    due = polled.job.callback_due
+    assert due is not None
+    at_due = steps.heard_by_poll(polled.job, Answer("t"), None, due, SOLVES, CALLBACKS)
+    # found at its first poll: it became ready since its method's earliest likely finish
+    late = (due - (T0 + 1) - SOLVES.earliest) / 2
+    assert at_due == Heard("poll", "7001", pytest.approx(late), overdue=True)  # type: ignore[arg-type]
+    seen = steps.heard_by_poll(polled.job, Answer("t"), due, due + 0.4, SOLVES, CALLBACKS)
+    assert seen is not None and seen.late_s == pytest.approx(0.2)  # half the gap
+    early = sent(SOLVES, DEGRADED)
+    before = steps.heard_by_poll(early.job, Answer("t"), None, early.at, SOLVES, CALLBACKS)
+    assert before is not None and (before.by, before.overdue) == ("poll", False)
+    assert before.late_s == pytest.approx((SOLVES.typical - SOLVES.earliest) / 4)
+    down = sent(SOLVES, DOWN)  # first polled at the earliest likely finish: not late
+    found = steps.heard_by_poll(down.job, Answer("t"), None, down.at, SOLVES, CALLBACKS)
+    assert found == Heard("poll", "7001", 0.0, overdue=False)
+    unsolvable = errors.from_api_code("ERROR_CAPTCHA_UNSOLVABLE", "7001")
+    assert steps.heard_by_poll(polled.job, unsolvable, None, due, SOLVES, CALLBACKS) is not None
+
+
+def test_polls_that_end_nothing_or_asked_for_no_callback_say_nothing() -> None:
+    polled = sent(SOLVES, UP)
+    for reply in (NOT_READY, errors.TransportError("res.php: timed out")):
+        assert steps.heard_by_poll(polled.job, reply, None, T0 + 30, SOLVES, CALLBACKS) is None
+    off = sent(SOLVES, UP, policy=POLICY)
+    assert steps.heard_by_poll(off.job, Answer("t"), None, T0 + 30, SOLVES, POLICY) is None
+    request = build_request("cloudflare_challenge", pageurl=PAGE, proxy="u:p@10.0.0.1:3128")
+    agent = steps.on_submitted(
+        Job.new("s", request, T0, 300.0), "7002", T0, SOLVES, CALLBACKS, True, channel=UP
+    )
+    assert isinstance(agent, PollAt) and agent.job.callback_due is None
+    assert steps.heard_by_poll(agent.job, Answer("t"), None, T0 + 30, SOLVES, CALLBACKS) is None
+    assert steps.heard_by_callback(sent(SOLVES, UP).job) == Heard("callback", "7001")
+    assert steps.heard_late("7001") == Heard("late", "7001")
+
+
+def judged(state: str = UP, share: float = 1.0, **figures: int) -> str:
+    """The state the channel is in after judging it."""
+    switch = steps.judge_channel(Channel(state, share, **figures))
+    return state if switch is None else switch.to
+
+
+def test_callbacks_that_stop_put_the_channel_down_from_any_state() -> None:
+    stopped = steps.CHANNEL_STOPPED
+    for state in (UP, DEGRADED):
+        assert judged(state, 0.9, misses=stopped - 1) == state
+        assert judged(state, 0.9, misses=stopped) == DOWN
+    assert steps.judge_channel(Channel(DOWN, 0.0, misses=stopped + 5)) is None
+
+
+def test_a_down_channel_comes_back_degraded_when_callbacks_arrive_in_a_row() -> None:
+    assert judged(DOWN, 0.3, hits=steps.CHANNEL_BACK - 1) == DOWN
+    back = steps.judge_channel(Channel(DOWN, 0.3, hits=steps.CHANNEL_BACK))
+    # the share it had (of the time it was down) is not held against it
+    assert back == steps.Switch(DEGRADED, steps.CHANNEL_BACK_SHARE)
+    assert judged(DEGRADED, steps.CHANNEL_BACK_SHARE) == DEGRADED
+
+
+def test_the_share_of_answers_by_callback_moves_the_channel_with_a_band_between() -> None:
+    leave, enter, settle = steps.CHANNEL_LEAVE_UP, steps.CHANNEL_ENTER_UP, steps.CHANNEL_SETTLE
+    assert judged(UP, leave) == UP
+    assert judged(UP, leave - 0.01) == DEGRADED
+    assert judged(DEGRADED, enter - 0.01, since=settle) == DEGRADED  # the band: it stays
+    assert judged(UP, enter - 0.01) == UP
+    assert judged(DEGRADED, enter, since=settle - 1) == DEGRADED  # not settled yet
+    assert judged(DEGRADED, enter, since=settle) == UP
 
 
 # -- providers -----------------------------------------------------------------------------
