@@ -87,6 +87,12 @@ def __getattr__(name: str) -> typing.Any:
         return version("captcha-tasks")
     if name == "store":
         return _deprecated_store()
+    source = _SOURCES.get(name)
+    if source is not None and source[1] is None:
+        # A submodule (errors): alone.  Inside the package `from . import errors` lands
+        # here when it runs first; loading everything would import the very module that
+        # is importing it (`import captcha_tasks.batching` in a fresh process).
+        return importlib.import_module(source[0], __name__)
     if name not in _SOURCES or _loading:
         # While loading, a submodule's `from .. import errors` must see "no such attribute
         # yet" and import the submodule itself, not start a second load.

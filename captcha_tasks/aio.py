@@ -10,14 +10,22 @@ The same contract as the blocking API, for FastAPI, Starlette, aiohttp or Quart 
 
 How it waits, with no thread per call and no loop that polls Redis:
 
-* :func:`solve` subscribes to its result's channel (Celery's result key: the completion
-  script PUBLISHes the stored record there, as Celery's Redis backend does), waits until
-  Redis confirms the subscription, and only then sends the solve message.  One pub/sub
-  connection per event loop carries every subscription; a reader task hands each record to
-  its waiter, decoded by Celery's own result backend, so the outcome dict and the exception
+* :func:`solve` sends the solve message as ``solve.delay`` does (validation first, so the
+  same errors, Redis down included), then subscribes to its result's channel (Celery's
+  result key: the completion script PUBLISHes the stored record there, as Celery's Redis
+  backend does) and, once Redis confirms the subscription, reads the key once for a record
+  stored before it.  One pub/sub connection per event loop carries every subscription; a
+  reader task hands each ready record (``SUCCESS``, ``FAILURE``, ``REVOKED``) to its
+  waiter, decoded by Celery's own result backend, so the outcome dict and the exception
   type are those of ``solve.delay(...).get()``.
-* :func:`stream` reads its batch's Redis stream with ``XREAD BLOCK``, like the blocking
-  :func:`captcha_tasks.stream.stream`, whose bookkeeping it shares.
+* :func:`stream` reads its batch's Redis stream with ``XREAD BLOCK``: it is the asyncio
+  driver of :class:`captcha_tasks.batching.Batch`, whose other driver is the blocking
+  :func:`captcha_tasks.stream.stream`, so both have the same semantics, Redis outages
+  and what a master change lost included (its looks for traceless tasks, re-sends and
+  reconnect reports are sync calls, made on the publisher thread).
+
+A Redis that does not answer raises :class:`~captcha_tasks.errors.StoreUnavailable`, with
+the message of the sync calls (``REDIS_URL``, password masked), never a redis-py error.
 
 Both use one ``redis.asyncio`` client (one connection pool) per event loop.  It is closed
 when the loop's tasks are cancelled at shutdown (``asyncio.run``, uvicorn), or by
@@ -34,11 +42,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import uuid
+import time
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
-    Awaitable,
     Callable,
     Iterable,
     Mapping,
@@ -46,7 +53,7 @@ from collections.abc import (
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -54,26 +61,36 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import connections, errors
+from .batching import Abandon, Batch, Done, Emit, Fail, Look, Pull, Read, Resend, Send, Wait
+from .connections import FAILOVERS, UNREACHABLE
 from .keys import Keys
 from .settings import Settings
-from .state.batches import CANCEL_TTL, entries
+from .state import State
+from .state.batches import AsyncBatchStreams
+from .state.db import Db
 from .state.lua import text
-from .stream import TRACE_EVERY_S, Batch, Outage, recover_lost, rejected
+from .stream import (
+    abandon_failed,
+    abandoned,
+    new_batch,
+    publish,
+    report_reconnects,
+    send_task,
+)
 from .worker.app import app
 from .worker.results import Results
-from .worker.tasks import normalize_solve_args
+from .worker.runtime import Runtime
 from .worker.tasks import solve as solve_task
 
 log = logging.getLogger(__name__)
 
-#: Longest single ``XREAD BLOCK`` of a stream (it also wakes for the next task timeout).
-MAX_BLOCK_MS = 10_000
 #: Pause before the pub/sub reader tries again after losing its connection.
 RECONNECT_S = 0.5
 #: ``CLIENT SETNAME`` of the asyncio connections (``CLIENT LIST`` tells them apart).
 CLIENT_NAME = "captcha-tasks-aio"
 
 Task = Mapping[str, Any]
+T = TypeVar("T")
 
 
 async def solve(
@@ -82,71 +99,72 @@ async def solve(
     """Solve one captcha and return its outcome dict, as ``solve.delay(...).get()`` does.
 
     Bad arguments raise :class:`~captcha_tasks.errors.ValidationError` before anything is
-    sent; a failed solve raises the same typed error as ``get()`` (``ProxyError``,
-    ``SolveTimeout``, ...).  Bound the wait with ``asyncio.timeout()`` if you need to.
+    sent, and Redis down :class:`~captcha_tasks.errors.StoreUnavailable`, as
+    ``solve.delay`` does; a failed solve raises the same typed error as ``get()``
+    (``ProxyError``, ``SolveTimeout``, ...).  Bound the wait with ``asyncio.timeout()`` if
+    you need to.
     """
     kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
-    normalize_solve_args((), kwargs)  # call-site validation, before any I/O
-    solve_id = str(uuid.uuid4())
     hub = _hubs().hub()
-
-    async def send() -> None:
-        await _publish(kwargs, task_id=solve_id)
-
-    record = await hub.wait_result(_result_key(solve_id), send)
+    sent = await _publish(partial(solve_task.apply_async, kwargs=kwargs))
+    record = await hub.wait_result(_result_key(sent.id))
     return _outcome(record)
 
 
-async def stream(
+def stream(
     tasks: Iterable[Task] | AsyncIterable[Task],
     *,
     timeout_per_task: float | None = None,
     window: int | None = None,
+    lane: str | None = None,
+    tenant: str | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """Solve ``tasks`` and yield each outcome dict, with its input ``index``, in completion
     order: :func:`captcha_tasks.stream.stream` for ``async for``.
 
-    ``tasks`` may be an iterable or an async iterable of ``solve`` keyword arguments.
+    ``tasks`` may be an iterable or an async iterable of ``solve`` keyword arguments;
+    ``lane`` and ``tenant`` are the defaults of the tasks that name none, as in ``stream()``.
     Leaving the loop (``break``, an exception, the task being cancelled) cancels what was
     not submitted yet; ``async with contextlib.aclosing(stream(...))`` makes that happen
     at once rather than when the generator is collected.
     """
-    settings = app.runtime().settings
-    size = window or 2 * settings.capacity
-    if size < 1:
-        raise errors.ValidationError("window must be at least 1")
-    batch = Batch(uuid.uuid4().hex, timeout_per_task or settings.solve_timeout + 60)
-    batch.generation = connections.FAILOVERS.generation
+    runtime = app.runtime()
+    batch = new_batch(runtime.settings, window, timeout_per_task, lane=lane, tenant=tenant)
+    return _drive(runtime, batch, _iterate(tasks))
+
+
+async def _drive(
+    runtime: Runtime, batch: Batch, source: AsyncIterator[Task]
+) -> AsyncIterator[dict[str, Any]]:
+    """Carry out ``batch``'s decisions until it is done (the async generator
+    :func:`stream` returns, once its arguments are checked)."""
     hub = _hubs().hub()
-    source = _numbered(tasks)
-    outage = Outage()
-    exhausted = False
     try:
         while True:
-            while not exhausted and len(batch.pending) < size:
-                item = await anext(source, None)
-                if item is None:
-                    exhausted = True
-                    break
-                failure = await _queue(batch, *item)
-                if failure is not None:
-                    yield failure
-            if exhausted and not batch.pending:
-                return
-            try:
-                arrived = await _arrived(hub, batch)
-            except errors.StoreUnavailable as exc:
-                # A failover, a restart: wait for Redis, as stream() does.
-                await asyncio.sleep(outage.next_wait(exc))
-                arrived = []
+            batch.saw_master(FAILOVERS.generation)
+            action = batch.next_action(time.monotonic())
+            if isinstance(action, Emit):
+                for outcome in action.outcomes:
+                    yield outcome
+            elif isinstance(action, Pull):
+                await _pull(source, batch)
+            elif isinstance(action, Send):
+                await _send(batch, action)
+            elif isinstance(action, Read):
+                await _read(hub.batches, runtime.state, batch, action)
+            elif isinstance(action, Look):
+                await _look(runtime.state, batch, action)
+            elif isinstance(action, Resend):
+                await _resend(batch, action)
+            elif isinstance(action, Wait):
+                await asyncio.sleep(action.seconds)  # back-off while Redis is away
+            elif isinstance(action, Fail):
+                raise action.error
             else:
-                outage.over()
-            for outcome in arrived:
-                yield outcome
-            for outcome in batch.timed_out():
-                yield outcome
+                assert isinstance(action, Done)
+                return
     finally:
-        await _abandon(hub, batch)
+        await _abandon(hub.batches, batch.close())
 
 
 async def aclose() -> None:
@@ -163,8 +181,9 @@ class Hubs:
     """The asyncio API's connections in one process, kept with the app's runtime: one
     :class:`_Hub` per event loop, and the one thread that publishes solve messages."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, db: Db) -> None:
         self.settings = settings
+        self.db = db  # the sync state's: its errors name REDIS_URL as every sync call's do
         self.hubs: dict[asyncio.AbstractEventLoop, _Hub] = {}
         self.publisher = ThreadPoolExecutor(1, thread_name_prefix="captcha-tasks-publish")
 
@@ -182,19 +201,26 @@ class Hubs:
 
 def _hubs() -> Hubs:
     runtime = app.runtime()
-    return runtime.resource("aio", lambda: Hubs(runtime.settings))
+    return runtime.resource("aio", lambda: Hubs(runtime.settings, runtime.state.db))
 
 
-async def _publish(kwargs: dict[str, Any], **options: Any) -> str:
-    """``solve.apply_async`` on the publisher thread; returns the solve's id."""
+async def _publish(call: Callable[[], T]) -> T:
+    """A blocking call of the sync API (``solve.apply_async``: validation, Redis, the
+    broker) on the publisher thread, with its errors."""
     loop = asyncio.get_running_loop()
-    call = partial(solve_task.apply_async, kwargs=kwargs, **options)
-    result = await loop.run_in_executor(_hubs().publisher, call)
-    return str(result.id)
+    return await loop.run_in_executor(_hubs().publisher, call)
 
 
 def _result_key(task_id: str) -> str:
-    return text(app.backend.get_key_for_task(task_id))
+    return Results(app).key(task_id)
+
+
+def _ready(record: str) -> bool:
+    """Whether a result record ends the wait (a solve in flight also says where it is)."""
+    try:
+        return Results(app).read(record).ready
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _outcome(record: str) -> dict[str, Any]:
@@ -202,17 +228,11 @@ def _outcome(record: str) -> dict[str, Any]:
     return Results(app).read(record).outcome()
 
 
-def _ready(record: str) -> bool:
-    """Whether a record ends the wait (a solve in flight also says where it is)."""
-    return Results(app).read(record).ready
-
-
 # -- one Redis client and pub/sub reader per event loop -----------------------------------
 
 
 @dataclass
 class _Waiter:
-    confirmed: asyncio.Future[None]
     record: asyncio.Future[str]
 
 
@@ -227,29 +247,39 @@ class _Hub:
     waiters: dict[str, _Waiter] = field(default_factory=dict)
     subscribing: asyncio.Lock = field(default_factory=asyncio.Lock)
     started: asyncio.Event = field(default_factory=asyncio.Event)
+    batches: AsyncBatchStreams = field(init=False)
+    lost: bool = False  #: the pub/sub connection is down (said once per outage)
+    #: Channels just subscribed, whose records are read once (by one task, with MGET).
+    unread: set[str] = field(default_factory=set)
+    rereader: asyncio.Task[None] | None = None
 
     def __post_init__(self) -> None:
+        self.batches = AsyncBatchStreams(self.redis, self.owner.db)
         self.pubsub = self.redis.pubsub()
         # The reader is also the hub's keeper: cancelled at the loop's shutdown, it closes
         # the connections.
         self.reader = self.loop.create_task(self._read(), name="captcha-tasks-results")
 
-    async def wait_result(self, channel: str, send: Callable[[], Awaitable[None]]) -> str:
-        """Subscribe to ``channel``, run ``send()`` once Redis confirmed it, and return the
-        record published there."""
-        waiter = _Waiter(self.loop.create_future(), self.loop.create_future())
+    async def wait_result(self, channel: str) -> str:
+        """Subscribe to ``channel`` and return the ready record published there (or stored
+        before the subscription took effect)."""
+        waiter = _Waiter(self.loop.create_future())
         self.waiters[channel] = waiter
         try:
             async with self.subscribing:  # one SUBSCRIBE at a time on the shared connection
-                await self.pubsub.subscribe(channel)
+                try:
+                    await self.pubsub.subscribe(channel)
+                except UNREACHABLE as exc:
+                    raise self.owner.db.unavailable(exc, "the result is unavailable") from None
             self.started.set()
-            await waiter.confirmed
-            await send()
             return await waiter.record
         finally:
             del self.waiters[channel]
             if not self.reader.done():
-                with contextlib.suppress(RedisError):
+                # Best effort: a channel left subscribed is ignored (no waiter), and the
+                # caller's own outcome or cancellation must not turn into ours.  A
+                # connection redis-py is tearing down raises AttributeError here.
+                with contextlib.suppress(RedisError, OSError, AttributeError):
                     async with self.subscribing:
                         await self.pubsub.unsubscribe(channel)
 
@@ -262,9 +292,14 @@ class _Hub:
                 except (RedisConnectionError, RedisTimeoutError) as exc:
                     # redis-py re-subscribes on reconnect; _dispatch then re-reads the
                     # records that may have been published meanwhile.
-                    log.warning("result channel lost (%s); reconnecting", exc)
+                    if not self.lost:
+                        log.warning("result channel lost (%s); reconnecting", exc)
+                        self.lost = True
                     await asyncio.sleep(RECONNECT_S)
                     continue
+                if self.lost:
+                    log.warning("result channel is back")
+                    self.lost = False
                 if message:
                     self._dispatch(message)
         finally:
@@ -274,20 +309,29 @@ class _Hub:
         waiter = self.waiters.get(text(message["channel"]))
         if waiter is None:
             return
-        if message["type"] == "message" and _ready(text(message["data"])):
+        if message["type"] == "message":
             _settle(waiter.record, text(message["data"]))
         elif message["type"] == "subscribe":
-            if waiter.confirmed.done():  # subscribed again after a reconnect
-                self.loop.create_task(self._reread(text(message["channel"])))
-            else:
-                waiter.confirmed.set_result(None)
+            # Subscribed (or again, after a reconnect): a record stored before then was
+            # published to nobody.
+            self.unread.add(text(message["channel"]))
+            if self.rereader is None or self.rereader.done():
+                self.rereader = self.loop.create_task(self._reread())
 
-    async def _reread(self, channel: str) -> None:
-        with contextlib.suppress(RedisError):
-            record = await self.redis.get(channel)
-            waiter = self.waiters.get(channel)
-            if record is not None and waiter is not None and _ready(text(record)):
-                _settle(waiter.record, text(record))
+    async def _reread(self) -> None:
+        while self.unread:
+            channels = [c for c in self.unread if c in self.waiters]
+            self.unread.clear()
+            if not channels:
+                continue
+            try:
+                records = await self.redis.mget(channels)
+            except RedisError:
+                return  # the channel is lost too: read again when it is back
+            for channel, record in zip(channels, records, strict=True):
+                waiter = self.waiters.get(channel)
+                if record is not None and waiter is not None:
+                    _settle(waiter.record, text(record))
 
     async def close(self) -> None:
         self.reader.cancel()
@@ -299,73 +343,86 @@ class _Hub:
             del self.owner.hubs[self.loop]
         closed = errors.StoreUnavailable("this event loop's Redis client was closed")
         for waiter in self.waiters.values():
-            for future in (waiter.confirmed, waiter.record):
-                if not future.done():
-                    future.set_exception(closed)
+            if not waiter.record.done():
+                waiter.record.set_exception(closed)
         with contextlib.suppress(RedisError, OSError):
             await self.pubsub.aclose()  # type: ignore[no-untyped-call]
         with contextlib.suppress(RedisError, OSError):
             await self.redis.aclose()
 
 
-def _settle(future: asyncio.Future[str], value: str) -> None:
-    if not future.done():
-        future.set_result(value)
+def _settle(future: asyncio.Future[str], record: str) -> None:
+    if not future.done() and _ready(record):
+        future.set_result(record)
 
 
 # -- streams ------------------------------------------------------------------------------
 
 
-async def _numbered(tasks: Iterable[Task] | AsyncIterable[Task]) -> AsyncIterator[tuple[int, Task]]:
+async def _iterate(tasks: Iterable[Task] | AsyncIterable[Task]) -> AsyncIterator[Task]:
     if isinstance(tasks, AsyncIterable):
-        index = 0
         async for task in tasks:
-            yield index, task
-            index += 1
+            yield task
     else:
-        for index, task in enumerate(tasks):
-            yield index, task
+        for task in tasks:
+            yield task
 
 
-async def _queue(batch: Batch, index: int, task: Task) -> dict[str, Any] | None:
-    kwargs = {**task, "_batch": {"id": batch.batch_id, "index": index}}
+async def _pull(source: AsyncIterator[Task], batch: Batch) -> None:
     try:
-        task_id = await _publish(kwargs)
+        task = await anext(source)
+    except StopAsyncIteration:
+        batch.ended()
+    else:
+        batch.pulled(task)
+
+
+async def _send(batch: Batch, action: Send) -> None:
+    try:
+        task_id = await _publish(partial(send_task, batch.batch_id, action.index, action.task))
     except errors.ValidationError as exc:
-        return rejected(index, task, exc)
-    batch.sent(index, task_id, task.get("method"), kwargs)
-    return None
+        batch.refused(exc)
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.sent(task_id, time.monotonic())
 
 
-async def _arrived(hub: _Hub, batch: Batch) -> list[dict[str, Any]]:
-    key = hub.keys.batch_results(batch.batch_id)
-    moved = batch.master_moved(connections.FAILOVERS.generation)
-    if moved or batch.look_due(TRACE_EVERY_S):
-        # the look is a few sync Redis calls, off the event loop
-        await asyncio.get_running_loop().run_in_executor(
-            hub.owner.publisher, recover_lost, app.runtime().state.records, batch, moved
-        )
-    wait_s = batch.next_deadline() or 0.0
-    block_ms = max(1, min(MAX_BLOCK_MS, int(wait_s * 1000) + 1))
+async def _read(streams: AsyncBatchStreams, state: State, batch: Batch, action: Read) -> None:
     try:
-        reply = await hub.redis.xread({key: batch.last_id}, count=500, block=block_ms)
-        found = entries(reply)
-        if found:
-            await hub.redis.xtrim(key, minid=found[-1][0])
-    except (RedisConnectionError, RedisTimeoutError):
-        raise errors.StoreUnavailable("Redis is down: batch results are unavailable") from None
-    return batch.arrived(found)
+        found = await streams.read(batch.batch_id, action.after, block_ms=action.block_ms)
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.read(found)
+        if FAILOVERS.reconnects:  # a thread hop only when there is something to add
+            await _publish(partial(report_reconnects, state))
 
 
-async def _abandon(hub: _Hub, batch: Batch) -> None:
-    keys = hub.keys
+async def _look(state: State, batch: Batch, action: Look) -> None:
     try:
-        async with hub.redis.pipeline(transaction=True) as pipe:
-            if batch.pending:
-                pipe.set(keys.batch_cancelled(batch.batch_id), "1", ex=CANCEL_TTL)
-            pipe.delete(keys.batch_results(batch.batch_id))
-            await pipe.execute()
-        if batch.pending:
-            log.info("batch %s abandoned: %d tasks cancelled", batch.batch_id, len(batch.pending))
-    except Exception:  # never hide the caller's own exception (a cancellation) behind ours
-        log.warning("could not cancel batch %s", batch.batch_id, exc_info=True)
+        lost = await _publish(partial(state.records.traceless, action.task_ids))
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.looked(lost, time.monotonic())
+
+
+async def _resend(batch: Batch, action: Resend) -> None:
+    try:
+        await _publish(partial(publish, action.task_id, action.kwargs))
+    except errors.StoreUnavailable as exc:
+        batch.unavailable(exc, time.monotonic())
+    else:
+        batch.resent()
+
+
+async def _abandon(streams: AsyncBatchStreams, abandon: Abandon | None) -> None:
+    if abandon is None:
+        return  # nothing was queued (Redis down at the first task, say): nothing to cancel
+    try:
+        await streams.abandon(abandon.batch_id, cancel=abandon.cancel)
+    except Exception as exc:  # never hide the caller's own exception (a cancellation) behind ours
+        abandon_failed(abandon, exc)
+    else:
+        abandoned(abandon)

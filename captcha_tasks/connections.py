@@ -173,6 +173,12 @@ class FailoverLog:
                 self.generation += 1
             self._master = (host, port)
 
+    @property
+    def reconnects(self) -> int:
+        """Reconnects since the last drain (left in place: a cheap look before a report)."""
+        with self._lock:
+            return self._reconnects
+
     def drain(self) -> int:
         """Reconnects since the last drain (zero after it)."""
         with self._lock:
@@ -294,10 +300,13 @@ def redis_client(settings: Settings) -> redis.Redis:
 
 def async_redis_client(settings: Settings, **options: Any) -> aioredis.Redis:
     """A ``redis.asyncio`` client.  No socket timeout: pub/sub readers and ``XREAD BLOCK``
-    wait on purpose (``options`` add to or override the defaults)."""
+    wait on purpose (``options`` add to or override the defaults).  Said explicitly:
+    redis-py 8 reads with a 5 s timeout by default, which breaks a blocking read that
+    waits as long; redis-py 5 applies any socket timeout to pub/sub reads too."""
     kwargs: dict[str, Any] = {
         "decode_responses": True,
         "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": None,
         "socket_keepalive": True,
         **options,
     }

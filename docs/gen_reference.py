@@ -1,8 +1,8 @@
 """The reference pages, written from the code at every ``mkdocs build`` (mkdocs-gen-files),
 so they cannot drift from it: settings from ``captcha_tasks.settings.documented()``, error
 codes from ``captcha_tasks.errors``, the JSON Schemas from ``captcha_tasks.schemas`` and the
-public import paths from the package itself (tests/docs/test_site.py checks them against
-the ones tests/public_api.py pins)."""
+public import paths from ``captcha_tasks.public``, where they are listed (and pinned by
+tests/core/test_public_api.py)."""
 
 from __future__ import annotations
 
@@ -12,24 +12,8 @@ from typing import Any
 import mkdocs_gen_files
 
 import captcha_tasks
-from captcha_tasks import errors, schemas
+from captcha_tasks import errors, public, schemas
 from captcha_tasks.settings import documented
-
-#: Public import paths beyond the package's top level, with what each is for.
-MODULE_PATHS = {
-    "captcha_tasks.stream.stream": "a batch, in completion order (also `captcha_tasks.stream`)",
-    "captcha_tasks.aio.solve": "await a solve from an asyncio event loop",
-    "captcha_tasks.aio.stream": "async for over a batch, in completion order",
-    "captcha_tasks.errors.FatalError": "every error class, split by what to do next",
-    "captcha_tasks.toolkit.sessions.CookieStore": "cookies shared by every worker",
-    "captcha_tasks.toolkit.sessions.SessionLock": "one login at a time across workers",
-    "captcha_tasks.toolkit.sessions.reauthenticate": "exactly one worker logs in again",
-    "captcha_tasks.toolkit.proxies.ProxyPool": "sticky proxies with quarantine",
-    "captcha_tasks.state.State": "the Redis state of a deployment, built from its settings",
-    "captcha_tasks.kafka.client.TaskProducer": "put tasks on the Kafka tasks topic",
-    "captcha_tasks.receiver.default_receiver": "mount the pingback receiver in your app",
-    "captcha_tasks.schemas.load": "the JSON Schemas of the contract",
-}
 
 
 def markdown(text: str) -> str:
@@ -167,11 +151,6 @@ runs. Clients in other languages validate against the same files.
 {chr(10).join(parts)}"""
 
 
-def public_paths() -> list[str]:
-    """Every public import path: the package's top-level names, then :data:`MODULE_PATHS`."""
-    return [f"captcha_tasks.{name}" for name in captcha_tasks.__all__] + list(MODULE_PATHS)
-
-
 def api_page() -> str:
     sources = captcha_tasks._SOURCES  # where each top-level name is defined
     top = []
@@ -180,15 +159,17 @@ def api_page() -> str:
         target = "captcha_tasks" + module + (f".{attribute}" if attribute else "")
         top.append((f"captcha_tasks.{name}", target))
     table = "\n".join(f"| `{path}` | `{target}` |" for path, target in top)
-    deeper = "\n".join(f"| `{path}` | {what} |" for path, what in MODULE_PATHS.items())
+    deeper = "\n".join(f"| `{path}` | {what} |" for path, what in public.DOCUMENTED.items())
+    moved = "\n".join(f"| `{old}` | `{new}` |" for old, new in public.MOVED.items())
     blocks = "\n".join(f"::: {target}\n    options:\n      heading_level: 3\n" for _, target in top)
     blocks += "\n".join(
-        f"::: {path}\n    options:\n      heading_level: 3\n" for path in MODULE_PATHS
+        f"::: {path}\n    options:\n      heading_level: 3\n" for path in public.DOCUMENTED
     )
     return f"""# Python API
 
-These are the public import paths: a removal or rename of any of them is a breaking change
-(the test suite pins them). Anything else is internal and may change between versions.
+These are the public import paths, listed in `captcha_tasks.public`: a removal or rename of
+any of them is a breaking change (the test suite pins them). Anything else is internal and
+may change between versions.
 
 ## From the top level
 
@@ -203,6 +184,15 @@ These are the public import paths: a removal or rename of any of them is a break
 | import path | for |
 |---|---|
 {deeper}
+
+## Moved
+
+Paths of the last release that moved. Each still works until the next release, with a
+`DeprecationWarning` that says what to use instead.
+
+| old path | use instead |
+|---|---|
+{moved}
 
 ## Reference
 

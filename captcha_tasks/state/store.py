@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from functools import cache
+from typing import TYPE_CHECKING
 
 import redis
 
@@ -20,7 +21,26 @@ from ..connections import redis_client as _connect
 from ..keys import Keys
 from ..settings import get_settings
 
-__all__ = ["keys", "redis_client"]
+if TYPE_CHECKING:
+    from ..toolkit.proxies import ProxyPool
+
+__all__ = ["keys", "proxies", "redis_client"]
+
+#: The last release's other handles, undocumented: gone, with an error that says where to.
+_REMOVED = frozenset(
+    [
+        "api_client",
+        "batches",
+        "board",
+        "connect",
+        "limiter",
+        "ping",
+        "pools",
+        "reset",
+        "secrets",
+        "solve_times",
+    ]
+)
 
 
 def _deprecated(name: str, instead: str) -> None:
@@ -46,3 +66,21 @@ def keys() -> Keys:
     """Deprecated: ``Keys(get_settings().key_prefix)``."""
     _deprecated("keys", "captcha_tasks.keys.Keys(get_settings().key_prefix)")
     return Keys(get_settings().key_prefix)
+
+
+def proxies() -> ProxyPool:
+    """Deprecated: ``ProxyPool.from_settings()``."""
+    _deprecated("proxies", "captcha_tasks.toolkit.proxies.ProxyPool.from_settings()")
+    from ..toolkit.proxies import ProxyPool
+
+    return ProxyPool.from_settings()
+
+
+def __getattr__(name: str) -> object:
+    if name in _REMOVED:
+        raise AttributeError(
+            f"captcha_tasks.store.{name}() was removed: the Redis state is one value now, "
+            f"captcha_tasks.state.State.build(get_settings()); see captcha_tasks.toolkit "
+            "for cookies and proxies"
+        )
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

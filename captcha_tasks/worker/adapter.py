@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery
 from kombu.exceptions import OperationalError
@@ -63,6 +63,11 @@ BULK_CHECK_S = 5.0
 OUTAGES = (errors.StoreUnavailable, OperationalError, *UNREACHABLE)
 #: The attribute naming the step an exception was raised in (see :func:`at_step`).
 STEP_ATTRIBUTE = "captcha_tasks_step"
+#: Seconds between tries, from the first doubling to the last, while a captcha paid for
+#: waits for Redis to take it (see :meth:`Runner.holding`).
+HOLD_WAIT_S = (0.2, 1.0)
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -110,7 +115,9 @@ class Runner:
     Once a solve is accepted, nothing ends it in silence: an outage of Redis or the broker
     (:data:`OUTAGES`) propagates, and the task retries the step once it is back (every
     step is idempotent); any other exception ends the solve through the one completion
-    path with :class:`~captcha_tasks.errors.InternalError` (:meth:`fail_inside`).
+    path with :class:`~captcha_tasks.errors.InternalError` (:meth:`fail_inside`).  The
+    exception is the stretch from ``in.php``'s captcha id to the board holding it: there
+    an outage is waited out in place (:meth:`holding`).
     """
 
     def __init__(
@@ -275,7 +282,48 @@ class Runner:
         if isinstance(decision, Submit):
             with at_step("in_php"):
                 decision = self._call_in_php(job, request)
+            if isinstance(decision, PollAt):
+                # A captcha id paid for: registering it is waited out, never retried.
+                polled = decision.job
+                self.holding(
+                    polled, str(polled.captcha_id), lambda: self.act_on_submit(job, decision)
+                )
+                return
         self.act_on_submit(job, decision)
+
+    def holding(self, job: Job, captcha_id: str, call: Callable[[], T]) -> T:
+        """``call``, tried again for as long as Redis (or the broker) is away: from
+        ``in.php``'s answer until the board holds it, ``captcha_id`` (paid for) lives only
+        in this process.  The task's own retry would start again from the admission and
+        pay again; with Redis down it cannot even be published (Celery rejects the
+        message: the solve ends in silence, or its redelivery pays again).  There is no
+        bound: a ``solve`` message run again starts a new deadline and would pay again,
+        while a captcha registered late is polled at once, and its solve ends (solved, or
+        ``ERROR_SOLVE_TIMEOUT``) through the completion.  Only the process's death loses it
+        (its message, redelivered, pays again: the crash cost the failover guide lists)."""
+        wait, told = HOLD_WAIT_S[0], False
+        while True:
+            try:
+                found = call()
+            except OUTAGES as exc:
+                if not told:
+                    log.warning(
+                        "solve %s: Redis is unavailable (%s); captcha %s at %s waits here for"
+                        " it to be registered",
+                        job.solve_id,
+                        exc,
+                        captcha_id,
+                        job.provider,
+                    )
+                    told = True
+                time.sleep(wait)  # the captcha must not leave this process unregistered
+                wait = min(HOLD_WAIT_S[1], wait * 2)
+            else:
+                if told:
+                    log.warning(
+                        "solve %s: Redis is back; captcha %s goes on", job.solve_id, captcha_id
+                    )
+                return found
 
     def _admit(self, job: Job, message: Message, now: float) -> tuple[Job, Decision]:
         """Route the submit and admit it there; a provider that went out of rotation since
@@ -365,6 +413,12 @@ class Runner:
             self._hold_account(exc, job.provider)
             if isinstance(exc, errors.NoSlotError):
                 self.state.provider(job.provider).limiter.count_no_slot()
+        if isinstance(reply, str):  # paid for: see holding
+            captcha_id = reply
+            return self.holding(job, captcha_id, lambda: self._on_reply(job, captcha_id))
+        return self._on_reply(job, reply)
+
+    def _on_reply(self, job: Job, reply: str | errors.CaptchaTasksError) -> Decision:
         down = self._answered(job.provider, reply if not isinstance(reply, str) else None)
         timing = self._timing(job)
         now, bulk, channel = time.time(), self._bulk(job.provider), self._channel(job.provider)

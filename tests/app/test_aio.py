@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -145,7 +146,8 @@ def test_a_result_that_never_comes_times_out(sandbox: Any) -> None:
     wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
 
 
-@pytest.mark.parametrize("how", ["break", "cancel"])
+# Leaving with break: tests/app/test_batch_drivers.py, for both drivers.
+@pytest.mark.parametrize("how", ["cancel"])
 def test_leaving_the_stream_cancels_what_was_not_submitted(
     sandbox: Any, redis_conn: Any, how: str
 ) -> None:
@@ -207,3 +209,42 @@ def test_waits_survive_a_lost_pubsub_connection(sandbox: Any, redis_conn: Any) -
 
     results = asyncio.run(main())
     assert len(results) == n and all(r["status"] == "solved" for r in results)
+
+
+def test_only_a_ready_record_ends_the_wait(redis_conn: Any) -> None:
+    """In-flight states (a custom PARKED, STARTED) are published and stored on the result
+    key too: a wait ends on SUCCESS, FAILURE or REVOKED only, whether the record was
+    published or stored before the subscription."""
+    backend = app.backend
+
+    def record(task_id: str, status: str, result: Any) -> str:
+        meta = {"status": status, "result": result, "traceback": None, "children": []}
+        return str(backend.encode({**meta, "task_id": task_id, "date_done": None}))
+
+    published, stored = str(uuid.uuid4()), str(uuid.uuid4())
+    done = {"status": "solved", "token": "t"}
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        hub = aio._hubs().hub()
+        key = aio._result_key(published)
+        waiting = asyncio.create_task(hub.wait_result(key))
+        await asyncio.wait_for(_until(lambda: redis_conn.pubsub_numsub(key)[0][1] == 1), 5)
+        for status, result in (("PARKED", {"at": "limiter"}), ("STARTED", None)):
+            redis_conn.publish(key, record(published, status, result))
+        redis_conn.publish(key, record(published, "SUCCESS", done))  # the channel keeps order
+        first = aio._outcome(await asyncio.wait_for(waiting, 5))
+        # stored before anyone listened: an in-flight record is not an answer...
+        key = aio._result_key(stored)
+        redis_conn.set(key, record(stored, "SUBMITTED", {"captcha_id": "7"}))
+        waiting = asyncio.create_task(hub.wait_result(key))
+        await asyncio.wait_for(_until(lambda: redis_conn.pubsub_numsub(key)[0][1] == 1), 5)
+        await asyncio.wait_for(_until(lambda: hub.rereader and hub.rereader.done()), 5)
+        assert not waiting.done()  # it read SUBMITTED, and goes on waiting
+        redis_conn.set(key, record(stored, "SUCCESS", {**done, "token": "u"}))  # no publish
+        assert redis_conn.client_kill_filter(_type="pubsub") >= 1  # subscribed again: re-read
+        second = await asyncio.wait_for(waiting, 10)
+        return first, aio._outcome(second)
+
+    first, second = asyncio.run(main())
+    assert first == done
+    assert second == {**done, "token": "u"}

@@ -75,27 +75,6 @@ def test_a_failed_task_does_not_stop_the_stream(sandbox: Any, two_workers: list[
     assert results[0]["status"] == results[3]["status"] == "solved"
 
 
-def test_abandoned_stream_cancels_what_was_not_submitted(
-    sandbox: Any, two_workers: list[Any]
-) -> None:
-    capacity = app.runtime().state.limiter.config.capacity
-    total = 4 * capacity
-    sandbox.configure(threads=total, solve_time=0.8, jitter=0.3)
-    gen = stream([task() for _ in range(total)], window=total)
-    first = next(gen)
-    gen.close()  # the caller walks away after one result
-    limiter = app.runtime().state.limiter
-    wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
-    submitted = sandbox.stats()["submits"]
-    assert first["status"] == "solved"
-    # at most the first wave and the submits that took its freed threads before the
-    # caller left were paid for; everything still queued or parked was dropped
-    assert submitted <= 2 * capacity + 1
-    assert limiter.parked_count() == 0
-    wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
-    assert sandbox.stats()["submits"] == submitted
-
-
 def test_worker_killed_mid_batch_still_yields_every_index(
     sandbox: Any, two_workers: list[Any]
 ) -> None:

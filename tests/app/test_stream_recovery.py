@@ -1,36 +1,96 @@
-"""What a batch's caller does after a master change, without I/O: it reads its stream
-from the start again once per move, and looks at the pending tasks old enough to have
-left a trace in Redis, once per interval."""
+"""A batch sends again what a lost write took with it (docs/operations/failover.md), through
+each real driver, ``stream()`` and ``aio.stream``: a real Redis, a real worker, the sandbox.
+
+A master change (a Sentinel switch, a kill; a restart that lost writes) can take a batch's
+solve messages with it before any worker took them, and with them every trace Redis kept.
+Here that loss is made by hand, as such a master would leave it: no worker consumes the
+module's queues until the batch's messages, and everything Redis noted of them, are gone.
+Only the batch still knows them.  A real master change is tests/ha/test_failover_batch.py's;
+what the batch decides when (the looks, the re-sends, the re-read after a move) is
+tests/core/test_batching.py's, with an injected clock.
+"""
 
 from __future__ import annotations
 
-import time
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
 
-from captcha_tasks.stream import TRACE_EVERY_S, Batch
+import pytest
+
+from captcha_tasks import aio
+from captcha_tasks.batching import TRACE_EVERY_S
+from captcha_tasks.dev.devstack import queue_names, wait_until
+from captcha_tasks.stream import stream
+
+pytestmark = pytest.mark.slow
+
+PAGE = "https://example.com/recovery"
+COUNT = 4
 
 
-def test_a_master_move_rereads_the_stream_once() -> None:
-    batch = Batch("b", timeout=60)
-    batch.last_id = "1700000000000-5"
-    assert not batch.master_moved(0)  # the generation it started with
-    assert batch.last_id == "1700000000000-5"
-    assert batch.master_moved(1)
-    assert batch.last_id == "0-0"  # the new master's entries may sort before the old's
-    batch.last_id = "1700000000001-0"
-    assert not batch.master_moved(1)
-    assert batch.last_id == "1700000000001-0"
+def tasks() -> list[dict[str, Any]]:
+    return [{"method": "turnstile", "sitekey": f"k{i}", "pageurl": PAGE} for i in range(COUNT)]
 
 
-def test_pending_tasks_are_looked_at_once_per_interval_and_when_old_enough() -> None:
-    batch = Batch("b", timeout=60)
-    batch.sent(0, "old", "turnstile", {"method": "turnstile", "sitekey": "k0"})
-    batch.sent(1, "young", "turnstile", {"method": "turnstile", "sitekey": "k1"})
-    batch.pending[0].sent_at -= 2 * TRACE_EVERY_S  # sent long ago (no sleeping)
-    assert not batch.look_due(TRACE_EVERY_S)  # the batch has just started
-    batch.looked_at -= TRACE_EVERY_S
-    assert batch.look_due(TRACE_EVERY_S)
-    looked = batch.to_look_at(TRACE_EVERY_S)
-    assert [p.task_id for p in looked] == ["old"]
-    assert looked[0].kwargs == {"method": "turnstile", "sitekey": "k0"}  # to send it again
-    assert not batch.look_due(TRACE_EVERY_S)
-    assert time.monotonic() - batch.looked_at < TRACE_EVERY_S
+def run_sync(options: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(stream(tasks(), **options))
+
+
+def run_aio(options: dict[str, Any]) -> list[dict[str, Any]]:
+    async def consume() -> list[dict[str, Any]]:
+        async with contextlib.aclosing(aio.stream(tasks(), **options)) as results:
+            return [result async for result in results]
+
+    return asyncio.run(consume())
+
+
+DRIVERS: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
+    "sync": run_sync,
+    "aio": run_aio,
+}
+
+
+@pytest.mark.parametrize("mode", sorted(DRIVERS))
+def test_messages_lost_with_every_trace_are_sent_again_under_their_ids(
+    mode: str,
+    start_worker: Callable[..., Any],
+    clean_state: None,
+    sandbox: Any,
+    state: Any,
+    env: dict[str, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, "captcha_tasks.batching")
+    outcomes: list[dict[str, Any]] = []
+    raised: list[BaseException] = []
+
+    def caller() -> None:
+        try:
+            outcomes.extend(DRIVERS[mode]({"timeout_per_task": 60}))
+        except BaseException as exc:  # the test thread says it
+            raised.append(exc)
+
+    thread = threading.Thread(target=caller, name=f"batch-{mode}", daemon=True)
+    thread.start()
+    r, keys = state.redis, state.keys
+    wait_until(lambda: r.zcard(keys.requested()) == COUNT, 15, what="every message sent")
+    sent = sorted(r.zrange(keys.requested(), 0, -1))
+    # The master that took them is gone: so are the messages and every note of them.
+    r.delete(*queue_names(env), keys.requested(), keys.requested_messages())
+    assert sorted(state.records.traceless(sent)) == sent  # nothing left to go by
+    start_worker()
+
+    thread.join(TRACE_EVERY_S + 45)
+    assert not thread.is_alive(), "the batch did not end"
+    assert not raised, raised
+    assert sorted(o["index"] for o in outcomes) == list(range(COUNT))
+    assert [o["status"] for o in outcomes] == ["solved"] * COUNT, outcomes
+    tokens = [o["token"] for o in outcomes]
+    assert len(set(tokens)) == COUNT
+    assert sandbox.stats()["submits"] == COUNT  # each paid once: sent again, not twice
+    resent = [rec.getMessage() for rec in caplog.records if "lost every trace" in rec.getMessage()]
+    assert sorted(line.rsplit("(", 1)[1].split(")")[0] for line in resent) == sent, resent

@@ -5,6 +5,8 @@ holds the ``celery`` lower bound in pyproject.toml (scripts/test-lowest runs it 
 from __future__ import annotations
 import __future__
 
+import types
+
 from celery.app.defaults import NAMESPACES, flatten
 
 import captcha_tasks.worker.config as config
@@ -20,7 +22,7 @@ def our_settings() -> set[str]:
         if name.islower()
         and not name.startswith(("_", REDBEAT))
         and not callable(value)
-        and not isinstance(value, __future__._Feature)
+        and not isinstance(value, __future__._Feature | types.ModuleType)  # its imports
     }
 
 

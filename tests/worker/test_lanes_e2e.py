@@ -44,16 +44,22 @@ class Batch(threading.Thread):
     """A ``stream()`` of ``tasks`` in a thread, recording each outcome as it arrives in
     ``arrivals`` (shared between batches: the order they completed in, all together)."""
 
-    def __init__(self, tasks: list[dict[str, Any]], arrivals: list[tuple[str, Any]], tag: str):
+    def __init__(
+        self,
+        tasks: list[dict[str, Any]],
+        arrivals: list[tuple[str, Any]],
+        tag: str,
+        **options: Any,
+    ):
         super().__init__(daemon=True)
-        self.tasks, self.arrivals, self.tag = tasks, arrivals, tag
+        self.tasks, self.arrivals, self.tag, self.options = tasks, arrivals, tag, options
         self.outcomes: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            for outcome in stream(self.tasks, timeout_per_task=60):
+            for outcome in stream(self.tasks, timeout_per_task=60, **self.options):
                 self.outcomes.append(outcome)
                 with self.lock:
                     self.arrivals.append((self.tag, outcome))
@@ -96,8 +102,11 @@ def test_freed_threads_follow_the_tenants_weights(sandbox: Any, two_workers: lis
     arrivals: list[tuple[str, Any]] = []
     n = 150
     batches = [
-        Batch([task(sitekey=f"{name}-{i}", tenant=name) for i in range(n)], arrivals, name)
-        for name in ("shop", "crawler")
+        # a task may name its tenant, or the whole stream() may
+        Batch([task(sitekey=f"shop-{i}", tenant="shop") for i in range(n)], arrivals, "shop"),
+        Batch(
+            [task(sitekey=f"crawler-{i}") for i in range(n)], arrivals, "crawler", tenant="crawler"
+        ),
     ]
     for batch in batches:
         batch.start()
@@ -169,6 +178,11 @@ def test_an_unknown_tenant_or_lane_is_refused_before_anything_is_queued(
         solve.delay(method="turnstile", sitekey="k", pageurl=PAGE, lane="urgent")
     with pytest.raises(errors.ValidationError, match="unknown tenant 'shp'"):
         asyncio.run(aio.solve(method="turnstile", sitekey="k", pageurl=PAGE, tenant="shp"))
+    # a batch's own lane and tenant are checked when it is called, before it is iterated
+    with pytest.raises(errors.ValidationError, match="unknown tenant 'shp'"):
+        stream([task()], tenant="shp")
+    with pytest.raises(errors.ValidationError, match="unknown lane 'urgent'"):
+        aio.stream([task()], lane="urgent")
     assert {q: redis_conn.llen(q) for q in before} == before
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps(task()) + "\n" + json.dumps(task(tenant="nobody")) + "\n")

@@ -6,7 +6,8 @@ Workers misbehave at a named step of the adapter (``CAPTCHAAI_FAULTS``, see
 * an arbitrary exception there (a bug) ends the solve through the one completion path: its
   caller hears ``ERROR_INTERNAL`` within 2 s, its thread is freed, its batch line is there;
 * a Redis connection error there (an outage) is waited out: the step runs again and the
-  solve completes.
+  solve completes, paid once (at ``register``, after in.php, it is tried again in place:
+  a retry of the task would start from the admission and pay again).
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def test_an_outage_inside_a_step_is_waited_out(sandbox: Any, start_worker: Any, 
     outcome = result.get(timeout=30)
     assert outcome["status"] == "solved"
     assert sandbox.verify(outcome["token"])["success"] is True
+    # waited out, not started again: an outage after in.php (register) must not pay twice
+    assert sandbox.stats()["submits"] == 1
     wait_until(lambda: no_lease(result.id), 5, what="its thread freed")
 
 

@@ -6,6 +6,9 @@ workers.
   paid twice, no thread lease is left, and the batch command does not die.
 * ``kill -9`` with ``appendfsync everysec`` (up to a second of writes lost): every solve
   ends, solved or failed with a typed reason, within its deadline.
+
+And one solve whose ``in.php`` answers while Redis is down: it waits for Redis in the
+worker, and is registered and solved, paid once.
 """
 
 from __future__ import annotations
@@ -176,3 +179,69 @@ def test_redis_restarts_mid_batch(
     # every process is still there, and talks to the new server
     assert all(proc.alive() for proc in stack.processes), [p.name for p in stack.processes]
     assert stack.scrape() == 200
+
+
+#: Seconds every in.php takes in the next test: Redis goes down while it is under way.
+HANG_S = 3.0
+PAID_PAGE = "https://example.com/paid-while-down"
+SEND = (
+    "from captcha_tasks import solve; "
+    f"print(solve.delay(method='turnstile', sitekey='0x4AAAAAAApaid', pageurl={PAID_PAGE!r}).id)"
+)
+
+
+@pytest.mark.timeout(120)
+def test_a_captcha_paid_for_while_redis_is_down_waits_to_be_registered(
+    output_dir: Path, sandbox: Any
+) -> None:
+    """in.php answers while Redis (the broker too) is down: the captcha id exists only in
+    the worker until the board holds it.  It waits for Redis in place, and the solve ends
+    solved, paid once: no retry that would pay again, no message rejected in silence."""
+    from captcha_tasks.worker.app import app
+    from captcha_tasks.worker.results import Results
+
+    log_dir = output_dir / "restart-paid"
+    server = RedisServer(log_dir=log_dir, appendfsync="always").start()
+    env = {
+        **FAST,
+        "REDIS_URL": server.url,
+        "CAPTCHAAI_KEY_PREFIX": "restart-paid",
+        "CAPTCHAAI_QUEUE_PREFIX": "restart-paid",
+    }
+    worker_log = log_dir / "paid-w0.log"
+    worker_log.unlink(missing_ok=True)  # what this test's worker says, not an earlier run's
+    worker = CeleryProcess("worker", env=env, log_dir=log_dir, name="paid-w0").start()
+    try:
+        sandbox.configure(hang_rate=1.0, hang_s=HANG_S, solve_time=0.3, jitter=0.0)
+        sent = subprocess.run(
+            [sys.executable, "-c", SEND],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        solve_id = sent.stdout.strip()
+        wait_until(lambda: sandbox.stats()["hangs"] >= 1, 15, what="in.php under way")
+        sandbox.configure(hang_rate=0.0)  # the polls after it answer at once
+        server.restart(graceful=True, down_s=HANG_S + 4)  # in.php answers meanwhile
+
+        results = Results(app)
+        conn = redis.Redis.from_url(server.url, decode_responses=True)
+        key = results.key(solve_id)
+
+        def ended() -> bool:
+            record = conn.get(key)
+            return record is not None and results.read(record).ready
+
+        wait_until(ended, 45, what="the solve's outcome")
+        outcome = results.read(conn.get(key)).outcome()
+        conn.close()
+        assert outcome["status"] == "solved"
+        assert sandbox.stats()["submits"] == 1  # paid once
+    finally:
+        worker.stop()
+        server.stop()
+    said = worker_log.read_text()
+    assert "waits here for it to be registered" in said
+    assert "reject requeue=False" not in said

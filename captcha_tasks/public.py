@@ -1,0 +1,55 @@
+"""The public API, listed in one place: every import path users may rely on, with what it
+is for.  A removal or rename of any of them is a breaking change.
+
+* The top-level names are the package's ``__all__`` (``from captcha_tasks import solve``),
+  kept there as a literal list so that type checkers see them.
+* :data:`DOCUMENTED`: the deeper paths the documentation tells users to use.
+* :data:`MOVED`: old paths that still work for one release, with a ``DeprecationWarning``
+  that says what to use instead.
+
+Anything else is internal and may change between versions.  The documentation's Python
+API page is written from this module (``docs/gen_reference.py``), and
+``tests/core/test_public_api.py`` pins it against a literal copy.
+"""
+
+from __future__ import annotations
+
+#: Import paths below the top level that the documentation uses, with what each is for.
+DOCUMENTED: dict[str, str] = {
+    "captcha_tasks.stream.stream": "a batch, in completion order (also `captcha_tasks.stream`)",
+    "captcha_tasks.aio.solve": "await a solve from an asyncio event loop",
+    "captcha_tasks.aio.stream": "async for over a batch, in completion order",
+    "captcha_tasks.aio.aclose": "close this event loop's Redis connections early",
+    "captcha_tasks.errors.FatalError": "every error class, split by what to do next",
+    "captcha_tasks.toolkit.sessions.CookieStore": "cookies shared by every worker",
+    "captcha_tasks.toolkit.sessions.SessionLock": "one login at a time across workers",
+    "captcha_tasks.toolkit.sessions.reauthenticate": "exactly one worker logs in again",
+    "captcha_tasks.toolkit.sessions.try_reauthenticate": "the same, without blocking a task",
+    "captcha_tasks.toolkit.proxies.ProxyPool": "sticky proxies with quarantine",
+    "captcha_tasks.state.State": "the Redis state of a deployment, built from its settings",
+    "captcha_tasks.kafka.client.TaskProducer": "put many tasks on the Kafka tasks topic",
+    "captcha_tasks.kafka.client.enqueue": "put one task on the Kafka tasks topic",
+    "captcha_tasks.receiver.default_receiver": "mount the pingback receiver in your app",
+    "captcha_tasks.receiver.MAX_BODY": "the largest callback body the receiver reads",
+    "captcha_tasks.schemas.load": "the JSON Schemas of the contract",
+    "captcha_tasks.dev.devstack.SandboxProcess": "a sandbox provider to kill and restart",
+}
+
+#: Old import paths (of the last release) that moved: each still works until the next
+#: release, with a ``DeprecationWarning`` saying what to use instead (the value).
+MOVED: dict[str, str] = {
+    "captcha_tasks.sessions": "captcha_tasks.toolkit.sessions",
+    "captcha_tasks.state.sessions": "captcha_tasks.toolkit.sessions",
+    "captcha_tasks.state.proxies.ProxyPool": "captcha_tasks.toolkit.proxies.ProxyPool",
+    "captcha_tasks.store": "captcha_tasks.state.State",
+    "captcha_tasks.store.redis_client": "captcha_tasks.state.State.build(get_settings()).redis",
+    "captcha_tasks.store.keys": "captcha_tasks.keys.Keys(get_settings().key_prefix)",
+    "captcha_tasks.store.proxies": "captcha_tasks.toolkit.proxies.ProxyPool.from_settings()",
+}
+
+
+def paths() -> list[str]:
+    """Every public import path: the top-level names, then :data:`DOCUMENTED`."""
+    from . import __all__ as top_level
+
+    return [f"captcha_tasks.{name}" for name in top_level] + list(DOCUMENTED)
