@@ -148,7 +148,10 @@ def test_a_group_of_solves_still_works(sandbox: Any, workers: Any) -> None:
 
 
 def test_revoked_and_expired_parked_solves_cost_no_submit(sandbox: Any, workers: Any) -> None:
-    sandbox.configure(threads=2, solve_time=3.0, jitter=0.0)
+    # The scenario has 3 s solves; 6 s here, so that the revokes below land while
+    # the two running solves still hold both threads even on a loaded machine (a thread
+    # freed before them would rightly go to a parked solve not revoked yet).
+    sandbox.configure(threads=2, solve_time=6.0, jitter=0.0)
     workers(CAPTCHAAI_THREADS="2", CAPTCHAAI_POOL_RESERVE="0")
     running = [solve.delay(**task(f"run{i}")) for i in range(2)]
     wait_until(lambda: sandbox.stats()["submits"] == 2, 10, what="two threads busy")
@@ -160,6 +163,7 @@ def test_revoked_and_expired_parked_solves_cost_no_submit(sandbox: Any, workers:
     )
     for r in parked:
         r.revoke()
+    assert sandbox.stats()["submits"] == 2, "a thread freed before the revokes were sent"
     for r in parked:
         with pytest.raises(TaskRevokedError):
             r.get(timeout=30)
