@@ -13,7 +13,7 @@ backend, how it is read back, and what runs after it.
 * **What runs after.**  ``solve`` returns long before its outcome exists, so Celery's own
   handling of a task's callbacks, chain and chord part (at the task's return) would hand
   them ``None``.  The solve reads them off its request instead (:func:`followup_of`), keeps
-  them in Redis for the completion (its message ends with Celery's ``Ignore``), which runs
+  them in Redis for the completion (its message ends handed over: ``tasks.hand_over``), which runs
   them with the outcome
   (:func:`run_followup`): ``link`` and the next task of a ``chain`` receive the outcome
   dict, ``link_error`` and a failed chain get the typed error, a chord counts the solve as
