@@ -145,12 +145,15 @@ def test_bad_requests_are_refused_before_anything_is_queued(
 
 
 def stored(redis_conn: Any) -> set[str]:
-    """Every key, but those the worker's housekeeping writes on its own (its checks of the
-    providers)."""
+    """Every key, but those the module's worker writes on its own meanwhile: its
+    housekeeping (checks of the providers and the master, its sweep lock) and kombu's
+    bookkeeping of the messages it takes."""
+    keys = app.runtime().state.keys
+    own = {keys.redis_master(), keys.housekeeping_lock(), "unacked_index", "unacked"}
     return {
         k
         for k in redis_conn.scan_iter(count=1000)
-        if ":providers:" not in k and not k.endswith(":threads-check")
+        if ":providers:" not in k and not k.endswith(":threads-check") and k not in own
     }
 
 
