@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -40,6 +42,7 @@ from typing import Any
 
 import plots
 import requests
+from celery.exceptions import TimeoutError as CeleryTimeout
 
 HERE = Path(__file__).resolve().parent
 KEY = "bench-key"
@@ -175,18 +178,40 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 PROFILE_DIR: Path | None = None
 
 
+#: py-spy on the PATH, or beside this interpreter (a virtualenv not activated).
+PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+
+
 def profilers(workers: list[subprocess.Popen[bytes]], name: str) -> list[subprocess.Popen[bytes]]:
     """py-spy on each worker (``--profile``): collapsed stacks in the log folder."""
     if PROFILE_DIR is None:
         return []
     return [
         subprocess.Popen(
-            ["py-spy", "record", "--pid", str(w.pid), "--rate", "250", "--gil", "--format", "raw",
+            [PY_SPY, "record", "--pid", str(w.pid), "--rate", "250", "--gil", "--format", "raw",
              "--nonblocking", "-o", str(PROFILE_DIR / f"{name}-{n}.pyspy.txt")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         for n, w in enumerate(workers)
     ]  # fmt: skip
+
+
+def wait(result: Any, deadline: float) -> Any:
+    """``result.get()``, and the error of the chain's first task if that one failed.
+
+    ``get()`` on the last task of a chain whose first task failed can wait out its whole
+    timeout on Redis's result channel (the peer's ``submit`` refused with NO_SLOT): look at
+    the parent between short waits.
+    """
+    while True:
+        try:
+            return result.get(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+        except CeleryTimeout:
+            parent = result.parent
+            if parent is not None and parent.failed():
+                raise parent.result from None
+            if time.monotonic() >= deadline:
+                raise
 
 
 def measure(
@@ -210,7 +235,7 @@ def measure(
     deadline = started + timeout
     for result in results:
         try:
-            outcome = result.get(timeout=max(1.0, deadline - time.monotonic()))
+            outcome = wait(result, deadline)
             solved += 1 if outcome.get("status", "solved") == "solved" else 0
         except Exception as exc:  # a failed or lost solve: counted, and the first one shown
             failed += 1
@@ -415,6 +440,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true", help="py-spy the workers")
     plots.add_options(parser)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop what it started
     if args.plot and args.inflight:
         parser.error("--plot draws the cost mode's bars; --inflight has none")
     args.machine = plots.machine()
