@@ -24,6 +24,10 @@ and ``CAPTCHAAI_TENANTS`` declaring shop (weight 2), crawler (weight 1) and thri
 Not a timed test: the targets are printed as MET / MISSED.
 
     python scripts/bench_lanes.py [--only lanes|shares|budget ...] [--solve-time 1.5 --jitter 0.3]
+        [--plot DIR]
+
+With ``--plot DIR``: the calls' latency CDFs with lanes and without (``lanes-calls.svg``),
+and each tenant's solved captchas over time (``lanes-shares.svg``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import plots
 
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, redis_client, write_tasks
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
@@ -344,13 +350,61 @@ def print_budget(batch: Batch, received: int) -> list[tuple[str, bool]]:
     ]
 
 
+def setup(args: argparse.Namespace) -> str:
+    return (
+        f"{THREADS} threads, {SOLVE_S:g} ± {JITTER_S:g} s solves, two workers, default"
+        f" settings; {args.machine}"
+    )
+
+
+def plot_calls(args: argparse.Namespace, runs: list[LanesRun]) -> None:
+    """The plain calls' latency under the backlog, with lanes and without."""
+    path = plots.latency_cdf(
+        plots.target(args, "lanes-calls"),
+        {run.name: run.latencies for run in runs if run.latencies},
+        title="solve.delay().get() behind two 200-captcha batches, with lanes and without",
+        params=f"{CALLS} calls, one every {CALL_EVERY_S:g} s; {setup(args)}",
+        quantity="latency",
+        counted="calls",
+        marks=(50, 100),
+        percentile=pct,
+    )
+    print(f"plot: {path}")
+
+
+def plot_shares(args: argparse.Namespace, batches: list[Batch]) -> None:
+    """Each tenant's solved captchas over time, and where the first SHARE_AT were split."""
+    start = min(b.first_start() for b in batches)
+    solved = {
+        f"{b.name.removeprefix('shares-')} (weight {WEIGHTS[b.name.removeprefix('shares-')]})": [
+            at - start for at, line in b.lines if line["status"] == "solved"
+        ]
+        for b in batches
+    }
+    arrivals = sorted(t for times in solved.values() for t in times)
+    events = [plots.Marker(arrivals[SHARE_AT - 1], f"{SHARE_AT} solved")] if arrivals else []
+    path = plots.timeline(
+        plots.target(args, "lanes-shares"),
+        solved,
+        title="Two tenants' batches started together: solved captchas over time",
+        params=f"{SHARE_BATCH} captchas each; {setup(args)}",
+        events=events,
+        counted="captchas solved",
+        cumulative=True,
+        xlabel="time since the first solve started (s)",
+    )
+    print(f"plot: {path}")
+
+
 def main() -> int:
     global SOLVE_S, JITTER_S
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["lanes", "shares", "budget"], action="append")
     parser.add_argument("--solve-time", type=float, default=SOLVE_S, help="Mean solve seconds.")
     parser.add_argument("--jitter", type=float, default=JITTER_S, help="± seconds.")
+    plots.add_options(parser)
     args = parser.parse_args()
+    args.machine = plots.machine()
     SOLVE_S, JITTER_S = args.solve_time, args.jitter
     wanted = set(args.only or ("lanes", "shares", "budget"))
     log_dir = Path(tempfile.mkdtemp(prefix="bench-lanes-"))
@@ -375,8 +429,13 @@ def main() -> int:
                     runs.append(lanes_run(name, env, sandbox, log_dir, lane))
                     print(f"done: (a) {name}", file=sys.stderr, flush=True)
                 results += print_lanes(runs, 2 * BATCH * SOLVE_S / THREADS)
+                if args.plot:
+                    plot_calls(args, runs)
             if "shares" in wanted:
-                results += print_shares(shares_run(env, sandbox, log_dir))
+                shared = shares_run(env, sandbox, log_dir)
+                results += print_shares(shared)
+                if args.plot:
+                    plot_shares(args, shared)
             if "budget" in wanted:
                 results += print_budget(*budget_run(env, sandbox, log_dir))
         finally:

@@ -37,10 +37,14 @@ Not a timed test: the targets are printed as MET / MISSED.  Lost callbacks (issu
 requests per captcha; all lost, within 1.05 x.
 
     python scripts/bench_pingback.py [--count 200] [--only on|lossy|lost|off|attacked ...]
-        [--solve-time 1.5 --jitter 0.3] [--method turnstile] [--no-get]
+        [--solve-time 1.5 --jitter 0.3] [--method turnstile] [--no-get] [--plot DIR]
 
 At real time scale (the issue's "Done when": 60 reCAPTCHAs, 15 ± 3 s solves, polling,
 20% lost and all lost; about five minutes): ``--real-time-scale``.
+
+With ``--plot DIR``: the CDFs of how long answers waited after the sandbox had them, in the
+batch's output and through ``get()``, one curve per run (``pingback-image-*.svg``, or
+``pingback-real-time-*.svg`` at real time scale).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import plots
 import requests
 
 from captcha_tasks.dev.devstack import (
@@ -541,6 +546,51 @@ def lost_checks(runs: dict[str, Run], count: int) -> list[tuple[str, bool]]:
     return found
 
 
+#: The log scale starts here: a delay below it (an answer the caller had within the same
+#: millisecond) is drawn at it.
+FLOOR_MS = 1.0
+
+
+def plot(args: argparse.Namespace, runs: dict[str, Run], ideal: float) -> None:
+    """How long each run's answers waited after the sandbox had them: in the batch's output
+    (every run), and through ``get()`` (when that pass ran)."""
+    scale = "real-time" if args.real_time_scale else "image"
+    setup = (
+        f"{args.count} {METHOD} captchas, {SOLVE_S:g} ± {JITTER_S:g} s solves, {THREADS}"
+        f" threads, two workers and beat, default settings; ideal {ideal:.1f} s;"
+        f" {args.machine}"
+    )
+    waited = {r.name: [1000 * max(FLOOR_MS / 1000, w) for w in r.waited] for r in runs.values()}
+    path = plots.latency_cdf(
+        plots.target(args, f"pingback-{scale}-batch"),
+        {name: values for name, values in waited.items() if values},
+        title="How long an answer waited, from the provider having it to its batch line",
+        params=setup,
+        unit="ms",
+        quantity="wait",
+        counted="captchas",
+        log_x=True,
+        marks=(50, 90, 99),
+        percentile=pct,
+    )
+    print(f"plot: {path}")
+    got = {r.name: [1000 * max(FLOOR_MS / 1000, d) for d in r.delays] for r in runs.values()}
+    if any(got.values()):
+        path = plots.latency_cdf(
+            plots.target(args, f"pingback-{scale}-get"),
+            {name: values for name, values in got.items() if values},
+            title="From the provider having the answer to solve.delay().get() returning it",
+            params=setup,
+            unit="ms",
+            quantity="delay",
+            counted="captchas",
+            log_x=True,
+            marks=(50, 90, 99),
+            percentile=pct,
+        )
+        print(f"plot: {path}")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--count", type=int, default=None, help="Captchas per run (200).")
@@ -566,7 +616,9 @@ def parse_args() -> argparse.Namespace:
         action="store_true",
         help="60 reCAPTCHAs, 15 ± 3 s solves; polling, 20%% lost and all lost; no get() pass.",
     )
+    plots.add_options(parser)
     args = parser.parse_args()
+    args.machine = plots.machine()
     real = args.real_time_scale
     args.count = args.count or (60 if real else 200)
     args.solve_time = args.solve_time if args.solve_time is not None else 15.0 if real else SOLVE_S
@@ -645,6 +697,8 @@ def main() -> int:
     if hit is not None:
         print_attacked(hit, ideal)
         results += attacked_checks(hit, args.count, ideal)
+    if args.plot and runs:
+        plot(args, runs, ideal)
     print()
     for text, ok in results:
         print(f"{'MET   ' if ok else 'MISSED'} {text}")
