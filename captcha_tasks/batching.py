@@ -32,7 +32,10 @@ What it decides:
   :data:`OUTAGE_WAIT_S` ``[0]`` to ``[1]`` seconds, and go on where the batch was when Redis
   answers again.  Redis down before any task was queued fails at once, and an outage
   longer than ``timeout_s`` (every task queued before it has timed out by then) ends the
-  batch with :class:`~captcha_tasks.errors.StoreUnavailable`.
+  batch with :class:`~captcha_tasks.errors.StoreUnavailable`.  It is said once when it
+  starts and once when it ends: a failure again within :data:`SETTLE_S` of Redis
+  answering (the driver meeting its stale connections one by one after a restart) is the
+  same outage going on, and says nothing more.
 * **What a master change lost** (a Sentinel failover; a restart that lost writes): when
   the driver sees the failover generation move (:meth:`Batch.saw_master`), the stream is
   read from its start again (``"0-0"``: the new master's entries may sort before the old
@@ -66,6 +69,8 @@ OUTAGE_WAIT_S = (0.2, 2.0)
 #: Seconds between looks for pending tasks of which Redis lost every trace, and the age a
 #: task must have to be looked at (younger, its message may still be on its way).
 TRACE_EVERY_S = 5.0
+#: Seconds after Redis answered again within which a new failure is the same outage.
+SETTLE_S = 5.0
 
 Task = Mapping[str, Any]
 Outcome = dict[str, Any]
@@ -177,6 +182,8 @@ class _Outage:
     retry_at: float
     wait_s: float
     error: errors.StoreUnavailable
+    #: Already said to be over once (a failure again while it settled): says nothing more.
+    told_back: bool = False
 
 
 @dataclass
@@ -208,6 +215,10 @@ class Batch:
     _outbox: list[Outcome] = field(default_factory=list)
     _asked: Action | None = None
     _outage: _Outage | None = None
+    #: When Redis last answered after an outage (on the driver's clock).
+    _back_at: float = float("-inf")
+    #: The time of the last :meth:`next_action`: what is reported happened then.
+    _now: float = 0.0
     _failure: errors.CaptchaTasksError | None = None
     _closed: bool = False
 
@@ -223,6 +234,7 @@ class Batch:
 
     def next_action(self, now: float) -> Action:
         """The next step, at time ``now``."""
+        self._now = now
         self._asked = action = self._decide(now)
         if isinstance(action, Emit):
             self._outbox = []
@@ -384,9 +396,11 @@ class Batch:
             return
         outage = self._outage
         if outage is None:
-            log.warning("Redis is unavailable (%s); batch %s waits for it", exc, self.batch_id)
+            settling = now - self._back_at < SETTLE_S
+            if not settling:
+                log.warning("Redis is unavailable (%s); batch %s waits for it", exc, self.batch_id)
             first = OUTAGE_WAIT_S[0]
-            self._outage = _Outage(since=now, retry_at=now + first, wait_s=first, error=exc)
+            self._outage = _Outage(now, now + first, first, exc, told_back=settling)
             return
         outage.wait_s = min(OUTAGE_WAIT_S[1], outage.wait_s * 2)
         outage.retry_at = now + outage.wait_s
@@ -415,7 +429,9 @@ class Batch:
 
     def _redis_answered(self) -> None:
         if self._outage is not None:
-            log.warning("Redis is back; batch %s goes on", self.batch_id)
+            if not self._outage.told_back:
+                log.warning("Redis is back; batch %s goes on", self.batch_id)
+            self._back_at = self._now
             self._outage = None
 
 

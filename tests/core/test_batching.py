@@ -14,6 +14,7 @@ from captcha_tasks import errors
 from captcha_tasks.batching import (
     MAX_BLOCK_S,
     OUTAGE_WAIT_S,
+    SETTLE_S,
     TRACE_EVERY_S,
     Abandon,
     Batch,
@@ -165,6 +166,40 @@ def test_an_outage_is_ridden_out_with_back_off_and_the_same_task_is_sent_again(
     assert len(messages) == 2, messages  # once when it went, once when it came back
     assert "Redis is unavailable" in messages[0] and "REDIS_URL=redis://:***@" in messages[0]
     assert "Redis is back" in messages[1]
+
+
+def outage_then_back(batch: Batch, index: int, now: float) -> float:
+    """Task ``index`` meets Redis down once, then is sent; returns the time it was sent."""
+    assert batch.next_action(now) == Pull()
+    batch.pulled(task(index))
+    assert batch.next_action(now) == Send(index, task(index))
+    batch.unavailable(DOWN, now)
+    wait = batch.next_action(now)
+    assert wait == Wait(pytest.approx(OUTAGE_WAIT_S[0]))  # type: ignore[arg-type]
+    now += OUTAGE_WAIT_S[0]
+    assert batch.next_action(now) == Send(index, task(index))
+    batch.sent(tid(index), now)
+    return now
+
+
+@pytest.mark.parametrize(
+    ("again_after", "lines"),
+    [(SETTLE_S / 2, 2), (SETTLE_S + 0.1, 4)],
+    ids=["while-it-settles", "later"],
+)
+def test_a_failure_soon_after_redis_answered_is_the_same_outage(
+    caplog: pytest.LogCaptureFixture, again_after: float, lines: int
+) -> None:
+    """After a restart a driver meets its stale connections one by one: Redis answers on
+    one and fails on the next.  That is one outage, said once; a failure later is another."""
+    caplog.set_level(logging.INFO, "captcha_tasks.batching")
+    batch = Batch("b", window=5, timeout_s=60, trace_every_s=60)
+    fill(batch, 0.0, 1)
+    back = outage_then_back(batch, 1, 0.0)
+    outage_then_back(batch, 2, back + again_after)
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == lines, messages
+    assert ["unavailable" in m for m in messages] == [n % 2 == 0 for n in range(lines)]
 
 
 def test_a_failed_read_waits_then_reads_from_where_it_was() -> None:
