@@ -161,6 +161,19 @@ def channel_metric() -> dict[str, float]:
     }
 
 
+#: Rounds of five more solves a returning channel may need beyond CHANNEL_SETTLE answers.
+MORE_ROUNDS = 4
+
+
+def up_within(channel: Any, seconds: float) -> bool:
+    """Whether the channel is up within ``seconds`` (it is judged just after each answer)."""
+    try:
+        wait_until(lambda: channel.read().state == UP, seconds, what="the channel up")
+    except TimeoutError:
+        return False
+    return True
+
+
 def test_when_callbacks_stop_captchas_are_polled_and_when_they_return_awaited_again(
     sandbox: Any, serve_receiver: Any, start_worker: Any
 ) -> None:
@@ -186,6 +199,13 @@ def test_when_callbacks_stop_captchas_are_polled_and_when_they_return_awaited_ag
     wait_until(lambda: channel.read().state != DOWN, 10, what="the channel back")
     assert channel.read().state == DEGRADED  # until callbacks prove themselves
     for _ in range(steps.CHANNEL_SETTLE // 5 + 1):
+        assert all(r.get(timeout=GET_TIMEOUT)["status"] == "solved" for r in solve_many(5))
+    # Up once the callbacks proved themselves.  On a loaded machine a degraded channel's
+    # early poll can still win a race against a callback now and then; each such answer
+    # lowers the share, and a few more callbacks (never many) bring it back up.
+    for _ in range(MORE_ROUNDS):
+        if up_within(channel, 2.0):
+            break
         assert all(r.get(timeout=GET_TIMEOUT)["status"] == "solved" for r in solve_many(5))
     wait_until(lambda: channel.read().state == UP, 10, what="the channel up")
     assert solved_by_source()["pingback"] >= steps.CHANNEL_BACK + steps.CHANNEL_SETTLE
