@@ -560,29 +560,24 @@ def plot(args: argparse.Namespace, runs: dict[str, Run], ideal: float) -> None:
         f" threads, two workers and beat, default settings; ideal {ideal:.1f} s;"
         f" {args.machine}"
     )
-    waited = {r.name: [1000 * max(FLOOR_MS / 1000, w) for w in r.waited] for r in runs.values()}
-    path = plots.latency_cdf(
-        plots.target(args, f"pingback-{scale}-batch"),
-        {name: values for name, values in waited.items() if values},
-        title="How long an answer waited, from the provider having it to its batch line",
-        params=setup,
-        unit="ms",
-        quantity="wait",
-        counted="captchas",
-        log_x=True,
-        marks=(50, 90, 99),
-        percentile=pct,
-    )
-    print(f"plot: {path}")
-    got = {r.name: [1000 * max(FLOOR_MS / 1000, d) for d in r.delays] for r in runs.values()}
-    if any(got.values()):
+    batch = "How long an answer waited, from the provider having it to its batch line"
+    get = "From the provider having the answer to solve.delay().get() returning it"
+    figures = [
+        ("batch", "wait", batch, {r.name: r.waited for r in runs.values()}),
+        ("get", "delay", get, {r.name: r.delays for r in runs.values()}),
+    ]
+    for name, quantity, title, seconds in figures:
+        floor = FLOOR_MS / 1000
+        series = {k: [1000 * max(floor, v) for v in vs] for k, vs in seconds.items() if vs}
+        if not series:  # no get() pass
+            continue
         path = plots.latency_cdf(
-            plots.target(args, f"pingback-{scale}-get"),
-            {name: values for name, values in got.items() if values},
-            title="From the provider having the answer to solve.delay().get() returning it",
+            plots.target(args, f"pingback-{scale}-{name}"),
+            series,
+            title=title,
             params=setup,
             unit="ms",
-            quantity="delay",
+            quantity=quantity,
             counted="captchas",
             log_x=True,
             marks=(50, 90, 99),
