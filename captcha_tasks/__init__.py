@@ -18,10 +18,11 @@ import typing
 
 if typing.TYPE_CHECKING:
     from . import errors
-    from .client import NOT_READY, CaptchaAIClient
+    from .client import CaptchaAIClient
+    from .core.answers import NOT_READY
+    from .core.outcome import Failed, Solved, outcome_from_dict
     from .errors import CaptchaTasksError, ValidationError
     from .methods import METHODS, SolveRequest, build_request
-    from .outcome import Failed, Solved, outcome_from_dict
     from .settings import Settings, get_settings
     from .stream import stream
     from .worker.app import app
@@ -54,16 +55,16 @@ __all__ = [
 #: Where each public name lives: (module, attribute; None for the module itself).
 _SOURCES: dict[str, tuple[str, str | None]] = {
     "errors": (".errors", None),
-    "NOT_READY": (".client", "NOT_READY"),
+    "NOT_READY": (".core.answers", "NOT_READY"),
     "CaptchaAIClient": (".client", "CaptchaAIClient"),
     "CaptchaTasksError": (".errors", "CaptchaTasksError"),
     "ValidationError": (".errors", "ValidationError"),
     "METHODS": (".methods", "METHODS"),
     "SolveRequest": (".methods", "SolveRequest"),
     "build_request": (".methods", "build_request"),
-    "Failed": (".outcome", "Failed"),
-    "Solved": (".outcome", "Solved"),
-    "outcome_from_dict": (".outcome", "outcome_from_dict"),
+    "Failed": (".core.outcome", "Failed"),
+    "Solved": (".core.outcome", "Solved"),
+    "outcome_from_dict": (".core.outcome", "outcome_from_dict"),
     "Settings": (".settings", "Settings"),
     "get_settings": (".settings", "get_settings"),
     "stream": (".stream", "stream"),
@@ -91,7 +92,7 @@ def __getattr__(name: str) -> typing.Any:
     if source is not None and source[1] is None:
         # A submodule (errors): alone.  Inside the package `from . import errors` lands
         # here when it runs first; loading everything would import the very module that
-        # is importing it (`import captcha_tasks.batching` in a fresh process).
+        # is importing it (`import captcha_tasks.core.batching` in a fresh process).
         return importlib.import_module(source[0], __name__)
     if name not in _SOURCES or _loading:
         # While loading, a submodule's `from .. import errors` must see "no such attribute

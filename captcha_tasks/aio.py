@@ -19,7 +19,7 @@ How it waits, with no thread per call and no loop that polls Redis:
   waiter, decoded by Celery's own result backend, so the outcome dict and the exception
   type are those of ``solve.delay(...).get()``.
 * :func:`stream` reads its batch's Redis stream with ``XREAD BLOCK``: it is the asyncio
-  driver of :class:`captcha_tasks.batching.Batch`, whose other driver is the blocking
+  driver of :class:`captcha_tasks.core.batching.Batch`, whose other driver is the blocking
   :func:`captcha_tasks.stream.stream`, so both have the same semantics, Redis outages
   and what a master change lost included (its looks for traceless tasks, re-sends and
   reconnect reports are sync calls, made on the publisher thread).
@@ -61,8 +61,8 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import connections, errors
-from .batching import Abandon, Batch, Done, Emit, Fail, Look, Pull, Read, Resend, Send, Wait
 from .connections import FAILOVERS, UNREACHABLE
+from .core.batching import Abandon, Batch, Done, Emit, Fail, Look, Pull, Read, Resend, Send, Wait
 from .keys import Keys
 from .settings import Settings
 from .state import State

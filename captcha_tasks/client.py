@@ -18,7 +18,6 @@ rest of the submit.
 
 from __future__ import annotations
 
-import enum
 import json
 import time
 import urllib.request
@@ -30,35 +29,11 @@ from typing import Any
 import urllib3
 
 from . import errors
+from .core.answers import NOT_READY, Answer, NotReady
 from .methods import SolveRequest
 
 NOT_READY_TEXT = "CAPCHA_NOT_READY"
 BULK_MAX_IDS = 100
-
-
-class NotReady(enum.Enum):
-    """The type of :data:`NOT_READY` (an enum of one value, so type checkers can tell it
-    from an answer)."""
-
-    NOT_READY = "CAPCHA_NOT_READY"
-
-    def __repr__(self) -> str:
-        return "NOT_READY"
-
-
-#: The answer is not ready yet: poll again later.
-NOT_READY = NotReady.NOT_READY
-
-Token = str | dict[str, Any] | list[Any]
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A solved captcha's answer as the API sent it (``result``, else ``request``), and the
-    user agent the API says it must be used with (None when it names none)."""
-
-    value: Token
-    user_agent: str | None = None
 
 
 @dataclass(frozen=True)

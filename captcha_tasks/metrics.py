@@ -77,12 +77,12 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.registry import Collector
 
+from .core.channel import STATES
+from .core.lanes import LANES
 from .errors import PoolNotFound, StoreUnavailable
-from .lanes import LANES
 from .methods import METHODS
 from .settings import Settings, get_settings
 from .state import State
-from .state.channel import STATES
 from .state.limiter import WAIT_BUCKETS_S, LaneUse
 
 log = logging.getLogger(__name__)

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
+from .core.lanes import DEFAULT_TENANT, INTERACTIVE, LANES, Tenant, parse_tenants, tenant_of
+from .core.poolspec import parse_pools
+from .core.providers import KINDS, NAME_RE, ProviderSpec, parse_budgets, parse_providers
+from .core.proxyspec import mask, split
 from .errors import ConfigurationError
-from .lanes import DEFAULT_TENANT, INTERACTIVE, LANES, Tenant, parse_tenants, tenant_of
-from .poolspec import parse_pools
-from .providers import KINDS, NAME_RE, ProviderSpec, parse_budgets, parse_providers
-from .proxyspec import mask, split
 
 T = TypeVar("T")
 #: An IPv4 or IPv6 network, as CAPTCHAAI_PINGBACK_ALLOW and ..._TRUSTED_PROXIES list them.

@@ -19,13 +19,13 @@ task raises :class:`~captcha_tasks.errors.StoreUnavailable` at once.
 Writes can be lost with a master (a failover; a restart without ``appendfsync always``),
 so the stream recovers what only it still knows: when the master changed, it reads the
 batch's stream from its start again (entries it has are skipped), and every
-:data:`~captcha_tasks.batching.TRACE_EVERY_S` it sends again, under the same task id, each
+:data:`~captcha_tasks.core.batching.TRACE_EVERY_S` it sends again, under the same task id, each
 pending task of which Redis has no trace left (no queued message noted, no claim, no
 record, not parked): its message was lost before any worker took it.  A copy that was not
 lost after all is stopped by the solve's record.  After a good read it adds the
 reconnects this process counted to the deployment's (``redis_reconnects_total``).
 
-What to do when is decided by :class:`captcha_tasks.batching.Batch` (no I/O); this module
+What to do when is decided by :class:`captcha_tasks.core.batching.Batch` (no I/O); this module
 is its driver on redis-py, and :func:`captcha_tasks.aio.stream` its driver on asyncio.
 """
 
@@ -40,7 +40,8 @@ from typing import Any
 from kombu.exceptions import OperationalError
 
 from . import errors
-from .batching import (
+from .connections import FAILOVERS
+from .core.batching import (
     Abandon,
     Batch,
     Done,
@@ -54,8 +55,7 @@ from .batching import (
     Wait,
     solve_kwargs,
 )
-from .connections import FAILOVERS
-from .lanes import check_lane, check_tenant
+from .core.lanes import check_lane, check_tenant
 from .settings import Settings
 from .state import State
 from .state.batches import BatchStreams

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..poolspec import parse_pools
+from ..core.poolspec import parse_pools
 from ..worker.app import app
 
 

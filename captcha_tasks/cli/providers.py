@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
+from ..core.health import Circuit
 from ..errors import CaptchaTasksError
 from ..state import ProviderState
-from ..state.circuits import Circuit
 from ..worker.app import app
 
 

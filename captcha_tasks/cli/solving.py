@@ -11,8 +11,8 @@ from typing import Any
 import click
 from tqdm import tqdm
 
+from ..core.lanes import LANES, check_tenant
 from ..errors import ValidationError
-from ..lanes import LANES, check_tenant
 from ..stream import stream
 from ..worker.app import app
 from ..worker.tasks import solve

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from ..lanes import LANES
+from ..core.lanes import LANES
 from ..settings import Settings
 from ..state import State
 from ..worker.app import app

@@ -34,6 +34,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.lanes import BULK
+from ..core.outcome import Failed
 from ..errors import (
     BadMessage,
     CaptchaTasksError,
@@ -42,8 +44,6 @@ from ..errors import (
     StoreUnavailable,
     ValidationError,
 )
-from ..lanes import BULK
-from ..outcome import Failed
 from ..settings import Settings
 from ..state import State
 from ..worker.app import app

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.lanes import check_lane, check_tenant
 from ..errors import ConfigurationError, KafkaDeliveryError, KafkaUnavailable
-from ..lanes import check_lane, check_tenant
 from ..methods import build_request
 from ..settings import Settings, get_settings
 from .messages import check_task_id, task_value

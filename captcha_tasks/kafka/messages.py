@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.outcome import iso
 from ..errors import BadMessage
-from ..outcome import iso
 
 #: Longest accepted ``task_id`` (it is part of a Redis key and the Kafka message key).
 TASK_ID_MAX = 200

@@ -35,12 +35,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import parse_qsl
 
-from .. import errors, pingback
-from ..client import NOT_READY, callback_answer
-from ..worker import steps
+from .. import errors
+from ..client import callback_answer
+from ..core import pingback, steps
+from ..core.answers import NOT_READY
+from ..core.job import Job
 from ..worker.adapter import Runner
 from ..worker.app import app as worker_app
-from ..worker.job import Job
 from . import addresses
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,9 @@ from dataclasses import dataclass, replace
 from redis import Redis
 
 from ..connections import redis_client, replica_fence
+from ..core.providers import ProviderSpec
+from ..core.timing import TimingConfig
 from ..keys import Keys
-from ..providers import ProviderSpec
 from ..settings import Settings
 from .batches import BatchStreams
 from .board import Board, BoardConfig
@@ -34,7 +35,7 @@ from .proxies import ProxyLeases
 from .records import Records
 from .secrets import RequestSecrets
 from .stats import Stats
-from .timing import SolveTimes, TimingConfig
+from .timing import SolveTimes
 
 __all__ = ["Db", "ProviderState", "State"]
 

@@ -26,11 +26,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ..core.admission import NO_HANDOUT, Handout
+from ..core.rounds import Again, Entry, RoundDue
 from .batches import BATCH, STREAM_TTL, batch_keys
 from .channel import EARLY, EARLY_KEEP_S, EARLY_MOST, EARLY_POLL_S, early_keys, early_ticket
 from .db import Db
 from .followups import FOLLOWUPS, followup_keys
-from .limiter import MESSAGES, NO_HANDOUT, SLOTS, Handout, ThreadLimiter, handed_out
+from .limiter import MESSAGES, SLOTS, ThreadLimiter, handed_out
 from .lua import Lib, Script, ms, text
 from .records import RECORD, record_keys
 from .secrets import SECRETS, secrets_keys
@@ -281,28 +283,6 @@ return {{1, out, followup, flag}}
 
 
 @dataclass(frozen=True)
-class Entry:
-    """A captcha on the board, as a round takes it."""
-
-    captcha_id: str
-    #: The job (JSON).
-    job: str
-    #: When it was last polled and was not ready (s, the polling host's clock); None before
-    #: its first poll.
-    polled_at: float | None
-    #: Transport errors while polling it so far.
-    errors: int
-
-
-@dataclass(frozen=True)
-class RoundDue:
-    """A poll round message to publish: after ``countdown_s``, carrying ``at_ms``."""
-
-    countdown_s: float
-    at_ms: int
-
-
-@dataclass(frozen=True)
 class Registered:
     """What registering a captcha asks of the caller: the round message to publish (None:
     one is due in time already), and the code of a callback that came before (None: none
@@ -310,16 +290,6 @@ class Registered:
 
     round: RoundDue | None
     early: str | None = None
-
-
-@dataclass(frozen=True)
-class Again:
-    """A captcha a round puts back: poll it again after ``delay_s``."""
-
-    captcha_id: str
-    lease_id: str
-    delay_s: float
-    errors: int = 0
 
 
 @dataclass(frozen=True)

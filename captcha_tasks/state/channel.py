@@ -1,19 +1,19 @@
 """How the provider's callbacks are doing, and callbacks that came too early.
 
 **The channel.**  Every answer of a captcha that asked for a callback is *heard*, with
-the way it came (:class:`Heard`):
+the way it came (:class:`~captcha_tasks.core.channel.Heard`):
 
 * ``callback``: its callback brought it;
 * ``poll``: a poll found it first (its callback was lost, or is late);
 * ``late``: its callback came after a poll had found the answer (late, not lost; counted
   once per captcha, and only for one a poll found in the last :data:`POLLED_KEEP_S`).
 
-One hash, shared by every worker and receiver, keeps what the answers say
-(:class:`Channel`): the recent share of answers that came by callback (a weighted mean:
-each answer moves it by a given weight), the answers by poll and by callback in a row,
-and the answers since the channel's state last switched.  Which state that is (``up``,
-``degraded``, ``down``) the worker's steps decide
-(:func:`captcha_tasks.worker.steps.judge_channel`); :meth:`CallbackChannel.switch`
+One hash, shared by every worker and receiver, keeps what the answers say (a
+:class:`~captcha_tasks.core.channel.Channel`): the recent share of answers that came by
+callback (a weighted mean: each answer moves it by a given weight), the answers by poll
+and by callback in a row, and the answers since the channel's state last switched.
+Which state that is (``up``, ``degraded``, ``down``) the core decides
+(:func:`captcha_tasks.core.channel.judge_channel`); :meth:`CallbackChannel.switch`
 switches it once, whichever process saw it first.
 
 **Lateness.**  How long each heard answer waited at the provider before we had it (0 for
@@ -33,18 +33,14 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 
+from ..core.channel import STATES, UP, Channel, Heard
 from ..keys import Keys
 from .db import Db
 from .lua import Lib, Script, ms, text
 
 T = TypeVar("T")
-
-#: The channel's states: callbacks are waited for (``up``), polls start early because many
-#: are lost (``degraded``), or captchas are polled as if callbacks were off (``down``).
-UP, DEGRADED, DOWN = "up", "degraded", "down"
-STATES = (UP, DEGRADED, DOWN)
 
 #: Seconds a captcha a poll answered is remembered, to tell a late callback from a lost one.
 POLLED_KEEP_S = 300.0
@@ -58,34 +54,6 @@ EARLY_MOST = 1000
 #: Seconds after its registration a captcha whose early callback the worker took is polled,
 #: should that worker die before it applied it (the provider has the answer).
 EARLY_POLL_S = 5.0
-
-By = Literal["callback", "poll", "late"]
-
-
-@dataclass(frozen=True)
-class Heard:
-    """An answer of captcha ``captcha_id`` (which asked for a callback) came ``by`` this
-    way, ``late_s`` seconds after it was (likely) ready; ``overdue``: after its callback
-    was due."""
-
-    by: By
-    captcha_id: str
-    late_s: float = 0.0
-    overdue: bool = False
-
-
-@dataclass(frozen=True)
-class Channel:
-    """What recent answers say of the provider's callbacks (see the module docstring)."""
-
-    state: str = UP
-    #: Recent share of answers that came by callback (1.0 before any was heard).
-    share: float = 1.0
-    #: Answers in a row that a poll found / that a callback brought.
-    misses: int = 0
-    hits: int = 0
-    #: Answers heard since the state last switched.
-    since: int = 0
 
 
 @dataclass(frozen=True)

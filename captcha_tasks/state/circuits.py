@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 
+from ..core.health import Circuit, Counted, Why
 from .db import Db
 from .lua import Script, ms, text
 
@@ -30,10 +30,6 @@ FRESH_FOR_S = 0.2
 #: waits twice as long, up to :data:`PROBE_MAX_S`.
 PROBE_FIRST_S = 1.0
 PROBE_MAX_S = 10.0
-#: Why a circuit opened: ``soft`` (transport errors: the provider may be fine in a moment,
-#: and the captchas it holds are lost to us), ``balance`` (its captchas in flight are still
-#: solved), ``key`` (it refuses the key: its captchas cannot be read).
-Why = Literal["soft", "balance", "key"]
 BALANCE_CODE = "ERROR_ZERO_BALANCE"
 
 FAIL = Script(
@@ -126,41 +122,6 @@ return 0
 )
 
 
-@dataclass(frozen=True)
-class Failed:
-    """What counting a failure did: the circuit is ``open`` now; this call ``opened`` it."""
-
-    open: bool
-    opened: bool
-
-
-@dataclass(frozen=True)
-class Circuit:
-    """One provider's circuit as read.  Times are Unix seconds (None: never)."""
-
-    provider: str
-    open: bool = False
-    #: Why it is open (see :data:`Why`) and the error code that opened it.
-    why: str | None = None
-    code: str | None = None
-    failures: int = 0
-    opened_at: float | None = None
-    closed_at: float | None = None
-    probe_at: float | None = None
-    last_error: str | None = None
-    last_error_at: float | None = None
-    balance: float | None = None
-    balance_at: float | None = None
-
-    @property
-    def up(self) -> bool:
-        return not self.open
-
-    @property
-    def state(self) -> str:
-        return "open" if self.open else "closed"
-
-
 class Circuits:
     """Every provider's circuit (``names``: the providers, the primary first)."""
 
@@ -185,7 +146,7 @@ class Circuits:
     def _key(self, provider: str) -> dict[str, str]:
         return {"circuit": self.keys.circuit(provider)}
 
-    def failed(self, provider: str, code: str, why: Why) -> Failed:
+    def failed(self, provider: str, code: str, why: Why) -> Counted:
         """Count a failed request at ``provider``: whether its circuit is open now, and
         whether this call opened it."""
         args = {
@@ -195,9 +156,10 @@ class Circuits:
             "probe_ms": ms(PROBE_FIRST_S),
         }
         reply = int(self._guarded(lambda: self._fail(self._key(provider), args)))
-        if reply:
-            self._view = None
-        return Failed(open=reply > 0, opened=reply == 1)
+        # Read afresh next time, counted or opened: what the next answer asks of the
+        # circuit is decided from its failures as counted (core.health.on_request).
+        self._view = None
+        return Counted(open=reply > 0, opened=reply == 1)
 
     def succeeded(self, provider: str) -> None:
         """A request was answered: consecutive failures start from 0 again."""

@@ -56,10 +56,11 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
+from ..core.admission import Admission, Handout, Parked
+from ..core.lanes import DEFAULT_TENANT, INTERACTIVE, LANES, Tenant, check_lane, is_tenant_name
 from ..errors import ValidationError
-from ..lanes import DEFAULT_TENANT, INTERACTIVE, LANES, Tenant, check_lane, is_tenant_name
 from .budgets import BUDGET, budget_keys
 from .db import Db
 from .lua import Lib, Script, ms, text
@@ -887,42 +888,6 @@ class Drift:
 
 
 @dataclass(frozen=True)
-class Parked:
-    """A submit handed out by the limiter: its lease id and its job (JSON)."""
-
-    lease_id: str
-    job: str
-
-
-@dataclass(frozen=True)
-class Handout:
-    """Submits owed a task message: ``given`` hold a slot now; ``expired`` passed their
-    deadline while parked (their submit fails them)."""
-
-    given: list[Parked]
-    expired: list[Parked]
-
-    def all(self) -> list[Parked]:
-        return [*self.given, *self.expired]
-
-
-NO_HANDOUT = Handout([], [])
-
-AdmitStatus = Literal[
-    "go",
-    "deferred",
-    "parked",
-    "full",
-    "down",
-    "cancelled",
-    "done",
-    "busy",
-    "revoked",
-    "over_budget",
-]
-
-
-@dataclass(frozen=True)
 class Swept:
     """What one housekeeping sweep handed out: parked submits given a slot (or expired)
     and deferred submits whose time came, submits whose message was lost (``lost``), and
@@ -934,20 +899,6 @@ class Swept:
     unstarted: list[Parked]
     #: The lane counts disagreed with the slots and parked submits and were rebuilt.
     repaired: bool = False
-
-
-@dataclass(frozen=True)
-class Admission:
-    """What :meth:`ThreadLimiter.admit` decided; ``wait_s`` with ``"deferred"`` (for the
-    ``budget`` named; ``warn`` for the first such deferral in a while) and ``"busy"``;
-    ``handout``: the parked submits handed a slot on the way (the one it gave back, when
-    ``"cancelled"`` or ``"deferred"``), owed a message."""
-
-    status: AdmitStatus
-    wait_s: float = 0.0
-    handout: Handout = NO_HANDOUT
-    budget: str = ""
-    warn: bool = False
 
 
 @dataclass(frozen=True)

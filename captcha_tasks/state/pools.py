@@ -20,9 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
+from ..core.poolspec import ENV_VAR, POOLABLE_METHODS, PoolSpec, parse_pools
 from ..errors import PoolNotFound, ValidationError
 from ..methods import METHODS, SolveRequest
-from ..poolspec import ENV_VAR, POOLABLE_METHODS, PoolSpec, parse_pools
 from .db import Db
 from .lua import Script
 

@@ -25,7 +25,7 @@ import random
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..proxyspec import PROXY_TYPES, Proxy, mask, parse, proxy_id, split
+from ..core.proxyspec import PROXY_TYPES, Proxy, mask, parse, proxy_id, split
 from .db import Db
 from .lua import Script, text
 

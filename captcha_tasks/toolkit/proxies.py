@@ -15,8 +15,8 @@ from __future__ import annotations
 import redis
 
 from ..connections import redis_client
+from ..core.proxyspec import PROXY_TYPES, mask, parse, proxy_id, split
 from ..keys import Keys
-from ..proxyspec import PROXY_TYPES, mask, parse, proxy_id, split
 from ..settings import Settings, get_settings
 from ..state.db import Db
 from ..state.lua import Script, text

@@ -27,8 +27,8 @@ from celery.signals import (
 )
 
 from .. import redact
+from ..core.lanes import INTERACTIVE, LANES
 from ..errors import StoreUnavailable
-from ..lanes import INTERACTIVE, LANES
 from ..settings import Settings, get_settings, reset_settings
 from ..state import State
 from . import flower_auth, names, startup

@@ -25,15 +25,15 @@ from celery import Celery, states
 from celery.exceptions import TaskRevokedError
 
 from .. import errors, faults
-from ..outcome import Failed
+from ..core.admission import Handout
+from ..core.decisions import Deliver, Fail
+from ..core.job import Job
+from ..core.outcome import Failed
 from ..settings import Settings
 from ..state import State
 from ..state.board import Completion, Finished, finished
-from ..state.limiter import Handout
 from . import names
-from .job import Job
 from .results import Results, run_followup
-from .steps import Deliver, Fail
 
 log = logging.getLogger(__name__)
 

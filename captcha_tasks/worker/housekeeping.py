@@ -24,14 +24,15 @@ from typing import Any
 from celery import bootsteps
 
 from .. import errors
-from ..lanes import BACKGROUND
+from ..core import health, routing
+from ..core.job import Job
+from ..core.lanes import BACKGROUND
 from ..methods import SolveRequest, build_request
 from ..state.circuits import PROBE_MAX_S
 from ..state.limiter import Drift
 from ..state.pools import PoolSpec
 from . import names
 from .adapter import Runner
-from .job import Job
 
 log = logging.getLogger(__name__)
 
@@ -81,16 +82,12 @@ def _out_of_rotation(runner: Runner) -> None:
     submits; the captchas of one that stopped answering or refuses its key), and send the
     probes that are due (off the timer thread: a probe is an HTTP request)."""
     state = runner.state
-    circuits = state.circuits.read()
-    if any(c.up for c in circuits.values()):
-        for name, circuit in circuits.items():
-            if circuit.up:
-                continue
-            at = state.provider(name)
-            for parked in at.limiter.evacuate():
-                runner.completer.send_submit(Job.from_json(parked.job))
-            if circuit.why != "balance":
-                runner.publish_round(at.board.evacuate(), name)
+    for evacuate in routing.evacuations(state.circuits.read()):
+        at = state.provider(evacuate.provider)
+        for parked in at.limiter.evacuate():
+            runner.completer.send_submit(Job.from_json(parked.job))
+        if evacuate.captchas:
+            runner.publish_round(at.board.evacuate(), at.name)
     for name in state.circuits.probes_due():
         runner.app.send_task(names.PROBE, args=(name,), expires=PROBE_MAX_S)
 
@@ -107,7 +104,7 @@ def probe(runner: Runner, provider: str) -> bool | None:
     except errors.CaptchaTasksError as exc:
         circuits.probed(provider, False, code=exc.code)
         return None
-    ok = balance > 0 or circuit.why != "balance"
+    ok = health.back_in_rotation(circuit, balance)
     code = None if ok else "ERROR_ZERO_BALANCE"
     if circuits.probed(provider, ok, balance=balance, code=code):
         log.warning("provider %s is back in rotation (balance %g)", provider, balance)
@@ -172,7 +169,7 @@ def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
     try:
         info = runner.api(at.name).threads_info()
     except errors.RateLimited as exc:
-        limiter.pause(exc.retry_after)
+        limiter.pause(health.account_hold(exc) or 0.0)
         return None
     if info is None or "working_threads" not in info:
         return None

@@ -33,7 +33,7 @@ from celery.app.task import Context
 from celery.exceptions import TaskRevokedError
 
 from .. import errors
-from ..outcome import Failed
+from ..core.outcome import Failed
 from ..state.lua import text
 
 #: Custom in-flight states: waiting for a thread; at the provider (``info["captcha_id"]``).

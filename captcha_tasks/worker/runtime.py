@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ..client import CaptchaAIClient, Timeout
+from ..core.providers import ProviderSpec
 from ..errors import ConfigurationError
-from ..providers import ProviderSpec
 from ..settings import Settings
 from ..state import State
 from .adapter import Runner

@@ -34,16 +34,17 @@ from celery.signals import task_revoked
 from celery.worker.request import Request
 
 from .. import errors
-from ..lanes import DEFAULT_TENANT, check_lane, check_tenant, default_lane
+from ..core.job import BatchRef, Job
+from ..core.lanes import DEFAULT_TENANT, check_lane, check_tenant, default_lane
 from ..methods import POOL_PROXY, build_request
 from ..redact import SECRET_PARAMS, mask_params
 from ..settings import Settings
 from ..state import State
 from ..state.pools import PoolSpec
 from . import housekeeping, names
-from .adapter import OUTAGES, Message, Runner
+from .adapter import Runner
 from .app import app
-from .job import BatchRef, Job
+from .edges import OUTAGES, Message
 from .results import followup_of
 
 log = logging.getLogger(__name__)

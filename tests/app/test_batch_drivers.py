@@ -31,7 +31,7 @@ import pytest
 import redis
 
 from captcha_tasks import aio, errors, solve
-from captcha_tasks.batching import MAX_BLOCK_S
+from captcha_tasks.core.batching import MAX_BLOCK_S
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.keys import Keys
 from captcha_tasks.settings import Settings
@@ -313,7 +313,7 @@ def test_every_index_arrives_across_a_redis_restart(
     assert all(r["error"].startswith("ERROR_") for r in failed), failed
     tokens = [r["token"] for r in results if r["status"] == "solved"]
     assert len(set(tokens)) == len(tokens)
-    said = [line for line in log if "captcha_tasks.batching" in line]
+    said = [line for line in log if "captcha_tasks.core.batching" in line]
     assert len(said) == 2 and "Redis is unavailable" in said[0], log  # once when it went...
     assert "Redis is back" in said[1], log  # ... and once when it came back
     assert not [line for line in log if PASSWORD in line]

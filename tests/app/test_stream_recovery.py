@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from captcha_tasks import aio
-from captcha_tasks.batching import TRACE_EVERY_S
+from captcha_tasks.core.batching import TRACE_EVERY_S
 from captcha_tasks.dev.devstack import queue_names, wait_until
 from captcha_tasks.stream import stream
 
@@ -64,7 +64,7 @@ def test_messages_lost_with_every_trace_are_sent_again_under_their_ids(
     env: dict[str, str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, "captcha_tasks.batching")
+    caplog.set_level(logging.WARNING, "captcha_tasks.core.batching")
     outcomes: list[dict[str, Any]] = []
     raised: list[BaseException] = []
 

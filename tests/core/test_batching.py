@@ -1,4 +1,4 @@
-"""The batch core (captcha_tasks.batching) on its own: no Redis, no worker, an injected
+"""The batch core (captcha_tasks.core.batching) on its own: no Redis, no worker, an injected
 clock.  Each test tells a :class:`Batch` what happened and checks what it decides."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from captcha_tasks import errors
-from captcha_tasks.batching import (
+from captcha_tasks.core.batching import (
     MAX_BLOCK_S,
     OUTAGE_WAIT_S,
     SETTLE_S,
@@ -142,7 +142,7 @@ def test_redis_down_before_anything_was_queued_fails_at_once() -> None:
 def test_an_outage_is_ridden_out_with_back_off_and_the_same_task_is_sent_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, "captcha_tasks.batching")
+    caplog.set_level(logging.INFO, "captcha_tasks.core.batching")
     batch = Batch("b", window=3, timeout_s=60, trace_every_s=60)  # no look in the way
     fill(batch, 0.0, 1)
     assert batch.next_action(0.0) == Pull()
@@ -192,7 +192,7 @@ def test_a_failure_soon_after_redis_answered_is_the_same_outage(
 ) -> None:
     """After a restart a driver meets its stale connections one by one: Redis answers on
     one and fails on the next.  That is one outage, said once; a failure later is another."""
-    caplog.set_level(logging.INFO, "captcha_tasks.batching")
+    caplog.set_level(logging.INFO, "captcha_tasks.core.batching")
     batch = Batch("b", window=5, timeout_s=60, trace_every_s=60)
     fill(batch, 0.0, 1)
     back = outage_then_back(batch, 1, 0.0)

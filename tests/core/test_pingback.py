@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from captcha_tasks import pingback
+from captcha_tasks.core import pingback
 from captcha_tasks.errors import ConfigurationError
 from captcha_tasks.settings import Settings
 

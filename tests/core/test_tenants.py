@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from captcha_tasks.errors import ConfigurationError, ValidationError
-from captcha_tasks.lanes import (
+from captcha_tasks.core.job import Job
+from captcha_tasks.core.lanes import (
     DEFAULT_TENANT,
     LANES,
     Tenant,
@@ -17,9 +17,9 @@ from captcha_tasks.lanes import (
     default_lane,
     parse_tenants,
 )
+from captcha_tasks.core.steps import Route
+from captcha_tasks.errors import ConfigurationError, ValidationError
 from captcha_tasks.settings import Settings
-from captcha_tasks.worker.job import Job
-from captcha_tasks.worker.steps import Route
 
 PAGE = "https://example.com/lanes"
 ISSUE_EXAMPLE = (

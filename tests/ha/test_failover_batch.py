@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import requests
 
-from captcha_tasks import pingback
+from captcha_tasks.core import pingback
 from captcha_tasks.dev.devstack import SentinelCluster, queue_names, redis_client, wait_until
 from captcha_tasks.dev.failover import FAST, PAGE, Event, FailoverDeployment, run_batch
 

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from celery.result import AsyncResult
 
-from captcha_tasks import pingback
-from captcha_tasks.client import NOT_READY
+from captcha_tasks.core import pingback, steps
+from captcha_tasks.core.answers import NOT_READY
+from captcha_tasks.core.channel import UP
+from captcha_tasks.core.job import Job
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.methods import build_request
 from captcha_tasks.receiver.callbacks import Receiver, Verdict
-from captcha_tasks.state.channel import EARLY_POLL_S, UP
-from captcha_tasks.worker import steps
+from captcha_tasks.state.channel import EARLY_POLL_S
 from captcha_tasks.worker.app import app
-from captcha_tasks.worker.job import Job
 from captcha_tasks.worker.runtime import Runtime
 
 pytestmark = pytest.mark.usefixtures("clean_state")
@@ -54,7 +54,7 @@ def submitted(receiver: Receiver, solve_id: str) -> tuple[Job, str, str]:
 def register(receiver: Receiver, job: Job, captcha_id: str) -> None:
     """What the worker does once ``in.php`` answered: decide, and register the captcha."""
     runner = receiver.runner
-    timing = runner._timing(job)
+    timing = runner.edges.timing(job)
     decision = steps.on_submitted(
         job, captcha_id, time.time(), timing, runner.policy, True, channel=UP
     )

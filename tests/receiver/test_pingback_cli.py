@@ -10,7 +10,7 @@ from typing import Any
 
 import requests
 
-from captcha_tasks import pingback
+from captcha_tasks.core import pingback
 from captcha_tasks.dev.devstack import free_port, wait_until
 
 SECRET = "cli-pingback-secret-0123"

@@ -13,13 +13,13 @@ import requests
 from image_files import png_b64
 from prometheus_client import CollectorRegistry, generate_latest
 
-from captcha_tasks import errors, pingback, solve
+from captcha_tasks import errors, solve
+from captcha_tasks.core import pingback
+from captcha_tasks.core.channel import CHANNEL_BACK, CHANNEL_SETTLE, DEGRADED, DOWN, UP
 from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.metrics import StoreCollector
 from captcha_tasks.receiver.callbacks import STRIKES_BURST, Receiver
 from captcha_tasks.receiver.server import PingbackServer
-from captcha_tasks.state.channel import DEGRADED, DOWN, UP
-from captcha_tasks.worker import steps
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 
@@ -194,11 +194,11 @@ def test_when_callbacks_stop_captchas_are_polled_and_when_they_return_awaited_ag
     assert list(late.values()) == [12.0]  # the primary's, every answer heard
 
     serve_receiver(port)  # the receiver is back: the workers kept sending its URL
-    back = [r.get(timeout=GET_TIMEOUT) for r in solve_many(steps.CHANNEL_BACK)]
+    back = [r.get(timeout=GET_TIMEOUT) for r in solve_many(CHANNEL_BACK)]
     assert all(r["status"] == "solved" for r in back)
     wait_until(lambda: channel.read().state != DOWN, 10, what="the channel back")
     assert channel.read().state == DEGRADED  # until callbacks prove themselves
-    for _ in range(steps.CHANNEL_SETTLE // 5 + 1):
+    for _ in range(CHANNEL_SETTLE // 5 + 1):
         assert all(r.get(timeout=GET_TIMEOUT)["status"] == "solved" for r in solve_many(5))
     # Up once the callbacks proved themselves.  On a loaded machine a degraded channel's
     # early poll can still win a race against a callback now and then; each such answer
@@ -208,7 +208,7 @@ def test_when_callbacks_stop_captchas_are_polled_and_when_they_return_awaited_ag
             break
         assert all(r.get(timeout=GET_TIMEOUT)["status"] == "solved" for r in solve_many(5))
     wait_until(lambda: channel.read().state == UP, 10, what="the channel up")
-    assert solved_by_source()["pingback"] >= steps.CHANNEL_BACK + steps.CHANNEL_SETTLE
+    assert solved_by_source()["pingback"] >= CHANNEL_BACK + CHANNEL_SETTLE
     assert channel_metric() == {"up": 1.0, "degraded": 0.0, "down": 0.0}
 
 

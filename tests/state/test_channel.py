@@ -10,19 +10,15 @@ from typing import Any
 
 import pytest
 
+from captcha_tasks.core.channel import DEGRADED, DOWN, UP, Channel, Heard
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.keys import Keys
 from captcha_tasks.state import channel as channel_module
 from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.channel import (
-    DEGRADED,
-    DOWN,
     EARLY_POLL_S,
     LATE_BUCKETS,
-    UP,
     CallbackChannel,
-    Channel,
-    Heard,
     late_bucket,
 )
 from captcha_tasks.state.db import Db

@@ -14,12 +14,14 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from captcha_tasks.core.admission import Handout
+from captcha_tasks.core.rounds import Again
 from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.keys import Keys
-from captcha_tasks.state.board import Again, Board, BoardConfig, Completion
+from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
-from captcha_tasks.state.limiter import Handout, LimiterConfig, ThreadLimiter
+from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 
 #: The solve and submit queues a sweep looks at (empty unless a test fills them).
 QUEUE = "t-limiter-solve-queue"

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from test_limiter import QUEUE, admit, board_of, finish, job_of, make, server_ms, sweep_now
 
+from captcha_tasks.core.lanes import Tenant
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.errors import ValidationError
 from captcha_tasks.keys import Keys
-from captcha_tasks.lanes import Tenant
 from captcha_tasks.state.budgets import DAY_MS, TenantBudgets
 from captcha_tasks.state.limiter import (
     REFILL_BAND,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from captcha_tasks.state.timing import TimingConfig, figures, percentile
+from captcha_tasks.core.timing import TimingConfig, figures, percentile
 
 CONFIG = TimingConfig(poll_interval=1.0, min_samples=10, percentile=90.0)
 

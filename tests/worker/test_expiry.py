@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from captcha_tasks import solve
+from captcha_tasks.core.outcome import parse_iso
 from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.outcome import parse_iso
 from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.slow

@@ -11,10 +11,10 @@ from celery.result import AsyncResult
 from image_files import png_b64
 
 from captcha_tasks import errors, solve
+from captcha_tasks.core.outcome import parse_iso
 from captcha_tasks.methods import build_request
-from captcha_tasks.outcome import parse_iso
-from captcha_tasks.worker.adapter import policy
 from captcha_tasks.worker.app import app
+from captcha_tasks.worker.edges import policy
 from captcha_tasks.worker.tasks import solve as solve_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]

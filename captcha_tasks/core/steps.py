@@ -1,7 +1,8 @@
 """The life of one captcha, as decisions: plain functions, no I/O, no Celery.
 
 Each step takes the job, what Redis or the API said, and the time, and returns what to do
-next as a value; :mod:`captcha_tasks.worker.adapter` carries it out::
+next as a value (:mod:`.decisions`); the worker (:mod:`captcha_tasks.worker`) carries it
+out.  Where a submit goes is :mod:`.routing`'s, what a poll round asks :mod:`.rounds`'::
 
     requested ─ pool hit ─────────────────────────────────────────────► Deliver
         │
@@ -23,7 +24,7 @@ a proxy password or cookies: those wait in Redis), its budgets and the current a
 captcha.
 
 With provider callbacks on, what answers say of the callbacks decides how a captcha is
-polled (:func:`judge_channel`, :func:`first_poll`): while they arrive (``up``) a captcha
+polled (:func:`.channel.judge_channel`, :func:`first_poll`): while they arrive (``up``) a captcha
 waits for its callback and is polled only once it is overdue, soon after its method's
 solve times say it is done; while many are lost (``degraded``) polls start about the
 method's 25th percentile solve time; once they stop (``down``) captchas are polled as if
@@ -33,25 +34,29 @@ its callback is polled seldom: only in case its callback was lost.
 
 from __future__ import annotations
 
-import math
-import random
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from .. import errors
-from ..client import NOT_READY, Answer, NotReady
-from ..lanes import check_lane, default_lane, is_tenant_name
-from ..methods import METHODS, SolveRequest
-from ..outcome import Solved
-from ..providers import ProviderSpec
-from ..state.channel import DEGRADED, DOWN, UP, Channel, Heard
-from ..state.circuits import Circuit
-from ..state.limiter import Admission
-from ..state.timing import Timing
+from ..methods import METHODS
+from .admission import Admission
+from .answers import NOT_READY, Answer, Reading
+from .channel import DOWN, UP, Heard
+from .decisions import (
+    Decision,
+    Deliver,
+    Fail,
+    Policy,
+    PollAt,
+    Resubmit,
+    Stop,
+    Submit,
+    SubmitAt,
+    timed_out,
+)
 from .job import Job
-
-#: What a poll or a callback can say about a captcha.
-Reply = Answer | NotReady | errors.CaptchaTasksError
+from .lanes import check_lane, default_lane, is_tenant_name
+from .outcome import Solved
+from .timing import Timing
 
 #: A token is discarded when less than this many seconds of its life are left.
 EXPIRY_MARGIN = 1.0
@@ -68,144 +73,9 @@ COLD_PROBE = 0.1
 #: ... and one counting on its callback is probed again every this share of that wait: it
 #: is polled in case its callback was lost, but its answers must still teach the times.
 COLD_CALLBACK_PACE = 0.05
-BACKOFF_BASE = 0.5
-BACKOFF_CAP = 30.0
-
-#: How far one answer moves the channel's share of answers that came by callback.
-CHANNEL_WEIGHT = 0.1
-#: Below this share an ``up`` channel is ``degraded``; at this one a degraded one is up
-#: again, once it has heard :data:`CHANNEL_SETTLE` answers since it switched.
-CHANNEL_LEAVE_UP = 0.85
-CHANNEL_ENTER_UP = 0.95
-CHANNEL_SETTLE = 20
-#: Answers in a row that polls found, no callback between: callbacks stopped (``down``).
-CHANNEL_STOPPED = 8
-#: Callbacks in a row that bring a ``down`` channel back (``degraded``, starting at
-#: :data:`CHANNEL_BACK_SHARE`: short of up, until the callbacks prove themselves).
-CHANNEL_BACK = 5
-CHANNEL_BACK_SHARE = 0.9
-
-
-@dataclass(frozen=True)
-class Policy:
-    """The settings the steps decide by."""
-
-    solve_timeout: float
-    poll_interval: float
-    #: Least seconds between two bulk polls of a captcha (the round window).
-    bulk_interval: float
-    transport_retries: int
-    max_resubmits: int
-    token_lifetimes: Mapping[str, float] = field(default_factory=dict)
-    #: With provider callbacks on: seconds past its method's 95th percentile solve time a
-    #: captcha waiting for its callback is polled (None: callbacks off, poll as usual).
-    pingback_fallback: float | None = None
-    #: Seconds a captcha may be expected to wait for the home provider's threads before an
-    #: overflow provider takes it (None: never).
-    overflow_after: float | None = None
-    #: Returns a number in [0, 1): the jitter of back-offs (a constant in tests).
-    random: Callable[[], float] = random.random
-
-    def token_life(self, request: SolveRequest) -> float:
-        return float(self.token_lifetimes.get(request.method, request.spec.token_life))
-
-    def backoff(self, errors_so_far: int) -> float:
-        """Seconds before retry number ``errors_so_far`` (1, 2, ...): exponential, jittered."""
-        base = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** (errors_so_far - 1))
-        return base * (0.5 + self.random() / 2)
-
-
-# -- decisions ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Submit:
-    """Call ``in.php`` now (the slot is held and the claim taken)."""
-
-
-@dataclass(frozen=True)
-class SubmitAt:
-    """Run the submit of ``job`` again at ``at`` (a rate budget, or the transient
-    ``error``)."""
-
-    at: float
-    job: Job
-    error: errors.CaptchaTasksError | None = None
-    #: The claim belongs to another copy of the message: leave it alone.
-    keep_claim: bool = False
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Nothing to do: parked, cancelled, or a duplicate message."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class PollAt:
-    """Poll the job's captcha at ``at``; ``poll_errors`` transport errors so far, the
-    last one ``error``."""
-
-    at: float
-    job: Job
-    poll_errors: int = 0
-    error: errors.CaptchaTasksError | None = None
-
-
-@dataclass(frozen=True)
-class Resubmit:
-    """The captcha failed but the solve goes on: submit ``job`` (the next attempt).
-    ``replace_proxy``: the pooled proxy was bad; quarantine it and take another."""
-
-    job: Job
-    error: errors.CaptchaTasksError
-    replace_proxy: bool = False
-
-    @property
-    def reason(self) -> str:
-        """Why a new captcha is submitted (``resubmits_total{reason}``)."""
-        return resubmit_reason(self.error)
-
-
-def resubmit_reason(error: errors.CaptchaTasksError) -> str:
-    if isinstance(error, errors.ProviderDown):
-        return "provider_down"
-    if isinstance(error, errors.TokenExpired):
-        return "expired"
-    if isinstance(error, errors.ProxyError):
-        return "bad_proxy"
-    if isinstance(error, errors.UnsolvableError):
-        return "unsolvable"
-    return "other"
-
-
-@dataclass(frozen=True)
-class Deliver:
-    """The solve is done with ``outcome``; ``solve_time_s`` for the samples."""
-
-    outcome: Solved
-    solve_time_s: float | None = None
-
-
-@dataclass(frozen=True)
-class Fail:
-    """The solve is over with ``error``."""
-
-    error: errors.CaptchaTasksError
-
-
-Decision = Submit | SubmitAt | Stop | PollAt | Resubmit | Deliver | Fail
-
-
-@dataclass(frozen=True)
-class Destination:
-    """Where a submit goes: admitted at ``home`` (and parked there while its threads are
-    busy); the ``overflow`` providers are asked first when the wait at home would pass
-    ``CAPTCHAAI_OVERFLOW_AFTER``."""
-
-    home: str
-    overflow: tuple[str, ...] = ()
+#: Seconds between tries, from the first doubling to the last, while a captcha paid for
+#: waits in its process for Redis to take it (see :func:`hold`).
+HOLD_WAIT_S = (0.2, 1.0)
 
 
 @dataclass(frozen=True)
@@ -293,112 +163,6 @@ def uses_pingback(job: Job) -> bool:
     return not job.request.returns_user_agent
 
 
-# -- providers ---------------------------------------------------------------------------
-
-
-def route(
-    job: Job,
-    providers: Sequence[ProviderSpec],
-    circuits: Mapping[str, Circuit],
-    now: float,
-) -> Destination | SubmitAt | Fail:
-    """The provider a submit goes to: the first (in the configured order) that takes its
-    method and is in rotation, an ``overflow`` one only when no other is.  With none in
-    rotation: wait for the first probe when one may come back (it stopped answering), or
-    fail at once when every one is empty or refuses its key (``ERROR_ZERO_BALANCE``)."""
-    method = job.request.method
-    taking = [p for p in providers if p.supports(method)]
-    if not taking:
-        return Fail(errors.ValidationError(f"no provider takes method {method!r}"))
-    up = [p for p in taking if _up(circuits, p.name)]
-    homes = [p for p in up if p.role != "overflow"] or up
-    if homes:
-        home = homes[0].name
-        spill = tuple(p.name for p in up if p.role == "overflow" and p.name != home)
-        return Destination(home, spill)
-    down = [circuits[p.name] for p in taking]
-    soft = [c for c in down if c.why == "soft"]
-    if soft:
-        at = max(now, min(c.probe_at or now for c in soft)) + 0.5
-        if at >= job.deadline:
-            return Fail(_timeout(job, "no provider came back before the solve deadline"))
-        error = errors.ProviderDown(f"no provider that takes {method} is in rotation")
-        return SubmitAt(at, job, error)
-    codes = ", ".join(f"{c.provider}: {c.code}" for c in down)
-    first = down[0].code or "ERROR_ZERO_BALANCE"
-    return Fail(errors.from_api_code(first, message=f"every provider is out of rotation ({codes})"))
-
-
-def _up(circuits: Mapping[str, Circuit], name: str) -> bool:
-    circuit = circuits.get(name)
-    return circuit is None or circuit.up
-
-
-def failure_kind(exc: errors.CaptchaTasksError) -> str | None:
-    """What an error says about its provider (see :mod:`~captcha_tasks.state.circuits`):
-    ``soft`` (no answer: a transport error, HTTP 5xx, a timeout), ``balance``, ``key``, or
-    None (the provider answered)."""
-    if isinstance(exc, errors.TransportError):
-        return "soft"
-    if isinstance(exc, errors.ZeroBalance):
-        return "balance"
-    if isinstance(exc, errors.AuthError):
-        return "key"
-    return None
-
-
-def park_limit(capacity: int, typical_s: float, overflow_after: float) -> int:
-    """Submits that may be parked at a provider before the next would wait longer than
-    ``overflow_after`` seconds (its threads finish ``capacity`` captchas per ``typical_s``)."""
-    return math.floor(capacity * overflow_after / max(typical_s, 0.1))
-
-
-def on_provider_down(job: Job, now: float) -> Resubmit | Fail:
-    """The job's captcha is at a provider that went out of rotation: submit a new one
-    elsewhere (not counted against the resubmit budget)."""
-    if now >= job.deadline:
-        return Fail(_timeout(job, "the solve deadline passed"))
-    error = errors.ProviderDown(
-        f"provider {job.provider} is out of rotation", captcha_id=job.captcha_id
-    )
-    return Resubmit(job.moved(), error)
-
-
-# -- the callback channel ----------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Switch:
-    """Switch the callback channel to state ``to`` (its share starting at ``share``)."""
-
-    to: str
-    share: float | None = None
-
-
-def judge_channel(channel: Channel) -> Switch | None:
-    """What the answers heard say of the provider's callbacks: the state to switch to, or
-    None to stay.
-
-    * :data:`CHANNEL_STOPPED` answers in a row found by polls: callbacks stopped
-      (``down``), whatever the state;
-    * ``down`` stays down until :data:`CHANNEL_BACK` callbacks in a row came (``degraded``);
-    * otherwise the share of answers by callback decides, with a band between
-      :data:`CHANNEL_LEAVE_UP` and :data:`CHANNEL_ENTER_UP` where the state stays, so a
-      steady loss does not flap it.
-    """
-    state = channel.state
-    if channel.misses >= CHANNEL_STOPPED:
-        return None if state == DOWN else Switch(DOWN)
-    if state == DOWN:
-        return Switch(DEGRADED, CHANNEL_BACK_SHARE) if channel.hits >= CHANNEL_BACK else None
-    if channel.share < CHANNEL_LEAVE_UP:
-        return None if state == DEGRADED else Switch(DEGRADED)
-    settled = state == UP or channel.since >= CHANNEL_SETTLE
-    if channel.share >= CHANNEL_ENTER_UP and settled:
-        return None if state == UP else Switch(UP)
-    return None
-
-
 def awaits_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> bool:
     """Whether the job's captcha waits for its callback before it is polled: callbacks are
     on and asked for it, the channel is not down, and its method's solve times are known
@@ -443,7 +207,12 @@ def heard_late(captcha_id: str) -> Heard:
 
 
 def heard_by_poll(
-    job: Job, answer: Reply, polled_before: float | None, now: float, timing: Timing, policy: Policy
+    job: Job,
+    answer: Reading,
+    polled_before: float | None,
+    now: float,
+    timing: Timing,
+    policy: Policy,
 ) -> Heard | None:
     """What a poll that read ``answer`` at ``now`` says of the callbacks: None unless a
     callback was asked for and the answer ends the captcha."""
@@ -475,7 +244,7 @@ def before_submit(job: Job, now: float) -> Fail | None:
     if job.expires is not None and now >= job.expires:
         return Fail(errors.Revoked("expired", captcha_id=job.captcha_id))
     if now >= job.deadline:
-        return Fail(_timeout(job, "the solve deadline passed before it could be submitted"))
+        return Fail(timed_out(job, "the solve deadline passed before it could be submitted"))
     return None
 
 
@@ -525,7 +294,7 @@ def on_submitted(
     if isinstance(reply, errors.RateLimited):  # a budget, not a fault: no retry is spent
         at = now + reply.retry_after
         if at >= job.deadline:
-            return Fail(_timeout(job, "deadline passed while the API asked to wait", reply))
+            return Fail(timed_out(job, "deadline passed while the API asked to wait", reply))
         return SubmitAt(at, job, reply)
     if isinstance(reply, errors.RetryableError):
         count = job.transport_errors + 1
@@ -533,7 +302,7 @@ def on_submitted(
             return Fail(_exhausted(reply, count))
         at = now + policy.backoff(count)
         if at >= job.deadline:
-            return Fail(_timeout(job, f"deadline passed while retrying ({reply.code})", reply))
+            return Fail(timed_out(job, f"deadline passed while retrying ({reply.code})", reply))
         return SubmitAt(at, replace(job, transport_errors=count), reply)
     return _failed_captcha(job, reply, now, policy)
 
@@ -555,12 +324,63 @@ def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool, channel: st
     return timing.first_wait * COLD_PROBE if timing.probe else timing.first_wait
 
 
+# -- a captcha paid for while Redis is away --------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hold:
+    """A captcha paid for waits in its process for Redis: try again after ``wait_s``, to
+    ``register`` it (its solve's deadline has not passed), or else to end its solve
+    through the completion (:func:`held_past_deadline`)."""
+
+    wait_s: float
+    register: bool
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Redis did not answer before the solve's deadline and its grace: the captcha is given
+    up (its process logs it with its captcha id)."""
+
+
+def hold(job: Job, now: float, tries: int, policy: Policy) -> Hold | Lost:
+    """What a process holding a captcha paid for does after its ``tries``-th try to get it
+    into Redis met an outage at ``now``.
+
+    From ``in.php``'s answer until the board holds it, the captcha id lives only in this
+    process: the task's own retry would start again from the admission and pay again (and
+    with the broker down Celery rejects the message it cannot publish).  So it is tried
+    again in place, the waits doubling from :data:`HOLD_WAIT_S`.  The bound is the solve's
+    own deadline (after it the token would be useless anyway): from then on what is tried
+    is to end the solve through the completion (``ERROR_SOLVE_TIMEOUT``), for the policy's
+    ``hold_grace``; a solve whose Redis never answered by then is :class:`Lost`."""
+    wait = min(HOLD_WAIT_S[1], HOLD_WAIT_S[0] * 2.0 ** max(0, tries - 1))
+    if now < job.deadline:
+        wait = min(wait, job.deadline - now)
+        return Hold(wait, register=now + wait < job.deadline)
+    end = job.deadline + policy.hold_grace
+    if now >= end:
+        return Lost()
+    return Hold(min(wait, end - now), register=False)
+
+
+def held_past_deadline(captcha_id: str) -> Fail:
+    """How a solve ends whose captcha ``captcha_id`` was paid for but could not be put on
+    the board (Redis away) before its deadline."""
+    error = errors.SolveTimeout(
+        f"the solve deadline passed while Redis was unavailable: captcha {captcha_id} was"
+        " paid for and never polled",
+        captcha_id=captcha_id,
+    )
+    return Fail(error)
+
+
 # -- poll --------------------------------------------------------------------------------
 
 
 def on_answer(
     job: Job,
-    answer: Reply,
+    answer: Reading,
     polled_before: float | None,
     poll_errors: int,
     now: float,
@@ -593,7 +413,7 @@ def on_answer(
 
 def on_callback(
     job: Job,
-    answer: Reply,
+    answer: Reading,
     polled_before: float | None,
     now: float,
     policy: Policy,
@@ -611,7 +431,7 @@ def on_callback(
 def on_poll_budget(job: Job, wait_s: float, poll_errors: int, now: float) -> Decision:
     """The account's ``res.php`` budget is spent for ``wait_s``: poll later (or fail)."""
     if now >= job.deadline:
-        return Fail(_timeout(job, "the solve deadline passed"))
+        return Fail(timed_out(job, "the solve deadline passed"))
     return PollAt(min(now + wait_s, job.deadline), job, poll_errors)
 
 
@@ -621,7 +441,7 @@ def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, pace: Pace)
     not known yet), and before that at that finish or the poll interval, whichever comes
     first; one asked for on its own, at the poll interval."""
     if now >= job.deadline:
-        return Fail(_timeout(job, "the solve deadline passed"))
+        return Fail(timed_out(job, "the solve deadline passed"))
     if not uses_bulk(job, pace.bulk):
         return PollAt(min(now + policy.poll_interval, job.deadline), job)
     likely = _submitted_at(job) + timing.earliest if timing.warm else now
@@ -675,16 +495,8 @@ def _failed_captcha(
     if job.resubmits >= policy.max_resubmits:
         return Fail(exc)
     if now >= job.deadline:
-        return Fail(_timeout(job, "the solve deadline passed", exc))
+        return Fail(timed_out(job, "the solve deadline passed", exc))
     return Resubmit(job.next_attempt(), exc, replace_proxy=pooled_proxy)
-
-
-def _timeout(
-    job: Job, message: str, cause: errors.CaptchaTasksError | None = None
-) -> errors.SolveTimeout:
-    if cause is not None:
-        message = f"{message} (last error {cause.code})"
-    return errors.SolveTimeout(message, captcha_id=job.captcha_id)
 
 
 def _exhausted(exc: errors.CaptchaTasksError, count: int) -> errors.RetriesExhausted:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from .errors import CaptchaTasksError
+from ..errors import CaptchaTasksError
 
 Token = str | dict[str, Any] | list[Any]
 

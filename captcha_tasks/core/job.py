@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..lanes import BACKGROUND, DEFAULT_TENANT, INTERACTIVE, LANES, is_tenant_name
 from ..methods import METHODS, SolveRequest
+from .lanes import BACKGROUND, DEFAULT_TENANT, INTERACTIVE, LANES, is_tenant_name
 
 
 @dataclass(frozen=True)
@@ -128,6 +128,11 @@ class Job:
     @property
     def tenant_name(self) -> str:
         return self.tenant or DEFAULT_TENANT
+
+    @property
+    def for_caller(self) -> bool:
+        """Whether a caller waits on the solve's own result (not a batch, not a refill)."""
+        return self.pool is None and self.batch is None
 
     # -- steps ---------------------------------------------------------------------------
     def submitted(self, captcha_id: str, now: float) -> Job:

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import ValidationError
+from ..errors import ValidationError
 
 __all__ = [
     "BACKGROUND",

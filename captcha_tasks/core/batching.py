@@ -56,7 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import errors
+from .. import errors
 from .outcome import Failed
 
 log = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from .errors import ConfigurationError
-from .methods import METHODS
+from ..errors import ConfigurationError
+from ..methods import METHODS
 
 __all__ = [
     "KIND_BUDGETS",

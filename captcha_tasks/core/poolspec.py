@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import ConfigurationError, ValidationError
-from .methods import METHODS, PER_REQUEST_PARAMS, Param, Scalar, SolveRequest, build_request
+from ..errors import ConfigurationError, ValidationError
+from ..methods import METHODS, PER_REQUEST_PARAMS, Param, Scalar, SolveRequest, build_request
 
 __all__ = ["ENV_VAR", "POOLABLE_METHODS", "PoolSpec", "parse_pools"]
 

@@ -22,7 +22,7 @@ import hmac
 import re
 from dataclasses import dataclass
 
-from .errors import BadMac, BadTicket
+from ..errors import BadMac, BadTicket
 
 #: Hex digits of the MAC in a ticket (128 bits).
 MAC_HEX = 32

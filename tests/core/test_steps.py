@@ -10,29 +10,28 @@ import pytest
 from image_files import png_b64
 
 from captcha_tasks import errors
-from captcha_tasks.client import NOT_READY, Answer
-from captcha_tasks.methods import build_request
-from captcha_tasks.outcome import parse_iso
-from captcha_tasks.providers import ProviderSpec
-from captcha_tasks.state.channel import DEGRADED, DOWN, UP, Channel, Heard
-from captcha_tasks.state.circuits import Circuit
-from captcha_tasks.state.limiter import Admission
-from captcha_tasks.state.timing import Timing
-from captcha_tasks.worker import steps
-from captcha_tasks.worker.job import Job
-from captcha_tasks.worker.steps import (
+from captcha_tasks.core import decisions, steps
+from captcha_tasks.core.admission import Admission
+from captcha_tasks.core.answers import NOT_READY, Answer
+from captcha_tasks.core.channel import DEGRADED, DOWN, UP, Heard
+from captcha_tasks.core.decisions import (
     Deliver,
     Fail,
+    Policy,
     PollAt,
     Resubmit,
     Stop,
     Submit,
     SubmitAt,
 )
+from captcha_tasks.core.job import Job
+from captcha_tasks.core.outcome import parse_iso
+from captcha_tasks.core.timing import Timing
+from captcha_tasks.methods import build_request
 
 T0 = 1_000_000.0
 PAGE = "https://example.com/steps"
-POLICY = steps.Policy(
+POLICY = Policy(
     solve_timeout=300.0,
     poll_interval=5.0,
     bulk_interval=0.5,
@@ -127,10 +126,10 @@ def test_transport_errors_back_off_then_give_up() -> None:
     error = errors.TransportError("in.php: HTTP 500")
     first = steps.on_submitted(job(), error, T0, COLD, POLICY, bulk=True)
     assert isinstance(first, SubmitAt) and first.error is error
-    assert first.at == T0 + steps.BACKOFF_BASE * 0.5
+    assert first.at == T0 + decisions.BACKOFF_BASE * 0.5
     assert first.job.transport_errors == 1
     second = steps.on_submitted(first.job, error, T0, COLD, POLICY, bulk=True)
-    assert isinstance(second, SubmitAt) and second.at == T0 + steps.BACKOFF_BASE
+    assert isinstance(second, SubmitAt) and second.at == T0 + decisions.BACKOFF_BASE
     third = steps.on_submitted(second.job, error, T0, COLD, POLICY, bulk=True)
     assert isinstance(third, Fail) and isinstance(third.error, errors.RetriesExhausted)
     assert third.error.code == "ERROR_TRANSPORT"
@@ -262,7 +261,7 @@ CALLBACKS = dataclasses.replace(POLICY, pingback_fallback=1.0)
 SOLVES = Timing(first_wait=16.0, earliest=12.0, typical=15.0, warm=True, spread=6.0)
 
 
-def sent(timing: Timing, channel: str, policy: steps.Policy = CALLBACKS) -> PollAt:
+def sent(timing: Timing, channel: str, policy: Policy = CALLBACKS) -> PollAt:
     """The decision for a captcha submitted at T0 + 1 with the channel in ``channel``."""
     decision = steps.on_submitted(job(), "7001", T0 + 1, timing, policy, True, channel=channel)
     assert isinstance(decision, PollAt)
@@ -476,101 +475,6 @@ def test_polls_that_end_nothing_or_asked_for_no_callback_say_nothing() -> None:
     assert steps.heard_late("7001") == Heard("late", "7001")
 
 
-def judged(state: str = UP, share: float = 1.0, **figures: int) -> str:
-    """The state the channel is in after judging it."""
-    switch = steps.judge_channel(Channel(state, share, **figures))
-    return state if switch is None else switch.to
-
-
-def test_callbacks_that_stop_put_the_channel_down_from_any_state() -> None:
-    stopped = steps.CHANNEL_STOPPED
-    for state in (UP, DEGRADED):
-        assert judged(state, 0.9, misses=stopped - 1) == state
-        assert judged(state, 0.9, misses=stopped) == DOWN
-    assert steps.judge_channel(Channel(DOWN, 0.0, misses=stopped + 5)) is None
-
-
-def test_a_down_channel_comes_back_degraded_when_callbacks_arrive_in_a_row() -> None:
-    assert judged(DOWN, 0.3, hits=steps.CHANNEL_BACK - 1) == DOWN
-    back = steps.judge_channel(Channel(DOWN, 0.3, hits=steps.CHANNEL_BACK))
-    # the share it had (of the time it was down) is not held against it
-    assert back == steps.Switch(DEGRADED, steps.CHANNEL_BACK_SHARE)
-    assert judged(DEGRADED, steps.CHANNEL_BACK_SHARE) == DEGRADED
-
-
-def test_the_share_of_answers_by_callback_moves_the_channel_with_a_band_between() -> None:
-    leave, enter, settle = steps.CHANNEL_LEAVE_UP, steps.CHANNEL_ENTER_UP, steps.CHANNEL_SETTLE
-    assert judged(UP, leave) == UP
-    assert judged(UP, leave - 0.01) == DEGRADED
-    assert judged(DEGRADED, enter - 0.01, since=settle) == DEGRADED  # the band: it stays
-    assert judged(UP, enter - 0.01) == UP
-    assert judged(DEGRADED, enter, since=settle - 1) == DEGRADED  # not settled yet
-    assert judged(DEGRADED, enter, since=settle) == UP
-
-
-# -- providers -----------------------------------------------------------------------------
-
-PRIMARY = ProviderSpec("main", "http://main", "k1", 10)
-BACKUP = ProviderSpec("backup", "http://backup", "k2", 5, role="fallback", kind="2captcha")
-SPILL = ProviderSpec("spill", "http://spill", "k3", 5, role="overflow")
-IMAGES = ProviderSpec("images", "http://images", "k4", 5, "fallback", methods=frozenset({"base64"}))
-PROVIDERS = (PRIMARY, IMAGES, BACKUP, SPILL)
-
-
-def circuits(**down: tuple[str, str]) -> dict[str, Circuit]:
-    """Every provider's circuit; ``down``: name -> (why, code) of the open ones."""
-    found = {p.name: Circuit(p.name) for p in PROVIDERS}
-    for name, (why, code) in down.items():
-        found[name] = Circuit(name, open=True, why=why, code=code, probe_at=T0 + 4)
-    return found
-
-
-def test_a_captcha_goes_to_the_primary_while_it_is_in_rotation() -> None:
-    assert steps.route(job(), PROVIDERS, circuits(), T0) == steps.Destination("main", ("spill",))
-
-
-def test_then_to_the_first_fallback_that_takes_its_method() -> None:
-    down = circuits(main=("soft", "ERROR_TRANSPORT"))
-    assert steps.route(job(), PROVIDERS, down, T0) == steps.Destination("backup", ("spill",))
-    image = job("base64", body=png_b64())
-    assert steps.route(image, PROVIDERS, down, T0).home == "images"  # type: ignore[union-attr]
-
-
-def test_an_overflow_provider_is_home_when_nothing_else_is_in_rotation() -> None:
-    down = circuits(main=("balance", "ERROR_ZERO_BALANCE"), backup=("key", "ERROR_WRONG_USER_KEY"))
-    assert steps.route(job(), PROVIDERS, down, T0) == steps.Destination("spill", ())
-
-
-def test_with_every_provider_empty_the_caller_hears_it_at_once() -> None:
-    empty = ("balance", "ERROR_ZERO_BALANCE")
-    decision = steps.route(job(), PROVIDERS, circuits(main=empty, backup=empty, spill=empty), T0)
-    assert isinstance(decision, Fail)
-    assert isinstance(decision.error, errors.ZeroBalance)
-    assert "main: ERROR_ZERO_BALANCE" in decision.error.message
-
-
-def test_with_one_that_may_come_back_the_submit_waits_for_its_probe() -> None:
-    empty = ("balance", "ERROR_ZERO_BALANCE")
-    silent = ("soft", "ERROR_TRANSPORT")
-    decision = steps.route(job(), PROVIDERS, circuits(main=silent, backup=empty, spill=empty), T0)
-    assert isinstance(decision, SubmitAt) and decision.at == T0 + 4 + 0.5
-    assert isinstance(decision.error, errors.ProviderDown)
-    late = dataclasses.replace(job(), deadline=T0 + 2)
-    assert isinstance(
-        steps.route(late, PROVIDERS, circuits(main=silent, backup=empty, spill=empty), T0), Fail
-    )
-
-
-def test_a_captcha_at_a_provider_gone_out_of_rotation_is_moved_not_counted() -> None:
-    at = dataclasses.replace(submitted(), provider="main", resubmits=1)
-    decision = steps.on_provider_down(at, T0 + 3)
-    assert isinstance(decision, Resubmit) and decision.reason == "provider_down"
-    assert decision.job.attempt == at.attempt + 1 and decision.job.resubmits == 1
-    assert decision.job.captcha_id is None
-    over = steps.on_provider_down(at, at.deadline)
-    assert isinstance(over, Fail) and isinstance(over.error, errors.SolveTimeout)
-
-
 def test_a_failed_submit_at_a_provider_out_of_rotation_goes_elsewhere_at_once() -> None:
     refused = errors.TransportError("in.php: ConnectionRefused")
     decision = steps.on_submitted(job(), refused, T0, COLD, POLICY, bulk=True, down=True)
@@ -581,20 +485,33 @@ def test_a_failed_submit_at_a_provider_out_of_rotation_goes_elsewhere_at_once() 
     )
 
 
-@pytest.mark.parametrize(
-    ("error", "kind"),
-    [
-        (errors.TransportError("timed out"), "soft"),
-        (errors.from_api_code("ERROR_ZERO_BALANCE"), "balance"),
-        (errors.from_api_code("ERROR_WRONG_USER_KEY"), "key"),
-        (errors.from_api_code("ERROR_CAPTCHA_UNSOLVABLE"), None),
-        (errors.from_api_code("ERROR_NO_SLOT_AVAILABLE"), None),
-    ],
-)
-def test_what_an_error_says_about_its_provider(error: errors.CaptchaTasksError, kind: str) -> None:
-    assert steps.failure_kind(error) == kind
+# -- a captcha paid for while Redis is away ---------------------------------------------------
 
 
-def test_overflow_takes_what_would_wait_longer_than_its_setting() -> None:
-    # 10 threads finishing a captcha every 2 s each: 5 per second; 3 s of waiting is 15
-    assert steps.park_limit(10, 2.0, 3.0) == 15
+def test_a_captcha_paid_for_is_held_with_doubling_waits_up_to_its_deadline() -> None:
+    held = submitted()  # deadline T0 + 300
+    waits = [steps.hold(held, T0 + 10, tries, POLICY) for tries in (1, 2, 3, 4, 9)]
+    assert [w.wait_s for w in waits] == [0.2, 0.4, 0.8, 1.0, 1.0]  # type: ignore[union-attr]
+    assert all(isinstance(w, steps.Hold) and w.register for w in waits)
+    # the last try to register lands at the deadline, no later
+    near = steps.hold(held, held.deadline - 0.3, 9, POLICY)
+    assert near == steps.Hold(pytest.approx(0.3), register=False)
+
+
+def test_past_its_deadline_the_solve_is_ended_for_a_grace_then_given_up_as_lost() -> None:
+    held = submitted()
+    grace = dataclasses.replace(POLICY, hold_grace=20.0)
+    after = steps.hold(held, held.deadline, 1, grace)
+    assert after == steps.Hold(0.2, register=False)  # its completion is what is tried now
+    assert steps.hold(held, held.deadline + 19.5, 9, grace) == steps.Hold(
+        pytest.approx(0.5), register=False
+    )
+    assert isinstance(steps.hold(held, held.deadline + 20, 1, grace), steps.Lost)
+    none = dataclasses.replace(POLICY, hold_grace=0.0)
+    assert isinstance(steps.hold(held, held.deadline, 1, none), steps.Lost)
+
+
+def test_a_solve_held_past_its_deadline_ends_in_a_timeout_naming_its_captcha() -> None:
+    ending = steps.held_past_deadline("7001")
+    assert isinstance(ending.error, errors.SolveTimeout)
+    assert ending.error.captcha_id == "7001" and "7001" in ending.error.message
