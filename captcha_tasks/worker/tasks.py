@@ -106,7 +106,7 @@ class SolveTask(Task):
         runtime.state.pools.ensure_declared()  # this process's CAPTCHAAI_POOLS, before it solves
         # Until a worker starts it, the message is remembered in Redis: one lost between
         # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
-        runtime.state.limiter.expect(solve_id, json.dumps(kwargs, separators=(",", ":")))
+        runtime.state.owed.expect(solve_id, json.dumps(kwargs, separators=(",", ":")))
         return super().apply_async((), kwargs, **options)
 
 
