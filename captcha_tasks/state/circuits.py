@@ -3,7 +3,7 @@
 A provider's circuit *opens* (the provider is out of rotation for every worker) on
 ``threshold`` consecutive transport errors (no answer, HTTP 5xx, a timeout), and at once on
 an empty balance (``ERROR_ZERO_BALANCE``) or a key it refuses.  While it is open, nothing is
-admitted there (the limiter's ``ADMIT`` reads it), and housekeeping sends a cheap probe
+admitted there (the limiter's admission reads it), and housekeeping sends a cheap probe
 (``getbalance``) on a back-off: the first good answer *closes* it.  The transition is
 returned to the one process that made it, which logs it: one line when a circuit opens,
 one when it closes.

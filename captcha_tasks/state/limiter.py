@@ -62,6 +62,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal, TypeVar
 
 from .. import faults
@@ -267,11 +268,15 @@ class ThreadLimiter:
         self._external = db.bind(EXTERNAL)
         self._owed = OwedMessages(db, OwedConfig(dispatch_grace_s=config.dispatch_grace_s))
         self._tenants_table = {n: self._tenant_entry(t) for n, t in config.tenants.items()}
+        self._lua_keys = MappingProxyType(dict(self._key_names()))
 
     # -- what other modules' scripts pass to this module's Lua functions ---------------
-    def lua_keys(self) -> dict[str, str]:
+    def lua_keys(self) -> Mapping[str, str]:
         """The keys of ``lib/slots.lua``, ``lib/handout.lua`` and ``lib/rates.lua`` at this
         provider, and of what they call (``lib/owed.lua``, ``lib/budget.lua``), by name."""
+        return self._lua_keys
+
+    def _key_names(self) -> Mapping[str, str]:
         k = self.keys
         return {
             "slots": k.slots(),

@@ -88,3 +88,29 @@ def test_every_lua_file_is_in_the_wheel() -> None:
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"state/lua/*/*.lua"' in pyproject
     assert all(p.parent.parent == ROOT for p in ROOT.rglob("*.lua"))
+
+
+def test_a_few_lines_of_javascript_assemble_the_same_scripts() -> None:
+    """The format is one a second language loads without Python: Node.js assembles every
+    script (tests/state/lua_assemble.js) to the SHA1 Python prints, and reads the same
+    keys in the same order from its file."""
+    node = shutil.which("node")
+    if node is None:
+        missing("Node.js", "the node command is not on PATH")
+    done = subprocess.run(
+        [node, str(Path(__file__).with_name("lua_assemble.js")), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assembled = {}
+    for line in done.stdout.splitlines():
+        sha, name, keys = line.split("  ")
+        assembled[name] = (sha, keys)
+    expected = {}
+    for name in LIBRARY.names():
+        script = LIBRARY.script(name)
+        keys = [k.name if k.size is None else f"{k.name}*{k.size}" for k in script.keys]
+        expected[name] = (script.sha, ",".join(keys))
+    assert assembled == expected

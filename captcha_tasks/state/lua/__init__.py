@@ -256,6 +256,8 @@ class Bound:
     def __init__(self, script: Script, registered: RedisScript) -> None:
         self.script = script
         self._registered = registered
+        self._names = tuple(key.name for key in script.keys)
+        self._lists = any(key.size is not None for key in script.keys)
 
     @property
     def sha(self) -> str:
@@ -265,14 +267,19 @@ class Bound:
     def call(self, keys: Mapping[str, KeyValue], args: Mapping[str, Any] | None = None) -> Call:
         """The call with ``keys`` (by name; names the script does not take are ignored; a
         list of keys is a sequence) and ``args`` (one JSON object)."""
-        missing = [key.name for key in self.script.keys if key.name not in keys]
-        if missing:
-            raise KeyError(f"{self.script.name}: keys missing: {', '.join(missing)}")
-        flat: list[str] = []
-        for key in self.script.keys:
-            flat.extend(_values(self.script.name, key, keys[key.name]))
+        try:
+            values = [keys[name] for name in self._names]
+        except KeyError:
+            missing = [name for name in self._names if name not in keys]
+            raise KeyError(f"{self.script.name}: keys missing: {', '.join(missing)}") from None
+        if self._lists or not all(type(value) is str for value in values):
+            values = [
+                v
+                for key in self.script.keys
+                for v in _values(self.script.name, key, keys[key.name])
+            ]
         argv = json.dumps(args or {}, separators=(",", ":"))
-        return Call(self, tuple(flat), (argv,))
+        return Call(self, tuple(values), (argv,))  # type: ignore[arg-type]
 
     def __call__(
         self,
