@@ -347,6 +347,7 @@ class Chain:
         lost = [isinstance(reply, NoScriptError) for reply in replies[:count]]
         if any(lost):
             if not all(lost):
+                _LOADED.pop(self.client, None)  # the next call asks Redis what it holds
                 raise ScriptsLost("Redis dropped its scripts while a chain of them ran")
             self._load(known=False)
             replies = self._send(then)
