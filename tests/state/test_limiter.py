@@ -289,6 +289,22 @@ def test_two_copies_admitted_at_the_same_time_let_one_go(redis_conn: Any, keys: 
     assert admit(lim, "s1", message_id="m2") == "busy"
 
 
+def test_a_submit_handed_a_slot_between_the_steps_goes_on_by_its_new_message(
+    redis_conn: Any, keys: Keys
+) -> None:
+    """Parked by the slot step, handed a freed slot before the charge step: the charge goes
+    by what the slot step did (parked), and the message of the handout claims the slot."""
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    assert admit(lim, "a") == "go"
+    gate, slot, charge = admission_steps(lim, "b", "m1")
+    run_step(lim, gate)
+    assert run_step(lim, slot)[0] == "parked"
+    assert [p.lease_id for p in finish(lim, "a").given] == ["b"]  # between the steps
+    assert run_step(lim, charge)[0] == "parked"
+    assert not redis_conn.exists(keys.submit_claim("b"))  # nothing claimed, nothing counted
+    assert admit(lim, "b", message_id="m2") == "go"
+
+
 def test_an_admission_cut_short_leaves_nothing_that_only_it_knew(
     redis_conn: Any, keys: Keys
 ) -> None:

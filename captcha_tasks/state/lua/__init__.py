@@ -101,7 +101,7 @@ class Library:
     def names(self) -> list[str]:
         """Every script's name, sorted (fragments are not scripts)."""
         return sorted(
-            str(path.relative_to(self.root).with_suffix(""))
+            path.relative_to(self.root).with_suffix("").as_posix()
             for path in self.root.glob("*/*.lua")
             if path.parent.name != FRAGMENTS
         )

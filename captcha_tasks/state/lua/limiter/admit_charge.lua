@@ -1,8 +1,8 @@
 -- Admit one submit message, step 3 of 3 (after admit_slot): a submit holding its slot
 -- claims the right to call in.php for this attempt, its request counted against the
 -- provider's budgets and its tenant's daily budget (once per attempt); a parked one tells
--- its caller so.  Acts only on the admit mark admit_slot stamped for this call, and takes
--- it (else 'skip').
+-- its caller so.  Acts only on the admit mark admit_slot stamped for this call, on what
+-- that says admit_slot did, and takes it (else 'skip').
 -- A.token (admit_gate's), A.id = lease id, A.attempt, A.tenant, A.daily = the tenant's
 --   daily budget (absent: none), A.message_id (takes the claim), A.claim_ms (0: take no
 --   claim), A.budgets = the budget table R (lib/rates.lua), A.request_id (of the in.php
@@ -19,36 +19,38 @@ local K = {
   -- the solve: its record (the admit mark; the attempt counted), its claim
   record = KEYS[1],
   claim = KEYS[2],
-  -- what admit_slot left: whether it holds a slot or is parked here
-  slots = KEYS[3],
-  parked = KEYS[4],
+  -- the provider's parked submits: one still parked says so in its result key
+  parked = KEYS[3],
   -- submits whose in.php request was counted when they were handed out (not again)
-  prepaid = KEYS[5],
+  prepaid = KEYS[4],
   -- the provider's request budgets (lib/rates.lua) and the deferrals for each
-  rate_in = KEYS[6],
-  rate_hourly = KEYS[7],
-  budget_waits = KEYS[8],
+  rate_in = KEYS[5],
+  rate_hourly = KEYS[6],
+  budget_waits = KEYS[7],
   -- the tenants' daily budgets (lib/budget.lua)
-  budget = KEYS[9],
+  budget = KEYS[8],
   -- the caller's result key (opaque here): says 'parked' while the solve is
-  result = KEYS[10],
+  result = KEYS[9],
 }
 local A = cjson.decode(ARGV[1])
 --@include lib/now.lua
 --@include lib/record.lua
 --@include lib/budget.lua
 --@include lib/rates.lua
-if record.marked('admit') ~= A.token .. '|slot' then return {'skip', 0} end
+local mark = record.marked('admit')
+local did = mark and string.match(mark, '^' .. A.token .. '|(%a[%a_]*)$')
+if not did then return {'skip', 0} end
 record.unmark('admit')
 local id = A.id
-if not redis.call('ZSCORE', K.slots, id) then
-  if redis.call('ZSCORE', K.parked, id) then
-    if A.parked_record then
-      redis.call('SET', K.result, A.parked_record, 'EX', A.record_ttl_s)
-      redis.call('PUBLISH', K.result, A.parked_record)
-    end
-    return {'parked', 0}
+if did == 'parked' then
+  -- (unless a slot was handed to it since: then the message of that handout says so)
+  if A.parked_record and redis.call('ZSCORE', K.parked, id) then
+    redis.call('SET', K.result, A.parked_record, 'EX', A.record_ttl_s)
+    redis.call('PUBLISH', K.result, A.parked_record)
   end
+  return {'parked', 0}
+end
+if did ~= 'held' and did ~= 'took' then
   -- it left this provider (too many parked here) or its tenant's budget is spent
   redis.call('SREM', K.prepaid, id)
   return {'left', 0}

@@ -1,8 +1,10 @@
 -- Admit one submit message, step 2 of 3 (after admit_gate, before admit_charge): keep or
 -- take its solve's thread slot, or park the job in its lane and hand free slots on.  Acts
 -- only on the admit mark admit_gate left for this call (else 'skip': the gate said no, or
--- another copy of the message is being admitted right now), and stamps it for
--- admit_charge.
+-- another copy of the message is being admitted right now), and stamps it with what it
+-- did, for admit_charge (which acts on that, not on where the slot is by then: a submit
+-- parked here may be handed a slot before admit_charge runs, and its own message goes on
+-- then).
 -- A.token (admit_gate's), A.id = lease id, A.lane, A.tenant, A.asked_ms = when the solve
 --   was asked for (ms; absent: now), A.job = the job (JSON, parked if it must wait),
 --   A.deadline_ms = ms until the solve's deadline, A.handout = the handout table H
@@ -44,17 +46,22 @@ local none = {{}, {}}
 local mark = record.marked('admit')
 local seq = mark and string.match(mark, '^' .. A.token .. '|(%d+)$')
 if not seq then return {'skip', none} end
-record.mark('admit', A.token .. '|slot')
 local id, H = A.id, A.handout
-if redis.call('ZSCORE', K.parked, id) then return {'parked', none} end
+local function stamped(status, out)
+  record.mark('admit', A.token .. '|' .. status)
+  return {status, out}
+end
+if redis.call('ZSCORE', K.parked, id) then return stamped('parked', none) end
 owed.forget(id)
 redis.call('ZREM', K.deferred, id)
 slots.reclaim()
 if redis.call('ZSCORE', K.slots, id) then
   redis.call('ZADD', K.slots, now + H.lease_ms, id)
-  return {'held', none}
+  return stamped('held', none)
 end
-if budget.spent(A.tenant, slots.tenant(H, A.tenant).daily) then return {'over_budget', none} end
+if budget.spent(A.tenant, slots.tenant(H, A.tenant).daily) then
+  return stamped('over_budget', none)
+end
 local ahead = redis.call('ZCARD', K.parked)
 -- A newcomer takes its turn like any parked submit: it parks, and the handout may pick it.
 slots.park(H, id, A.lane, A.tenant, A.asked_ms, tonumber(seq))
@@ -70,12 +77,12 @@ if not mine_at then
     -- prepaid mark, if any, goes in admit_charge)
     slots.vacate(id)
     owed.forget(id)
-    return {'full', out}
+    return stamped('full', out)
   end
-  return {'parked', out}
+  return stamped('parked', out)
 end
 -- it took a slot itself: this very message goes on, no other is owed
 table.remove(out[1], mine_at)
 table.remove(out[1], mine_at)
 owed.forget(id)
-return {'took', out}
+return stamped('took', out)
