@@ -61,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The scripts a Node.js client of the same Redis runs too (see :mod:`..state.lua`).
+#: One script each, for any client of the same Redis to run too (see :mod:`..state.lua`).
 SAVE_COOKIES = Script("sessions/save_cookies")
 LOCK_ACQUIRE = Script("sessions/lock_acquire")
 LOCK_EXTEND = Script("sessions/lock_extend")
@@ -267,8 +267,8 @@ class SessionLock:
     """A per-domain lock with a TTL, released or extended only by its holder.
 
     Each acquire puts a random token in the lock; extend and release compare it in Lua
-    (``sessions/lock_*``, the scripts a Node.js client runs too), so a holder whose lock
-    expired cannot delete or extend the next holder's lock.  Acquiring never waits, and a
+    (``sessions/lock_*``, scripts any client of the same Redis can run), so a holder whose
+    lock expired cannot delete or extend the next holder's lock.  Acquiring never waits, and a
     lock that is no longer ours is ``False``, not an exception.
     """
 

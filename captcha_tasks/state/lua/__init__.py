@@ -1,8 +1,9 @@
 """Lua scripts in ``.lua`` files: one atomic operation each, keys and arguments by name.
 
-The files are what Redis runs, read by this module and by any other client (the Node
-package loads the same files), so the format is plain text that a few lines of any
-language can assemble.  Under this folder:
+The files are what Redis runs, read by this module and meant for any other client of the
+same Redis (a Node.js package, say) to load alike, so the format is plain text that a few
+lines of any language can assemble (``tests/state/lua_assemble.js`` does, in JavaScript).
+Under this folder:
 
 * ``<module>/<operation>.lua`` is the script named ``"<module>/<operation>"``
   (``limiter/admit_gate``, ``pools/take``);

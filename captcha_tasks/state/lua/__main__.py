@@ -1,6 +1,6 @@
 """``python -m captcha_tasks.state.lua``: the SHA1 and name of every script, one a line, as
-``EVALSHA`` names them (another client that assembles the same files, the Node package,
-compares its own against these); ``--source NAME`` prints one script as Redis runs it."""
+``EVALSHA`` names them (another client that assembles the same files, a Node.js package
+say, compares its own against these); ``--source NAME`` prints one script as Redis runs it."""
 
 from __future__ import annotations
 
