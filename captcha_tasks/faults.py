@@ -13,11 +13,13 @@ and that a solve never ends in silence.  Unset (always, outside tests), a point 
 dictionary lookup.
 
 Points: ``solve`` (a solve message, its job built), ``admit`` (a submit admitted),
-``in_php`` (before the ``in.php`` call), ``register`` (a captcha put on the board),
-``poll`` (a poll round deciding about one captcha), ``complete`` (a solve completed, before
-what follows the completion script), ``handout`` (after Redis handed a parked submit its
-thread, before the submit's message is published) and ``retire`` (a failed captcha
-retired, before its next attempt's message is published).
+``budget_wait`` (a submit holding its slot told to wait for a request budget, before its
+slot is given back and its job deferred), ``in_php`` (before the ``in.php`` call),
+``register`` (a captcha put on the board), ``poll`` (a poll round deciding about one
+captcha), ``complete`` (a solve completed, before what follows the completion script),
+``handout`` (after Redis handed a parked submit its thread, before the submit's message
+is published) and ``retire`` (a failed captcha retired, before its next attempt's message
+is published).
 """
 
 from __future__ import annotations
@@ -33,7 +35,17 @@ import redis
 FAULTS_ENV = "CAPTCHAAI_FAULTS"
 ACTIONS = ("kill", "raise", "redis")
 POINTS = frozenset(
-    {"solve", "admit", "in_php", "register", "poll", "complete", "handout", "retire"}
+    {
+        "solve",
+        "admit",
+        "budget_wait",
+        "in_php",
+        "register",
+        "poll",
+        "complete",
+        "handout",
+        "retire",
+    }
 )
 
 

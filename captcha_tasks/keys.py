@@ -15,6 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: String: ms the Lua scripts' clock (``lib/now.lua``) runs ahead of the Redis server's, a
+#: literal in that file and outside any prefix.  Test-only: never set in production.
+TEST_CLOCK_OFFSET_KEY = "captcha-tasks:test:clock-offset-ms"
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -62,7 +66,8 @@ class Keys:
     # -- core pipeline ---------------------------------------------------------------
     def submission(self, solve_id: str) -> str:
         """Hash: a solve's record: the captcha of its latest attempt (idempotent submit) and
-        ``done`` once its outcome is stored (duplicate messages stop there)."""
+        ``done`` once its outcome is stored (duplicate messages stop there); ``admit`` and
+        ``tally`` while a chain of scripts runs (the mark one step leaves for the next)."""
         return self._k("solve", solve_id, "submission")
 
     def submit_claim(self, solve_id: str) -> str:

@@ -39,91 +39,13 @@ SOLVE_GRACE_S = 60.0
 
 #: K.claim: one task's claim (hash: state, celery_id, claimed_at ms, result, dead_letter).
 
-CLAIM = Script(
-    """
--- Claim a task for a solve, or say who has it.
--- K.claim
--- A.celery_id = Celery task id to claim it with, A.ttl_ms = TTL of a claim that is not
---   done, A.give_up_on = Celery id the caller gave up waiting for (absent if none): taken
---   over only if it is still the claim's and its grace has passed, A.grace_ms = grace of
---   an undispatched claim, A.solving_grace_ms = grace of a dispatched one
--- returns {'new' | 'takeover', A.celery_id, 0}, {'done', result, dead letter or ''},
---         or {'claimed' | 'solving', the claim's Celery id, ms until it may be taken over}
-""",
-    keys=("claim",),
-    body="""
-local claim = redis.call('HMGET', K.claim, 'state', 'celery_id', 'claimed_at', 'result',
-                         'dead_letter')
-local state = claim[1]
-if state == 'done' then return {'done', claim[4], claim[5] or ''} end
-local status = 'new'
-if state then
-  local grace = A.grace_ms
-  if state == 'solving' then grace = A.solving_grace_ms end
-  local left = tonumber(claim[3]) + grace - now
-  if claim[2] ~= A.give_up_on or left > 0 then
-    return {state, claim[2], math.max(0, left)}
-  end
-  status = 'takeover'
-end
-redis.call('DEL', K.claim)
-redis.call('HSET', K.claim, 'state', 'claimed', 'celery_id', A.celery_id, 'claimed_at', now)
-redis.call('PEXPIRE', K.claim, A.ttl_ms)
-return {status, A.celery_id, 0}
-""",
-)
+CLAIM = Script("kafka/claim")
 
-DISPATCHED = Script(
-    """
--- The claim's solve was published: waiters now wait for its result.
--- K.claim
--- A.celery_id, A.ttl_ms
--- returns 1, or 0 when the claim is no longer this Celery id's
-""",
-    keys=("claim",),
-    body="""
-if redis.call('HGET', K.claim, 'celery_id') ~= A.celery_id then return 0 end
-if redis.call('HGET', K.claim, 'state') ~= 'claimed' then return 0 end
-redis.call('HSET', K.claim, 'state', 'solving')
-redis.call('PEXPIRE', K.claim, A.ttl_ms)
-return 1
-""",
-)
+DISPATCHED = Script("kafka/dispatched")
 
-COMPLETE = Script(
-    """
--- Store the answer published for a task; the first answer stored is the one kept.
--- K.claim
--- A.result = result JSON, A.dead_letter = dead letter JSON or '', A.ttl_ms
--- returns {1, result, dead letter} when stored, {0, the kept result, its dead letter}
--- when another answer was stored first
-""",
-    keys=("claim",),
-    body="""
-if redis.call('HGET', K.claim, 'state') == 'done' then
-  local kept = redis.call('HMGET', K.claim, 'result', 'dead_letter')
-  return {0, kept[1], kept[2] or ''}
-end
-redis.call('HSET', K.claim, 'state', 'done', 'result', A.result, 'dead_letter', A.dead_letter)
-redis.call('PEXPIRE', K.claim, A.ttl_ms)
-return {1, A.result, A.dead_letter}
-""",
-)
+COMPLETE = Script("kafka/complete")
 
-RELEASE = Script(
-    """
--- Drop a claim whose dispatch failed, so a redelivery dispatches at once.
--- K.claim
--- A.celery_id
--- returns 1 when dropped, 0 when the claim is no longer this Celery id's undispatched one
-""",
-    keys=("claim",),
-    body="""
-if redis.call('HGET', K.claim, 'celery_id') ~= A.celery_id then return 0 end
-if redis.call('HGET', K.claim, 'state') ~= 'claimed' then return 0 end
-return redis.call('DEL', K.claim)
-""",
-)
+RELEASE = Script("kafka/release")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@
 
 ``tenant`` (default ``default``) and ``lane`` (default ``bulk``) are optional.
 
-``captcha-results`` (key: ``task_id``): the outcome dict of :mod:`captcha_tasks.outcome`
+``captcha-results`` (key: ``task_id``): the outcome dict of :mod:`captcha_tasks.core.outcome`
 plus ``task_id``::
 
     {"status": "solved", "token": "...", ..., "task_id": "1b4e28ba-..."}

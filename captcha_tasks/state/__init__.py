@@ -30,6 +30,7 @@ from .db import Db
 from .failovers import Failovers
 from .followups import Followups
 from .limiter import LaneUse, LimiterConfig, ThreadLimiter, WaitTimes
+from .owed import OwedConfig, OwedMessages
 from .pools import PoolStore
 from .proxies import ProxyLeases
 from .records import Records
@@ -71,6 +72,8 @@ class State:
     #: Every provider's state, the primary first (in the order captchas go to them).
     providers: Mapping[str, ProviderState]
     circuits: Circuits
+    #: The messages the deployment is owed, at every provider alike.
+    owed: OwedMessages
     pools: PoolStore
     proxies: ProxyLeases
     secrets: RequestSecrets
@@ -159,13 +162,14 @@ class State:
             db=db,
             providers=providers,
             circuits=Circuits(db, names, settings.circuit_failures),
+            owed=OwedMessages(db, owed_config(settings)),
             pools=PoolStore(db, declared=settings.pools),
             proxies=ProxyLeases(db, quarantine_s=settings.proxy_cooloff),
             secrets=RequestSecrets(db),
             batches=BatchStreams(db),
             records=Records(db),
             followups=Followups(db, board.followup_grace_s),
-            failovers=Failovers(db, providers[names[0]].limiter.lua_keys),
+            failovers=Failovers(db),
             budgets=TenantBudgets(db),
         )
 
@@ -202,9 +206,13 @@ def limiter_config(settings: Settings, spec: ProviderSpec | None = None) -> Limi
         res_per_captcha=budgets.res_per_captcha,
         res_base=budgets.res_base,
         claim_s=settings.connect_timeout + settings.read_timeout + 10,
-        message_grace_s=settings.visibility_timeout + 10,
         tenants=settings.tenants,
     )
+
+
+def owed_config(settings: Settings) -> OwedConfig:
+    # a solve message waits longer than a dead worker's unacknowledged ones take to come back
+    return OwedConfig(message_grace_s=settings.visibility_timeout + 10)
 
 
 def board_config(settings: Settings) -> BoardConfig:

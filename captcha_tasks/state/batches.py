@@ -18,32 +18,19 @@ import redis.asyncio as aioredis
 from ..connections import UNREACHABLE
 from ..keys import Keys
 from .db import Db
-from .lua import Lib, text
+from .lua import text
 
 T = TypeVar("T")
 
 CANCEL_TTL = 24 * 3600
+#: Seconds a batch stream is kept after its last entry (``batch.STREAM_TTL_S``).
 STREAM_TTL = 24 * 3600
 #: Most entries one read of a batch stream returns.
 READ_COUNT = 500
 
-#: Lua: K.batch_stream (stream of one batch's outcomes), K.batch_cancelled (string: the
-#: caller abandoned the batch; nothing more is appended).
-BATCH = Lib(
-    name="BATCH",
-    keys=("batch_stream", "batch_cancelled"),
-    source="""
-local function batch_append(K, entry, ttl_s)
-  if redis.call('EXISTS', K.batch_cancelled) == 1 then return end
-  redis.call('XADD', K.batch_stream, '*', 'outcome', entry)
-  redis.call('EXPIRE', K.batch_stream, ttl_s)
-end
-""",
-)
-
 
 def batch_keys(keys: Keys, batch_id: str | None) -> dict[str, str]:
-    """The keys of :data:`BATCH` for one batch (a placeholder name for none)."""
+    """The keys of ``lib/batch.lua`` for one batch (a placeholder name for none)."""
     return {
         "batch_stream": keys.batch_results(batch_id or "-"),
         "batch_cancelled": keys.batch_cancelled(batch_id or "-"),

@@ -7,12 +7,16 @@ message is pending at a time (``poll_round`` holds when it is due); registering 
 due sooner schedules an earlier one.  A round marks the captchas it took as not due for a
 while, so a round that dies with its worker loses nothing: they come due again.
 
-Every solve ends in :meth:`Board.finish`, one script that claims the solve exactly once
-(a poll, a bulk poll, a provider callback or a pool hit: whichever comes first), frees its
-thread and hands it to the next parked submit, stores the outcome under the caller's
-result key and appends it to the solve's batch stream.  Each of those is a Lua function of
-the module that owns its keys (the limiter's slots, the solve's record, the batch stream,
-the solve times, the counters); the board's scripts only put them together.  A captcha
+Every solve ends in :meth:`Board.finish`, which claims the solve exactly once (a poll, a
+bulk poll, a provider callback or a pool hit: whichever comes first), stores the outcome
+under the caller's result key, appends it to the solve's batch stream, frees its thread
+and hands it to the next parked submit, and counts it: three scripts in one round trip
+(``board/finish_claim``, ``finish_free``, ``finish_tally``), the first doing what the caller
+must never miss, the others acting only on what it left in the solve's record (a process
+that dies between them loses a count at most: the thread's lease runs out).  Each step is
+made of Lua functions of the modules that own the keys (the limiter's slots, the solve's
+record, the batch stream, the solve times, the counters); the board's scripts only put
+them together.  A captcha
 that failed but whose solve goes on (unsolvable, expired) is *retired*: it leaves the board
 and the solve, still holding its slot, is owed a submit message like a handed-out parked
 submit.
@@ -28,258 +32,31 @@ from typing import Any, TypeVar
 
 from ..core.admission import NO_HANDOUT, Handout
 from ..core.rounds import Again, Entry, RoundDue
-from .batches import BATCH, STREAM_TTL, batch_keys
-from .channel import EARLY, EARLY_KEEP_S, EARLY_MOST, EARLY_POLL_S, early_keys, early_ticket
+from .batches import batch_keys
+from .channel import EARLY_KEEP_S, EARLY_MOST, EARLY_POLL_S, early_keys, early_ticket
 from .db import Db
-from .followups import FOLLOWUPS, followup_keys
-from .limiter import MESSAGES, SLOTS, ThreadLimiter, handed_out
-from .lua import Lib, Script, ms, text
-from .records import RECORD, record_keys
-from .secrets import SECRETS, secrets_keys
-from .stats import STATS, stats_keys
-from .timing import TIMES, times_keys
+from .followups import followup_keys
+from .limiter import ThreadLimiter, handed_out
+from .lua import Call, Chain, Script, ms, text
+from .owed import owed_keys
+from .records import record_keys
+from .secrets import secrets_keys
+from .stats import stats_keys
+from .timing import times_keys
 
 T = TypeVar("T")
 
-#: Lua: K.board (hash: captcha id -> job JSON), K.due (zset: captcha id -> when it is
-#: polled next, ms), K.poll_state (hash: id -> "<polled ms>|<errors>"), K.round (string:
-#: when the pending round message is due, ms).
-BOARD = Lib(
-    name="BOARD",
-    keys=("board", "due", "poll_state", "round"),
-    source="""
--- Make sure a round message is due by at (ms); returns {countdown ms, at} of a round
--- message to publish, or {-1} when one is pending in time.
-local function board_schedule(K, at, gap_ms, grace_ms)
-  if at < now then at = now end
-  local pending = tonumber(redis.call('GET', K.round) or '')
-  if pending and pending <= at + gap_ms then return {-1} end
-  redis.call('SET', K.round, at, 'PX', at - now + grace_ms)
-  return {at - now, at}
-end
--- Take a captcha off the board: false when it was not on it.
-local function board_take(K, cid)
-  if redis.call('HDEL', K.board, cid) == 0 then return false end
-  redis.call('ZREM', K.due, cid)
-  redis.call('HDEL', K.poll_state, cid)
-  return true
-end
-""",
-)
-
-REGISTER = Script(
-    """
--- A captcha is at the provider: put it on the board and schedule its first poll; take
--- the callback that came for it before this (an early one).
--- K: BOARD, SLOTS (its lease), RECORD (the solve's record and claim), EARLY, K.result
---   (the caller's result key: opaque here)
--- A.cid = captcha id, A.job (JSON), A.lease = lease id, A.handout (SLOTS),
--- A.first_ms = ms until the first poll (the lease outlives it), A.attempt, A.provider,
--- A.ticket (its early callback's, EARLY), A.early_ms = ms until the first poll of a
---   captcha whose early callback is handed to the caller (should it die before applying
---   it, a poll reads the answer the provider has), A.record_ttl_s, A.gap_ms = least ms
---   between rounds, A.grace_ms = ms a round may be late,
--- A.submitted_record = what the caller's result key says while the captcha is at the
---   provider (absent: nothing), A.result_ttl_s
--- returns {{countdown ms, due ms} of a round message the caller must publish, or {-1};
---   the early callback's code, or false}
-""",
-    keys=("result",),
-    libs=(BOARD, SLOTS, RECORD, EARLY),
-    body="""
-local early = early_take(K, A.ticket, A.cid)
-local first_ms = A.first_ms
-if early then first_ms = math.min(first_ms, A.early_ms) end
-local due = now + first_ms
-redis.call('HSET', K.board, A.cid, A.job)
-redis.call('ZADD', K.due, due, A.cid)
-slot_renew(K, A.handout, A.lease, first_ms)
-local ended = redis.call('HEXISTS', K.record, 'done') == 1
-record_submitted(K, A.attempt, A.cid, A.provider, A.record_ttl_s)
-if A.submitted_record and not ended then
-  redis.call('SET', K.result, A.submitted_record, 'EX', A.result_ttl_s)
-  redis.call('PUBLISH', K.result, A.submitted_record)
-end
-return {board_schedule(K, due, A.gap_ms, A.grace_ms), early}
-""",
-)
-
-KEEP_EARLY = Script(
-    """
--- A callback for a captcha not on the board: keep it until the captcha is registered.
--- K: BOARD, RECORD (the ticket's solve), EARLY
--- A.cid = captcha id, A.attempt and A.ticket (EARLY) of the ticket, A.code,
--- A.keep_ms = how long it is kept, A.most = how many are kept at most
--- returns 'registered' (on the board now: judge it again), 'passed' (the ticket's attempt
---   is registered, as another captcha, or its solve is over), or EARLY's 'kept', 'again'
---   or 'full'
-""",
-    libs=(BOARD, RECORD, EARLY),
-    body="""
-if redis.call('HEXISTS', K.board, A.cid) == 1 then return 'registered' end
-if record_passed(K, A.attempt) then return 'passed' end
-return early_keep(K, A.ticket, A.cid, A.code, A.keep_ms, A.most)
-""",
-)
-
-TAKE_DUE = Script(
-    """
--- Start a poll round: take the captchas that are due.
--- K: BOARD
--- A.round_at = this round's due time (absent for an extra round), A.most = most captchas,
--- A.hold_ms = ms the taken captchas stay out of other rounds (longer than a round lasts)
--- returns {id, job, state, id, job, state, ...}
-""",
-    libs=(BOARD,),
-    body="""
-if A.round_at and tonumber(redis.call('GET', K.round) or '') == A.round_at then
-  redis.call('DEL', K.round)
-end
-local out = {}
-local ids = redis.call('ZRANGEBYSCORE', K.due, '-inf', now, 'LIMIT', 0, A.most)
-for _, id in ipairs(ids) do
-  local job = redis.call('HGET', K.board, id)
-  if job then
-    redis.call('ZADD', K.due, now + A.hold_ms, id)
-    table.insert(out, id)
-    table.insert(out, job)
-    table.insert(out, redis.call('HGET', K.poll_state, id) or '')
-  else
-    redis.call('ZREM', K.due, id)
-  end
-end
-return out
-""",
-)
-
-END_ROUND = Script(
-    """
--- End a poll round: put the unfinished captchas back (renewing their leases), and
--- schedule the next round.
--- K: BOARD, SLOTS
--- A.handout (SLOTS), A.gap_ms = least ms until the next round, A.grace_ms (round),
--- A.polled_ms = when they were polled (ms, the polling host's clock),
--- A.again = [[captcha id, lease id, ms until its next poll, transport errors], ...]
--- returns {countdown ms, due ms} of a round message the caller must publish, or {-1}
-""",
-    libs=(BOARD, SLOTS),
-    body="""
-for _, item in ipairs(A.again) do
-  local id = item[1]
-  if redis.call('HEXISTS', K.board, id) == 1 then
-    redis.call('ZADD', K.due, now + item[3], id)
-    redis.call('HSET', K.poll_state, id, A.polled_ms .. '|' .. item[4])
-    slot_renew(K, A.handout, item[2], 0)
-  end
-end
-local first = redis.call('ZRANGE', K.due, 0, 0, 'WITHSCORES')
-if not first[1] then return {-1} end
-return board_schedule(K, math.max(tonumber(first[2]), now + A.gap_ms), A.gap_ms, A.grace_ms)
-""",
-)
-
-ENSURE_ROUND = Script(
-    """
--- Make sure a round message is pending while captchas are on the board.
--- K: BOARD
--- A.gap_ms = least ms between rounds, A.grace_ms = ms a round may be late
--- returns {countdown ms, due ms} of a round message the caller must publish, or {-1}
-""",
-    libs=(BOARD,),
-    body="""
-local first = redis.call('ZRANGE', K.due, 0, 0, 'WITHSCORES')
-if not first[1] then return {-1} end
-return board_schedule(K, tonumber(first[2]), A.gap_ms, A.grace_ms)
-""",
-)
-
-RETIRE = Script(
-    """
--- A captcha failed but its solve goes on with a new one: take it off the board; the solve
--- keeps its slot and is owed a submit message for its next attempt.
--- K: BOARD, SLOTS, STATS, K.resubmits (hash: new captchas by reason)
--- A.cid = captcha id, A.lease = lease id, A.job = the next attempt's job (JSON),
--- A.deadline_ms = ms until the solve's deadline, A.handout (SLOTS), A.code = the error,
--- A.reason = why a new captcha is submitted
--- returns 1 when retired, 0 when the captcha was no longer on the board
-""",
-    keys=("resubmits",),
-    libs=(BOARD, SLOTS, STATS),
-    body="""
-if not board_take(K, A.cid) then return 0 end
-slot_renew(K, A.handout, A.lease, 0)
-slot_owe(K, A.lease, now + A.deadline_ms, A.job, now + A.handout.grace_ms)
-stats_count(K, '', A.code)
-redis.call('HINCRBY', K.resubmits, A.reason, 1)
-return 1
-""",
-)
-
-EVACUATE = Script(
-    """
--- The provider is out of rotation and its captchas will not be answered: make every one
--- due now (the round that takes them submits each elsewhere) and schedule a round.
--- K: BOARD
--- A.most = most captchas moved, A.gap_ms, A.grace_ms (rounds)
--- returns {countdown ms, due ms} of a round message the caller must publish, or {-1}
-""",
-    libs=(BOARD,),
-    body="""
-local ids = redis.call('ZRANGEBYSCORE', K.due, '(' .. now, '+inf', 'LIMIT', 0, A.most)
-for _, id in ipairs(ids) do redis.call('ZADD', K.due, now, id) end
-local first = redis.call('ZRANGE', K.due, 0, 0, 'WITHSCORES')
-if not first[1] then return {-1} end
-return board_schedule(K, tonumber(first[2]), A.gap_ms, A.grace_ms)
-""",
-)
-
-FINISH = Script(
-    """
--- The one completion of a solve: claim it once, free its thread (handing it to the next
--- parked submit), store its outcome for the caller, append it to its batch stream, and
--- take its follow-ups (owed until they have run).  A solve its caller revoked ends
--- revoked, whatever the answer was.
--- K: BOARD, SLOTS, MESSAGES, RECORD, SECRETS, BATCH, TIMES, STATS, FOLLOWUPS, and
---   K.result (the caller's result key: opaque here)
--- A.cid = captcha id (absent when no captcha of the solve is at the provider),
--- A.lease = lease id, A.handout (SLOTS), A.record_ttl_s, A.result = result value (absent:
--- none stored), A.revoked_result = the value stored instead for a revoked solve,
--- A.result_ttl_s, A.entry and A.revoked_entry = batch entries (absent: none),
--- A.solve_s = solve time (absent: none), A.source and A.code = what to count (absent:
--- nothing), A.lane and A.tenant (absent: not counted by lane), A.followup_grace_ms
--- returns {0} when the solve was completed already (nothing stored or emitted), else
---   {1, {given, expired}, follow-up or false, revoked (1 / 0)}: the handed-out submits
-""",
-    keys=("result",),
-    libs=(BOARD, SLOTS, MESSAGES, RECORD, SECRETS, BATCH, TIMES, STATS, FOLLOWUPS),
-    body=f"""
-if A.cid and not board_take(K, A.cid) then return {{0}} end
-if not record_close(K, A.record_ttl_s) then return {{0}} end
-message_started(K, A.lease)
-secrets_drop(K)
-slot_release(K, A.lease)
-local out = slot_handout(K, A.handout)
-local revoked = record_revoked(K)
-local result, entry = A.result, A.entry
-if revoked then result, entry = A.revoked_result, A.revoked_entry end
-if result then
-  redis.call('SET', K.result, result, 'EX', A.result_ttl_s)
-  redis.call('PUBLISH', K.result, result)
-end
-if entry then batch_append(K, entry, {STREAM_TTL}) end
-if A.solve_s and not revoked then times_add(K, A.solve_s) end
-if not revoked then stats_count(K, A.source, A.code) else stats_count(K, '', 'ERROR_REVOKED') end
-if A.lane then
-  local ending = 'failed'
-  if A.solved and not revoked then ending = 'solved' end
-  stats_lane(K, ending, A.lane, A.tenant)
-end
-local followup = followup_take(K, A.lease, A.followup_grace_ms)
-local flag = 0
-if revoked then flag = 1 end
-return {{1, out, followup, flag}}
-""",
-)
+REGISTER = Script("board/register")
+KEEP_EARLY = Script("board/keep_early")
+TAKE_DUE = Script("board/take_due")
+END_ROUND = Script("board/end_round")
+ENSURE_ROUND = Script("board/ensure_round")
+RETIRE = Script("board/retire")
+EVACUATE = Script("board/evacuate")
+#: The completion: a chain of three scripts, in one round trip.
+FINISH_CLAIM = Script("board/finish_claim")
+FINISH_FREE = Script("board/finish_free")
+FINISH_TALLY = Script("board/finish_tally")
 
 
 @dataclass(frozen=True)
@@ -360,7 +137,9 @@ class Board:
         self._ensure = db.bind(ENSURE_ROUND)
         self._retire = db.bind(RETIRE)
         self._evacuate = db.bind(EVACUATE)
-        self._finish = db.bind(FINISH)
+        self._finish_claim = db.bind(FINISH_CLAIM)
+        self._finish_free = db.bind(FINISH_FREE)
+        self._finish_tally = db.bind(FINISH_TALLY)
         self._keep_early = db.bind(KEEP_EARLY)
 
     def _board_keys(self) -> dict[str, str]:
@@ -400,7 +179,7 @@ class Board:
             "cid": captcha_id,
             "job": job,
             "lease": solve_id,
-            "handout": self.limiter.lua_handout(),
+            "lease_ms": ms(self.limiter.config.lease_s),
             "first_ms": ms(max(0.0, first_poll_in_s)),
             "attempt": attempt,
             "provider": self.limiter.provider,
@@ -451,7 +230,7 @@ class Board:
         args = {
             **self._rounds(),
             "gap_ms": ms(gap_s),
-            "handout": self.limiter.lua_handout(),
+            "lease_ms": ms(self.limiter.config.lease_s),
             "polled_ms": ms(polled_at),
             "again": [[a.captcha_id, a.lease_id, ms(max(0.0, a.delay_s)), a.errors] for a in again],
         }
@@ -485,7 +264,8 @@ class Board:
             "lease": solve_id,
             "job": next_job,
             "deadline_ms": ms(max(0.0, deadline_in_s)),
-            "handout": self.limiter.lua_handout(),
+            "lease_ms": ms(self.limiter.config.lease_s),
+            "grace_ms": ms(self.limiter.config.dispatch_grace_s),
             "code": code,
             "reason": reason,
         }
@@ -499,16 +279,21 @@ class Board:
         return _countdown(self._guarded(lambda: self._evacuate(self._board_keys(), args)))
 
     # -- the one completion path -------------------------------------------------------
-    def finish(self, done: Completion, client: Any = None) -> Finished:
-        """Complete a solve (see ``FINISH``).  With ``client`` (a pipeline) the call is
-        queued and its reply is read with :func:`finished` after ``execute()``."""
-        keys, args = self._finish_call(done)
+    def finish(self, done: Completion, client: Chain | None = None) -> Finished:
+        """Complete a solve: one round trip, the chain ``board/finish_claim`` (claim it
+        once, store its outcome, take its follow-ups), ``finish_free`` (free its thread and
+        hand it on) and ``finish_tally`` (count it).  With ``client`` (a chain of several
+        completions, :meth:`Db.chain`) the calls are queued: :meth:`run` returns what
+        each did."""
+        calls = self._finish_calls(done)
         if client is not None:
-            self._finish(keys, args, client=client)
+            client.add(finished, *calls)
             return Finished(False)
-        return finished(self._guarded(lambda: self._finish(keys, args)))
+        chain = self.db.chain()
+        chain.add(finished, *calls)
+        return self.run(chain)[0]
 
-    def _finish_call(self, done: Completion) -> tuple[dict[str, str], dict[str, Any]]:
+    def _finish_calls(self, done: Completion) -> list[Call]:
         k = self.keys
         keys = {
             **self._board_keys(),
@@ -519,21 +304,26 @@ class Board:
             **times_keys(k, done.method),
             **stats_keys(k, done.method),
             **followup_keys(k, done.solve_id),
+            **owed_keys(k),
             "result": done.result_key or k.submission(done.solve_id),
         }
-        args: dict[str, Any] = {
+        claim: dict[str, Any] = {
             "lease": done.solve_id,
-            "handout": self.limiter.lua_handout(),
             "record_ttl_s": self.config.record_ttl_s,
             "result_ttl_s": done.result_ttl_s,
             "followup_grace_ms": ms(self.config.followup_grace_s),
         }
-        optional = {
+        stored = {
             "cid": done.captcha_id,
             "result": done.result_value if done.result_key else None,
             "revoked_result": done.revoked_value if done.result_key else None,
             "entry": done.batch_entry,
             "revoked_entry": done.revoked_entry,
+        }
+        claim.update({name: value for name, value in stored.items() if value is not None})
+        free = {"lease": done.solve_id, "handout": self.limiter.lua_handout()}
+        tally: dict[str, Any] = {"lease": done.solve_id}
+        counted = {
             "solve_s": None if done.solve_time_s is None else f"{done.solve_time_s:.3f}",
             "source": done.source,
             "code": done.error_code,
@@ -541,12 +331,17 @@ class Board:
             "tenant": done.tenant if done.lane else None,
             "solved": done.solved or None,
         }
-        args.update({name: value for name, value in optional.items() if value is not None})
-        return keys, args
+        tally.update({name: value for name, value in counted.items() if value is not None})
+        return [
+            self._finish_claim.call(keys, claim),
+            self._finish_free.call(keys, free),
+            self._finish_tally.call(keys, tally),
+        ]
 
-    def run(self, pipe: Any) -> list[Any]:
-        """Execute a pipeline of queued calls (Redis outages become StoreUnavailable)."""
-        return list(self._guarded(pipe.execute))
+    def run(self, chain: Chain) -> list[Finished]:
+        """Run a chain of queued completions: what each did, in order (Redis outages become
+        StoreUnavailable)."""
+        return self._guarded(lambda: self.db.run_chain(chain)[0])
 
     # -- reading -----------------------------------------------------------------------
     def lookup(self, captcha_id: str, solve_id: str) -> tuple[Entry | None, bool]:
@@ -571,12 +366,14 @@ class Board:
         return self.db.guard(call, "the board is unavailable")
 
 
-def finished(reply: Any) -> Finished:
-    """A FINISH reply as a value."""
-    if int(reply[0]) == 0:
-        return Finished(False)
-    followup = text(reply[2]) if reply[2] else None
-    return Finished(True, handed_out(reply[1]), followup, bool(int(reply[3])))
+def finished(replies: list[Any]) -> Finished:
+    """The replies of a completion's chain (claim, free, tally) as a value."""
+    claim, free, _ = replies
+    handout = handed_out(free)
+    if int(claim[0]) == 0:
+        return Finished(False, handout)
+    followup = text(claim[1]) if claim[1] else None
+    return Finished(True, handout, followup, bool(int(claim[2])))
 
 
 def _entry(captcha_id: Any, job: Any, state: Any) -> Entry:

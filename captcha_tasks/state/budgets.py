@@ -19,39 +19,16 @@ from typing import TypeVar
 
 from ..keys import Keys
 from .db import Db
-from .lua import Lib, text
+from .lua import text
 
 T = TypeVar("T")
 
+#: ms in a day (``budget.DAY_MS`` in ``lib/budget.lua``).
 DAY_MS = 86_400_000
-
-#: Lua: K.budget (hash: "<UTC day number>|<tenant>" -> captchas submitted that day).
-#: ``daily`` is the tenant's budget (nil: none).
-BUDGET = Lib(
-    name="BUDGET",
-    keys=("budget",),
-    source=f"""
-local function budget_field(tenant, day_offset)
-  return tostring(math.floor(now / {DAY_MS}) + (day_offset or 0)) .. '|' .. tenant
-end
--- True when the tenant spent its budget today.
-local function budget_spent(K, tenant, daily)
-  if not daily then return false end
-  return tonumber(redis.call('HGET', K.budget, budget_field(tenant)) or '0') >= daily
-end
--- Count one captcha of the tenant today: false (nothing counted) when its budget is spent.
-local function budget_charge(K, tenant, daily)
-  if budget_spent(K, tenant, daily) then return false end
-  redis.call('HINCRBY', K.budget, budget_field(tenant), 1)
-  redis.call('HDEL', K.budget, budget_field(tenant, -2))
-  return true
-end
-""",
-)
 
 
 def budget_keys(keys: Keys) -> dict[str, str]:
-    """The keys of :data:`BUDGET` (account-wide, whatever the provider)."""
+    """The keys of ``lib/budget.lua`` (account-wide, whatever the provider)."""
     return {"budget": keys.tenant_budgets()}
 
 

@@ -38,7 +38,7 @@ from typing import TypeVar
 from ..core.channel import STATES, UP, Channel, Heard
 from ..keys import Keys
 from .db import Db
-from .lua import Lib, Script, ms, text
+from .lua import Script, ms, text
 
 T = TypeVar("T")
 
@@ -66,48 +66,8 @@ class Lateness:
     overdue: int
 
 
-#: Lua: K.early (hash: ticket -> JSON {cid, code}), K.early_due (zset: ticket -> when it
-#: is forgotten, ms).
-EARLY = Lib(
-    name="EARLY",
-    keys=("early", "early_due"),
-    source="""
-local function early_forget(K, ticket)
-  redis.call('HDEL', K.early, ticket)
-  redis.call('ZREM', K.early_due, ticket)
-end
--- The code of the early callback of ticket when it was for captcha cid (else false);
--- it is forgotten either way.
-local function early_take(K, ticket, cid)
-  local raw = redis.call('HGET', K.early, ticket)
-  if not raw then return false end
-  local until_ms = tonumber(redis.call('ZSCORE', K.early_due, ticket) or '0')
-  early_forget(K, ticket)
-  local kept = cjson.decode(raw)
-  if until_ms < now or kept.cid ~= cid then return false end
-  return kept.code
-end
--- Keep a callback of ticket for captcha cid until its captcha is registered: 'kept',
--- 'again' (one is kept for the ticket already: the first word stands), or 'full'.
-local function early_keep(K, ticket, cid, code, keep_ms, most)
-  for _, old in ipairs(redis.call('ZRANGEBYSCORE', K.early_due, '-inf', now, 'LIMIT', 0, 100)) do
-    early_forget(K, old)
-  end
-  if redis.call('HEXISTS', K.early, ticket) == 1 then return 'again' end
-  if redis.call('ZCARD', K.early_due) >= most then return 'full' end
-  redis.call('HSET', K.early, ticket, cjson.encode({cid = cid, code = code}))
-  redis.call('ZADD', K.early_due, now + keep_ms, ticket)
-  -- Unused, both keys go by themselves.
-  redis.call('PEXPIRE', K.early, 2 * keep_ms)
-  redis.call('PEXPIRE', K.early_due, 2 * keep_ms)
-  return 'kept'
-end
-""",
-)
-
-
 def early_keys(keys: Keys) -> dict[str, str]:
-    """The keys of :data:`EARLY`."""
+    """The keys of ``lib/early.lua``."""
     return {"early": keys.pingback_early(), "early_due": keys.pingback_early_due()}
 
 
@@ -116,74 +76,9 @@ def early_ticket(solve_id: str, attempt: int) -> str:
     return f"{solve_id}.{attempt}"
 
 
-OBSERVE = Script(
-    """
--- Hear answers of captchas that asked for a callback: update the channel's figures and
--- the lateness histogram.
--- K.channel (hash: state, share, misses, hits, since), K.polled (zset: captcha id ->
---   when a poll found its answer, ms), K.lateness (hash: b:<bucket>, sum, count, overdue)
--- A.heard = [[by, captcha id, late s, bucket index, overdue 0/1], ...] (by: callback,
---   poll or late), A.weight = how far one answer moves the share, A.keep_ms and A.most =
---   how long and how many answered captchas K.polled remembers
--- returns {state, share (string), misses, hits, since}
-""",
-    keys=("channel", "polled", "lateness"),
-    body="""
-local c = redis.call('HMGET', K.channel, 'state', 'share', 'misses', 'hits', 'since')
-local state = c[1] or 'up'
-local share = tonumber(c[2] or '1')
-local misses, hits, since = tonumber(c[3] or '0'), tonumber(c[4] or '0'), tonumber(c[5] or '0')
-for _, h in ipairs(A.heard) do
-  local by, cid = h[1], h[2]
-  local counts = true
-  if by == 'late' then
-    -- once per captcha, and only for one a poll found: never a duplicate or a forgery
-    counts = redis.call('ZREM', K.polled, cid) == 1
-    if counts then share = math.min(1, share + A.weight) end
-  elseif by == 'callback' then
-    share = share + A.weight * (1 - share)
-  else
-    share = share * (1 - A.weight)
-    redis.call('ZADD', K.polled, now, cid)
-  end
-  if counts then
-    if by == 'poll' then
-      misses, hits = misses + 1, 0
-    else
-      misses, hits = 0, hits + 1
-    end
-    since = since + 1
-  end
-  if by ~= 'late' then
-    redis.call('HINCRBY', K.lateness, 'b:' .. h[4], 1)
-    redis.call('HINCRBYFLOAT', K.lateness, 'sum', h[3])
-    redis.call('HINCRBY', K.lateness, 'count', 1)
-    if h[5] == 1 then redis.call('HINCRBY', K.lateness, 'overdue', 1) end
-  end
-end
-redis.call('HSET', K.channel, 'share', tostring(share), 'misses', misses, 'hits', hits,
-  'since', since)
-redis.call('ZREMRANGEBYSCORE', K.polled, '-inf', now - A.keep_ms)
-redis.call('ZREMRANGEBYRANK', K.polled, 0, -(A.most + 1))
-return {state, tostring(share), misses, hits, since}
-""",
-)
+OBSERVE = Script("channel/observe")
 
-SWITCH = Script(
-    """
--- Switch the channel's state, once: only while it is still A.from.
--- K.channel (hash: state, since, switched_ms, share)
--- A.from, A.to = the states, A.share = the share it starts with (absent: as it is)
--- returns 1 when switched, 0 when another process switched it first
-""",
-    keys=("channel",),
-    body="""
-if (redis.call('HGET', K.channel, 'state') or 'up') ~= A.from then return 0 end
-redis.call('HSET', K.channel, 'state', A.to, 'since', 0, 'switched_ms', now)
-if A.share then redis.call('HSET', K.channel, 'share', tostring(A.share)) end
-return 1
-""",
-)
+SWITCH = Script("channel/switch")
 
 
 class CallbackChannel:

@@ -3,7 +3,7 @@
 A provider's circuit *opens* (the provider is out of rotation for every worker) on
 ``threshold`` consecutive transport errors (no answer, HTTP 5xx, a timeout), and at once on
 an empty balance (``ERROR_ZERO_BALANCE``) or a key it refuses.  While it is open, nothing is
-admitted there (the limiter's ``ADMIT`` reads it), and housekeeping sends a cheap probe
+admitted there (the limiter's admission reads it), and housekeeping sends a cheap probe
 (``getbalance``) on a back-off: the first good answer *closes* it.  The transition is
 returned to the one process that made it, which logs it: one line when a circuit opens,
 one when it closes.
@@ -32,94 +32,10 @@ PROBE_FIRST_S = 1.0
 PROBE_MAX_S = 10.0
 BALANCE_CODE = "ERROR_ZERO_BALANCE"
 
-FAIL = Script(
-    """
--- A request to the provider failed.  Counts a consecutive transport failure, or opens the
--- circuit at once for a hard one (an empty balance, a refused key).
--- K.circuit (hash: state, why, code, failures, opened_ms, probe_ms, probes, error,
---   error_ms, balance, balance_ms, closed_ms)
--- A.code = the error's code, A.why = 'soft' | 'balance' | 'key', A.threshold = consecutive
---   soft failures that open it, A.probe_ms = ms until the first probe
--- returns 1 when this call opened the circuit, 2 when it was open already, else 0
-""",
-    keys=("circuit",),
-    body="""
-redis.call('HSET', K.circuit, 'error', A.code, 'error_ms', now)
-if redis.call('HGET', K.circuit, 'state') == 'open' then return 2 end
-local failures = redis.call('HINCRBY', K.circuit, 'failures', 1)
-if A.why == 'soft' and failures < A.threshold then return 0 end
-redis.call('HSET', K.circuit, 'state', 'open', 'why', A.why, 'code', A.code,
-  'opened_ms', now, 'probe_ms', now + A.probe_ms, 'probes', 0)
-return 1
-""",
-)
-
-SUCCEEDED = Script(
-    """
--- A request to the provider was answered: the consecutive failures start again from 0.
--- K.circuit (FAIL)
--- A (nothing)
--- returns 1
-""",
-    keys=("circuit",),
-    body="""
-if redis.call('HGET', K.circuit, 'state') ~= 'open' then
-  redis.call('HSET', K.circuit, 'failures', 0)
-end
-return 1
-""",
-)
-
-PROBE_DUE = Script(
-    """
--- Housekeeping: take the probes that are due (the next one is scheduled at once, so one
--- process sends each).
--- K.circuits = the circuits of every provider, in A.names' order (a list)
--- A.names = the providers' names, A.first_ms, A.max_ms = the probe back-off
--- returns the names of the providers to probe now
-""",
-    more="circuits",
-    body="""
-local due = {}
-for i, key in ipairs(K.circuits) do
-  if redis.call('HGET', key, 'state') == 'open' then
-    local at = tonumber(redis.call('HGET', key, 'probe_ms') or '0')
-    if at <= now then
-      local probes = tonumber(redis.call('HGET', key, 'probes') or '0')
-      local wait = math.min(A.max_ms, A.first_ms * math.pow(2, probes + 1))
-      redis.call('HSET', key, 'probe_ms', now + wait, 'probes', probes + 1)
-      table.insert(due, A.names[i])
-    end
-  end
-end
-return due
-""",
-)
-
-PROBED = Script(
-    """
--- A probe (or a balance check) answered: a good answer closes the circuit.
--- K.circuit (FAIL)
--- A.ok = true for a good answer, A.balance = the balance it read (absent: none),
--- A.code = the error of a bad answer (absent: none)
--- returns 1 when this call closed the circuit, else 0
-""",
-    keys=("circuit",),
-    body="""
-if A.balance then redis.call('HSET', K.circuit, 'balance', A.balance, 'balance_ms', now) end
-if not A.ok then
-  if A.code then redis.call('HSET', K.circuit, 'error', A.code, 'error_ms', now) end
-  return 0
-end
-local was = redis.call('HGET', K.circuit, 'state')
-redis.call('HSET', K.circuit, 'state', 'closed', 'failures', 0)
-if was == 'open' then
-  redis.call('HSET', K.circuit, 'closed_ms', now)
-  return 1
-end
-return 0
-""",
-)
+FAIL = Script("circuits/fail")
+SUCCEEDED = Script("circuits/succeeded")
+PROBE_DUE = Script("circuits/probe_due")
+PROBED = Script("circuits/probed")
 
 
 class Circuits:
@@ -166,11 +82,15 @@ class Circuits:
         self._guarded(lambda: self._succeeded(self._key(provider)))
 
     def probes_due(self) -> list[str]:
-        """The providers to probe now (each taken by one process)."""
-        args = {"names": list(self.names), "first_ms": ms(PROBE_FIRST_S), "max_ms": ms(PROBE_MAX_S)}
-        more = [self.keys.circuit(n) for n in self.names]
-        reply = self._guarded(lambda: self._probe_due({}, args, more=more))
-        return [text(name) for name in reply]
+        """The providers to probe now (each taken by one process; one round trip)."""
+        args = {"first_ms": ms(PROBE_FIRST_S), "max_ms": ms(PROBE_MAX_S)}
+        chain = self.db.chain()
+        for name in self.names:
+            chain.add(
+                lambda replies: int(replies[0]) == 1, self._probe_due.call(self._key(name), args)
+            )
+        due, _ = self._guarded(lambda: self.db.run_chain(chain))
+        return [name for name, probe in zip(self.names, due, strict=True) if probe]
 
     def probed(
         self, provider: str, ok: bool, balance: float | None = None, code: str | None = None

@@ -16,7 +16,7 @@ import redis
 from ..connections import UNREACHABLE, ReplicaFence, describe
 from ..errors import StoreUnavailable
 from ..keys import Keys
-from .lua import Bound, Script
+from .lua import Bound, Chain, Script
 
 T = TypeVar("T")
 
@@ -61,6 +61,18 @@ class Db:
         pipe.execute_command(*self.fence.wait_command())  # type: ignore[no-untyped-call]
         reply, acknowledged = pipe.execute()
         return reply, int(acknowledged) >= 1
+
+    def chain(self) -> Chain:
+        """Script calls to send in one round trip (see :class:`~.lua.Chain`)."""
+        return Chain(self.redis)
+
+    def run_chain(self, chain: Chain, fenced: bool = False) -> tuple[list[Any], bool]:
+        """Run ``chain`` (each group's value) and, when ``fenced``, say whether a replica
+        holds what it wrote (see :meth:`fenced`).  Unguarded: the caller guards."""
+        if not fenced or self.fence is None or not self.fence.needed():
+            return chain.execute()[0], True
+        values, (acknowledged,) = chain.execute(self.fence.wait_command())
+        return values, int(acknowledged) >= 1
 
     def pipeline(self) -> Any:
         return self.redis.pipeline(transaction=False)

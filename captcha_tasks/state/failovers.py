@@ -20,61 +20,22 @@ from typing import Any, TypeVar
 
 from ..connections import FAILOVERS, FailoverLog
 from .db import Db
-from .limiter import MESSAGES, SLOTS
 from .lua import Script, text
+from .owed import owed_keys
 
 T = TypeVar("T")
 
-NOTE_MASTER = Script(
-    """
--- Remember the master's run id; count a change.
--- K.master (string: the run id last seen), K.events (hash: counters)
--- A.run_id = the master's run id now
--- returns 1 when the master changed since it was last seen (0 the first time, or same)
-""",
-    keys=("master", "events"),
-    body="""
-local seen = redis.call('GET', K.master)
-if seen == A.run_id then return 0 end
-redis.call('SET', K.master, A.run_id)
-if not seen then return 0 end
-redis.call('HINCRBY', K.events, 'master_changes', 1)
-return 1
-""",
-)
+NOTE_MASTER = Script("failovers/note_master")
 
-RECONCILE = Script(
-    """
--- After a master change: every message Redis remembers owing is due now, whatever the
--- solve queue holds (the next housekeeping sweep sends them again), a poll round is
--- scheduled anew and the provider's thread count looked at.
--- K: SLOTS, MESSAGES (the limiter's), K.round (the pending poll round), K.threads_check
--- A (none: an empty object)
--- returns {solve messages, owed submits} made due
-""",
-    keys=("round", "threads_check"),
-    libs=(SLOTS, MESSAGES),
-    body="""
-local function all_due(key)
-  local ids = redis.call('ZRANGE', key, 0, -1)
-  for _, id in ipairs(ids) do redis.call('ZADD', key, 0, id) end
-  return #ids
-end
-local solves = all_due(K.requested)
-local owed = all_due(K.dispatch)
-redis.call('DEL', K.round, K.threads_check)
-return {solves, owed}
-""",
-)
+RECONCILE = Script("failovers/reconcile")
 
 
 class Failovers:
     """The deployment's record of master changes and of its processes' reconnects."""
 
-    def __init__(self, db: Db, lua_keys: Callable[[], dict[str, str]]) -> None:
+    def __init__(self, db: Db) -> None:
         self.db = db
         self.keys = db.keys
-        self._lua_keys = lua_keys
         self._note = db.bind(NOTE_MASTER)
         self._reconcile = db.bind(RECONCILE)
 
@@ -105,7 +66,7 @@ class Failovers:
         """Make every message Redis still owes due now; returns (solve messages, owed
         submits)."""
         keys = {
-            **self._lua_keys(),
+            **owed_keys(self.keys),
             "round": self.keys.poll_round(),
             "threads_check": self.keys.threads_check_lock(),
         }

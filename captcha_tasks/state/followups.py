@@ -2,7 +2,7 @@
 part), kept in Redis from the solve's start to its end, and owed until they have run.
 
 The state layer keeps them as opaque JSON; the worker knows what is in them.  The
-completion script takes a solve's follow-up (:data:`FOLLOWUPS`) in the same atomic step
+completion takes a solve's follow-up (``lib/followups.lua``) in the same atomic step
 that ends it, and leaves it *owed*: if the process that should run it dies first,
 housekeeping finds it past its grace (:meth:`Followups.lost`) and runs it again.
 """
@@ -14,57 +14,15 @@ from typing import Any, TypeVar
 
 from ..keys import Keys
 from .db import Db
-from .lua import Lib, Script, ms, text
+from .lua import Script, ms, text
 
 T = TypeVar("T")
 
-#: Lua: K.followup (string with a TTL: the solve's follow-up), K.followups_owed (hash:
-#: solve id -> follow-up), K.followups_due (zset: solve id -> when it counts as lost, ms).
-FOLLOWUPS = Lib(
-    name="FOLLOWUPS",
-    keys=("followup", "followups_owed", "followups_due"),
-    source="""
--- Take the ending solve's follow-up (false when it has none); it is owed until done.
-local function followup_take(K, id, grace_ms)
-  local followup = redis.call('GET', K.followup)
-  if not followup then return false end
-  redis.call('DEL', K.followup)
-  redis.call('HSET', K.followups_owed, id, followup)
-  redis.call('ZADD', K.followups_due, now + grace_ms, id)
-  return followup
-end
-""",
-)
-
-LOST = Script(
-    """
--- Follow-ups owed past their grace (the process that should have run them died): each is
--- handed out again, owed for another grace.
--- K: FOLLOWUPS (K.followup unused)
--- A.most, A.grace_ms
--- returns {id, follow-up, id, follow-up, ...}
-""",
-    libs=(FOLLOWUPS,),
-    body="""
-local out = {}
-local ids = redis.call('ZRANGEBYSCORE', K.followups_due, '-inf', now, 'LIMIT', 0, A.most)
-for _, id in ipairs(ids) do
-  local followup = redis.call('HGET', K.followups_owed, id)
-  if followup then
-    redis.call('ZADD', K.followups_due, now + A.grace_ms, id)
-    table.insert(out, id)
-    table.insert(out, followup)
-  else
-    redis.call('ZREM', K.followups_due, id)
-  end
-end
-return out
-""",
-)
+LOST = Script("followups/lost")
 
 
 def followup_keys(keys: Keys, solve_id: str) -> dict[str, str]:
-    """The keys of :data:`FOLLOWUPS` for one solve."""
+    """The keys of ``lib/followups.lua`` for one solve."""
     return {
         "followup": keys.followup(solve_id),
         "followups_owed": keys.followups_owed(),

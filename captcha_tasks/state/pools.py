@@ -6,7 +6,7 @@ sorted set scored by its *own* expiry on the Redis server's clock; a take atomic
 drops expired tokens (counted as waste), hands out the soonest-expiring usable one and
 removes it, so every token goes to exactly one caller even across hosts.
 
-Pools are declared in ``CAPTCHAAI_POOLS`` (see :mod:`captcha_tasks.poolspec`) and
+Pools are declared in ``CAPTCHAAI_POOLS`` (see :mod:`captcha_tasks.core.poolspec`) and
 registered in Redis; :meth:`PoolStore.plan` tells the refiller how many solves to start now.  Wiring
 into the Celery tasks and beat lives elsewhere.
 """
@@ -51,161 +51,14 @@ PARSED_CACHE = 256
 LIST_FRESH_S = 1.0
 
 
-# -- Lua: one script per atomic operation -----------------------------------------------
-# K.registry (hash: name -> JSON definition), K.tokens (zset: JSON record -> expiry, ms,
-# server clock), K.stats (hash: started, added, taken, expired, misses, take_seq),
-# K.inflight (zset: refill id -> when it stops counting, ms), K.takes (zset: take id ->
-# time, ms).  A.name is the pool's name.
-
-
-REGISTER = Script(
-    """
--- Declare (or redefine) a pool.
--- K.registry, K.stats, K.tokens, K.inflight
--- A.name, A.definition (JSON), A.drop = true to drop tokens and refills solved for an
---   older, different definition
--- returns 1 for a new pool, 0 when an existing definition was replaced
-""",
-    keys=("registry", "stats", "tokens", "inflight"),
-    body="""
-local new = redis.call('HSET', K.registry, A.name, A.definition)
--- A young pool's take rate is measured over its age, so remember when it started.
-redis.call('HSETNX', K.stats, 'started', now)
-if A.drop then redis.call('DEL', K.tokens, K.inflight) end
-return new
-""",
-)
-
-ADD = Script(
-    """
--- Put one solved token in a pool, scored by its own expiry.
--- K.registry, K.tokens, K.stats
--- A.name, A.record (JSON; unique because it holds the token and captcha id),
--- A.life_s = seconds of life the token has left (capped at the pool's ttl)
--- returns 1 added, 0 already in the pool, -1 undeclared pool
-""",
-    keys=("registry", "tokens", "stats"),
-    body="""
-local def = redis.call('HGET', K.registry, A.name)
-if not def then return -1 end
-local life = math.min(A.life_s, tonumber(cjson.decode(def).ttl))
--- No key TTL is set or refreshed: a later push must never keep an older token alive.
-local added = redis.call('ZADD', K.tokens, 'NX', now + math.floor(life * 1000), A.record)
-if added == 1 then redis.call('HINCRBY', K.stats, 'added', 1) end
-return added
-""",
-)
-
-TAKE = Script(
-    """
--- Hand out the soonest-expiring usable token, exactly once.
--- K.registry, K.tokens, K.stats, K.takes
--- A.name, A.min_s = seconds of life the token must have left (absent: the pool's
---   min_remaining), A.history_s = seconds of take history to keep
--- returns {1, record, ms of life left}, {0} when no usable token (a miss), {-1} undeclared
-""",
-    keys=("registry", "tokens", "stats", "takes"),
-    body="""
-local def = redis.call('HGET', K.registry, A.name)
-if not def then return {-1} end
-local min_s = A.min_s or tonumber(cjson.decode(def).min_remaining)
-local expired = redis.call('ZREMRANGEBYSCORE', K.tokens, '-inf', now)
-if expired > 0 then redis.call('HINCRBY', K.stats, 'expired', expired) end
--- Misses are demand too: counting only hits would make a dry pool look idle.
-local seq = redis.call('HINCRBY', K.stats, 'take_seq', 1)
-redis.call('ZADD', K.takes, now, now .. '-' .. seq)
-redis.call('ZREMRANGEBYSCORE', K.takes, '-inf', now - math.floor(A.history_s * 1000))
--- Soonest-expiring first, so the longer-lived tokens are still there for later takes.
-local floor = now + math.max(1, math.floor(min_s * 1000))
-local hit = redis.call('ZRANGEBYSCORE', K.tokens, floor, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-if not hit[1] then
-  redis.call('HINCRBY', K.stats, 'misses', 1)
-  return {0}
-end
-redis.call('ZREM', K.tokens, hit[1])
-redis.call('HINCRBY', K.stats, 'taken', 1)
-return {1, hit[1], tonumber(hit[2]) - now}
-""",
-)
-
-REFILL_STARTED = Script(
-    """
--- Count a refill solve as in flight until it finishes or its timeout passes.
--- K.registry, K.inflight
--- A.name, A.refill = refill id, A.timeout_s = seconds until it stops counting (a worker
---   that died must not block refills)
--- returns 1 recorded, -1 undeclared pool
-""",
-    keys=("registry", "inflight"),
-    body="""
-if redis.call('HEXISTS', K.registry, A.name) == 0 then return -1 end
-redis.call('ZADD', K.inflight, now + math.floor(A.timeout_s * 1000), A.refill)
-return 1
-""",
-)
-
-SWEEP = Script(
-    """
--- Drop a pool's expired tokens, counting them as waste.
--- K.registry, K.tokens, K.stats
--- A.name
--- returns how many were dropped, -1 for an undeclared pool
-""",
-    keys=("registry", "tokens", "stats"),
-    body="""
-if redis.call('HEXISTS', K.registry, A.name) == 0 then return -1 end
-local swept = redis.call('ZREMRANGEBYSCORE', K.tokens, '-inf', now)
-if swept > 0 then redis.call('HINCRBY', K.stats, 'expired', swept) end
-return swept
-""",
-)
-
-SNAPSHOT = Script(
-    """
--- Read everything a pool's status and refill plan need, at one instant.
--- K.registry, K.tokens, K.inflight, K.stats, K.takes
--- A.name, A.min_life_s = seconds of life a token needs to count in "covered",
--- A.window_s = take-rate window, A.min_window_s = shortest window a young pool's rate is
---   measured over
--- returns {-1} for an undeclared pool, else {1, live, covered, in flight,
---   takes in window, window ms, added, taken, expired, misses}
-""",
-    keys=("registry", "tokens", "inflight", "stats", "takes"),
-    body="""
-if redis.call('HEXISTS', K.registry, A.name) == 0 then return {-1} end
--- Expired tokens are left for take / sweep to count; they are simply not live.
-local live = redis.call('ZCOUNT', K.tokens, '(' .. now, '+inf')
-local floor = now + math.max(1, math.floor(A.min_life_s * 1000))
-local covered = redis.call('ZCOUNT', K.tokens, floor, '+inf')
--- A refill whose worker died stops counting once its timeout passes.
-redis.call('ZREMRANGEBYSCORE', K.inflight, '-inf', now)
-local inflight = redis.call('ZCARD', K.inflight)
-local window = math.floor(A.window_s * 1000)
-local started = tonumber(redis.call('HGET', K.stats, 'started'))
-if started then
-  window = math.min(window, math.max(now - started, math.floor(A.min_window_s * 1000)))
-end
-local takes = redis.call('ZCOUNT', K.takes, '(' .. (now - window), '+inf')
-local c = redis.call('HMGET', K.stats, 'added', 'taken', 'expired', 'misses')
-return {1, live, covered, inflight, takes, window,
-  tonumber(c[1]) or 0, tonumber(c[2]) or 0, tonumber(c[3]) or 0, tonumber(c[4]) or 0}
-""",
-)
-
-RESET_STATS = Script(
-    """
--- Forget a pool's counters and take history; its age starts again now.
--- K.stats, K.takes
--- A (nothing)
--- returns 1
-""",
-    keys=("stats", "takes"),
-    body="""
-redis.call('DEL', K.stats, K.takes)
-redis.call('HSET', K.stats, 'started', now)
-return 1
-""",
-)
+# -- Lua: one script per atomic operation (see :mod:`.lua`) ------------------------------
+REGISTER = Script("pools/register")
+ADD = Script("pools/add")
+TAKE = Script("pools/take")
+REFILL_STARTED = Script("pools/refill_started")
+SWEEP = Script("pools/sweep")
+SNAPSHOT = Script("pools/snapshot")
+RESET_STATS = Script("pools/reset_stats")
 
 
 # -- the store --------------------------------------------------------------------------

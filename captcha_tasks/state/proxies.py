@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..core.proxyspec import PROXY_TYPES, Proxy, mask, parse, proxy_id, split
 from .db import Db
@@ -35,95 +35,16 @@ T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
-#: K.proxies (set: every proxy), K.quarantine (zset: proxy -> when it comes back, ms),
-#: K.assignment (string with a TTL: the owner's proxy), K.owner / K.owners (string with a
-#: TTL: which owner holds a proxy).
+#: Free-looking proxies offered to one call of ``proxies/acquire`` (its 12 keys' share).
+CANDIDATES = 8
+#: Reads of the owner's assignment before giving up on a race with another acquire.
+ACQUIRE_TRIES = 3
 
-ACQUIRE = Script(
-    """
--- The owner's live proxy (both its keys refreshed), else a free one.
--- K.proxies, K.quarantine, K.assignment (the owner's), K.owners = the owner key of each
---   candidate, in the order of A.candidates
--- A.ttl_ms = assignment TTL, A.owner, A.candidates = the pool's members, shuffled
--- returns {proxy, 1} when the owner keeps its live assignment, {proxy, 0} for a new
---   assignment, false when no proxy is free
-""",
-    keys=("proxies", "quarantine", "assignment"),
-    more="owners",
-    body="""
-redis.call('ZREMRANGEBYSCORE', K.quarantine, '-inf', now)
-local ttl, owner = A.ttl_ms, A.owner
-local function usable(proxy)
-  return redis.call('SISMEMBER', K.proxies, proxy) == 1
-    and not redis.call('ZSCORE', K.quarantine, proxy)
-end
-local current = redis.call('GET', K.assignment)
-if current then
-  for i, proxy in ipairs(A.candidates) do
-    if proxy == current then
-      local held = redis.call('GET', K.owners[i]) == owner
-      if held and usable(current) then
-        redis.call('PEXPIRE', K.assignment, ttl)
-        redis.call('PEXPIRE', K.owners[i], ttl)
-        return {current, 1}
-      end
-      if held then redis.call('DEL', K.owners[i]) end
-      break
-    end
-  end
-  -- removed, quarantined or taken over: this assignment is dead
-  redis.call('DEL', K.assignment)
-end
-for i, proxy in ipairs(A.candidates) do
-  if redis.call('EXISTS', K.owners[i]) == 0 and usable(proxy) then
-    redis.call('SET', K.owners[i], owner, 'PX', ttl)
-    redis.call('SET', K.assignment, proxy, 'PX', ttl)
-    return {proxy, 0}
-  end
-end
-return false
-""",
-)
+ACQUIRE = Script("proxies/acquire")
 
-RELEASE = Script(
-    """
--- Free the owner's proxy.
--- K.assignment (the owner's), K.owner (of the proxy the assignment named)
--- A.owner, A.proxy = that proxy
--- returns 1 if the proxy was freed, 0 if it is not (or no longer) held by this owner
-""",
-    keys=("assignment", "owner"),
-    body="""
-if redis.call('GET', K.assignment) == A.proxy then
-  redis.call('DEL', K.assignment)
-end
-if redis.call('GET', K.owner) == A.owner then
-  redis.call('DEL', K.owner)
-  return 1
-end
-return 0
-""",
-)
+RELEASE = Script("proxies/release")
 
-QUARANTINE = Script(
-    """
--- Exclude a proxy for a while and drop its assignment.
--- K.quarantine, K.owner (the proxy's), K.assignment (of the owner that held it when read;
---   absent when nobody did)
--- A.proxy, A.cool_ms = cool-off
--- returns when the proxy comes back (ms, Redis clock)
-""",
-    keys=("quarantine", "owner", "assignment"),
-    body="""
-local back = now + A.cool_ms
-redis.call('ZADD', K.quarantine, back, A.proxy)
-redis.call('DEL', K.owner)
-if redis.call('GET', K.assignment) == A.proxy then
-  redis.call('DEL', K.assignment)
-end
-return back
-""",
-)
+QUARANTINE = Script("proxies/quarantine")
 
 
 def _owner(owner: str) -> str:
@@ -194,18 +115,50 @@ class ProxyLeases:
         return self._acquire_for(_owner(owner))
 
     def _acquire_for(self, owner: str) -> str | None:
-        k = self._keys
-        members = [text(p) for p in self._guarded(lambda: self._r.smembers(k.proxies()))]
-        random.shuffle(members)  # spread owners over the pool instead of piling on one
-        keys = {
+        for _ in range(ACQUIRE_TRIES):
+            found = self._try_acquire(owner)
+            if found != "again":
+                return found
+        return None  # the owner's assignment kept changing under us: another acquire won
+
+    def _try_acquire(self, owner: str) -> str | None:
+        """The owner's live proxy or a free one (None: none), or ``"again"`` when the
+        owner's assignment changed since it was read."""
+        k, r = self._keys, self._r
+        pipe = r.pipeline(transaction=False)
+        pipe.get(k.proxy_assignment(owner))
+        pipe.smembers(k.proxies())
+        current, members = self._guarded(pipe.execute)
+        current = None if current is None else text(current)
+        pool = [text(p) for p in members]
+        random.shuffle(pool)  # spread owners over the pool instead of piling on one
+        if len(pool) > CANDIDATES:
+            held = self._guarded(lambda: r.mget([self._owner_key(p) for p in pool]))
+            pool = [p for p, holder in zip(pool, held, strict=True) if holder is None]
+        keys: dict[str, Any] = {
             "proxies": k.proxies(),
             "quarantine": k.proxy_quarantine(),
             "assignment": k.proxy_assignment(owner),
+            "current_owner": self._owner_key(current) if current else k.proxy_owner("-"),
         }
-        args = {"ttl_ms": self._ttl_ms, "owner": owner, "candidates": members}
-        owners = [self._owner_key(p) for p in members]
-        reply = self._guarded(lambda: self._acquire(keys, args, more=owners))
-        return None if not reply else text(reply[0])
+        args: dict[str, Any] = {"ttl_ms": self._ttl_ms, "owner": owner}
+        if current:
+            args["current"] = current
+        for start in range(0, max(1, len(pool)), CANDIDATES):
+            reply = self._offer(keys, args, pool[start : start + CANDIDATES])
+            if reply == "again":
+                return "again"
+            if reply:
+                return text(reply[0])
+            args.pop("current", None)  # dead: the first call dropped it
+            keys["current_owner"] = k.proxy_owner("-")
+        return None
+
+    def _offer(self, keys: dict[str, Any], args: dict[str, Any], chunk: list[str]) -> Any:
+        """One call of ``proxies/acquire`` with these candidates."""
+        keys = {**keys, "owners": [self._owner_key(p) for p in chunk]}
+        args = {**args, "candidates": chunk}
+        return self._guarded(lambda: self._acquire(keys, args))
 
     def release(self, owner: str) -> bool:
         """Free the owner's proxy; False (and nothing freed) if it is not the owner's."""

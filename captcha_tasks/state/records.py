@@ -15,60 +15,15 @@ from typing import TypeVar
 
 from ..keys import Keys
 from .db import Db
-from .lua import Lib
 
 T = TypeVar("T")
 
 #: Seconds a revocation is remembered (longer than any solve lives).
 REVOKED_TTL_S = 24 * 3600
 
-#: Lua: the solve's record (``K.record``: hash attempt, captcha_id, provider, done, and
-#: charged: the last attempt counted against its tenant's budget), its submit
-#: claim (``K.claim``: string with a TTL, the id of the message holding it) and its
-#: revocation (``K.revoked``: string with a TTL).
-RECORD = Lib(
-    name="RECORD",
-    keys=("record", "claim", "revoked"),
-    source="""
--- True when the solve is over, or this attempt (or a later one) was submitted already.
-local function record_passed(K, attempt)
-  local record = redis.call('HMGET', K.record, 'done', 'attempt')
-  if record[1] then return true end
-  return record[2] ~= false and tonumber(record[2]) >= attempt
-end
--- The attempt's captcha is at the provider: remember it, and give the claim back.
-local function record_submitted(K, attempt, captcha_id, provider, ttl_s)
-  redis.call('HSET', K.record, 'attempt', attempt, 'captcha_id', captcha_id, 'provider', provider)
-  redis.call('EXPIRE', K.record, ttl_s)
-  redis.call('DEL', K.claim)
-end
--- True when this attempt (or a later one) was counted against its tenant's budget.
-local function record_charged(K, attempt)
-  local charged = redis.call('HGET', K.record, 'charged')
-  return charged ~= false and tonumber(charged) >= attempt
-end
--- The attempt's captcha is about to be paid for: it is counted.  A record nothing
--- submitted yet lives a day at most.
-local function record_charge(K, attempt)
-  redis.call('HSET', K.record, 'charged', attempt)
-  if redis.call('TTL', K.record) < 0 then redis.call('EXPIRE', K.record, 86400) end
-end
-local function record_revoked(K)
-  return redis.call('EXISTS', K.revoked) == 1
-end
--- End the solve, once: false when it had ended already.
-local function record_close(K, ttl_s)
-  if redis.call('HSETNX', K.record, 'done', '1') == 0 then return false end
-  redis.call('EXPIRE', K.record, ttl_s)
-  redis.call('DEL', K.claim)
-  return true
-end
-""",
-)
-
 
 def record_keys(keys: Keys, solve_id: str) -> dict[str, str]:
-    """The keys of :data:`RECORD` for one solve."""
+    """The keys of ``lib/record.lua`` for one solve (see :mod:`.lua`)."""
     return {
         "record": keys.submission(solve_id),
         "claim": keys.submit_claim(solve_id),

@@ -2,7 +2,7 @@
 
 The caller's ``solve`` message carries them once; after that they wait here, under a key
 with a TTL, for the submit that needs them (a parked, retried or resubmitted one), and
-the completion script deletes them (:data:`SECRETS`).
+the completion deletes them (``lib/secrets.lua``).
 """
 
 from __future__ import annotations
@@ -13,22 +13,12 @@ from typing import Any, TypeVar
 
 from ..keys import Keys
 from .db import Db
-from .lua import Lib
 
 T = TypeVar("T")
 
-#: Lua: K.secrets (hash: a solve's stashed parameters, JSON values).
-SECRETS = Lib(
-    name="SECRETS",
-    keys=("secrets",),
-    source="""
-local function secrets_drop(K) redis.call('DEL', K.secrets) end
-""",
-)
-
 
 def secrets_keys(keys: Keys, solve_id: str) -> dict[str, str]:
-    """The keys of :data:`SECRETS` for one solve."""
+    """The keys of ``lib/secrets.lua`` for one solve."""
     return {"secrets": keys.request_secrets(solve_id)}
 
 

@@ -9,32 +9,15 @@ from typing import TypeVar
 
 from ..keys import Keys
 from .db import Db
-from .lua import Lib, text
+from .lua import text
 
 T = TypeVar("T")
 
 BULK_SUPPORT_TTL = 3600
 
-#: Lua: K.solved (hash: solves of the method by source), K.api_errors (hash: by code),
-#: K.lane_outcomes (hash: "solved|<lane>|<tenant>" / "failed|<lane>|<tenant>" -> solves).
-STATS = Lib(
-    name="STATS",
-    keys=("solved", "api_errors", "lane_outcomes"),
-    source="""
-local function stats_count(K, source, code)
-  if source and source ~= '' then redis.call('HINCRBY', K.solved, source, 1) end
-  if code and code ~= '' then redis.call('HINCRBY', K.api_errors, code, 1) end
-end
--- A solve of the lane and tenant ended ('solved' or 'failed').
-local function stats_lane(K, ending, lane, tenant)
-  redis.call('HINCRBY', K.lane_outcomes, ending .. '|' .. lane .. '|' .. tenant, 1)
-end
-""",
-)
-
 
 def stats_keys(keys: Keys, method: str) -> dict[str, str]:
-    """The keys of :data:`STATS` for solves of ``method``."""
+    """The keys of ``lib/stats.lua`` for solves of ``method``."""
     return {
         "solved": keys.solved_counter(method),
         "api_errors": keys.api_errors(),

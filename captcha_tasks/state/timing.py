@@ -14,28 +14,16 @@ from collections.abc import Callable
 from ..core.timing import Timing, TimingConfig, figures
 from ..keys import Keys
 from .db import Db
-from .lua import Lib, text
+from .lua import text
 
 #: Seconds a process reuses the figures it read.
 FRESH_FOR_S = 1.0
-#: Solve-time samples kept per method.
+#: Solve-time samples kept per method (``times.WINDOW`` in ``lib/times.lua``).
 SAMPLE_WINDOW = 200
-
-#: Lua: K.solve_times (list: a method's recent solve times, newest first).
-TIMES = Lib(
-    name="TIMES",
-    keys=("solve_times",),
-    source="""
-local function times_add(K, seconds)
-  redis.call('LPUSH', K.solve_times, seconds)
-  redis.call('LTRIM', K.solve_times, 0, SAMPLE_WINDOW - 1)
-end
-""".replace("SAMPLE_WINDOW", str(SAMPLE_WINDOW)),
-)
 
 
 def times_keys(keys: Keys, method: str) -> dict[str, str]:
-    """The keys of :data:`TIMES` for one method."""
+    """The keys of ``lib/times.lua`` for one method."""
     return {"solve_times": keys.solve_times(method)}
 
 

@@ -24,37 +24,9 @@ from ..state.proxies import ProxyLeases
 
 __all__ = ["PROXY_TYPES", "ProxyPool", "mask", "proxy_id", "split"]
 
-RENEW = Script(
-    """
--- Reset the TTL of one owner's assignment, if it is still the owner's.
--- K.assignment (the owner's), K.owner (of the proxy the assignment named)
--- A.owner, A.proxy = that proxy, A.ttl_ms = assignment TTL
--- returns 1 if both keys still name each other and their TTLs were reset, else 0
-""",
-    keys=("assignment", "owner"),
-    body="""
-if redis.call('GET', K.assignment) == A.proxy and redis.call('GET', K.owner) == A.owner then
-  redis.call('PEXPIRE', K.assignment, A.ttl_ms)
-  redis.call('PEXPIRE', K.owner, A.ttl_ms)
-  return 1
-end
-return 0
-""",
-)
+RENEW = Script("proxies/renew")
 
-QUARANTINED = Script(
-    """
--- The proxies cooling off (expired entries are dropped).
--- K.quarantine
--- A (nothing)
--- returns the proxies still cooling off
-""",
-    keys=("quarantine",),
-    body="""
-redis.call('ZREMRANGEBYSCORE', K.quarantine, '-inf', now)
-return redis.call('ZRANGEBYSCORE', K.quarantine, '(' .. now, '+inf')
-""",
-)
+QUARANTINED = Script("proxies/quarantined")
 
 
 class ProxyPool(ProxyLeases):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -31,16 +32,13 @@ from types import TracebackType
 from typing import Any
 
 import redis
-from redis.exceptions import LockError
-from redis.lock import Lock
-from redis.typing import EncodableT, FieldT
 from requests.cookies import RequestsCookieJar
 
 from ..connections import redis_client
 from ..errors import ReauthTimeout, SessionBusy, SessionError
 from ..keys import Keys
 from ..settings import Settings, get_settings
-from ..state.lua import text
+from ..state.lua import Script, text
 
 __all__ = [
     "Cookies",
@@ -62,6 +60,12 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: One script each, for any client of the same Redis to run too (see :mod:`..state.lua`).
+SAVE_COOKIES = Script("sessions/save_cookies")
+LOCK_ACQUIRE = Script("sessions/lock_acquire")
+LOCK_EXTEND = Script("sessions/lock_extend")
+LOCK_RELEASE = Script("sessions/lock_release")
 
 _DOMAIN_RE = re.compile(r"^[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?$")
 
@@ -174,6 +178,7 @@ class CookieStore:
         self._ttl_ms = _ms(ttl_s, "ttl_s")
         self.redis = r
         self.keys = keys
+        self._save = SAVE_COOKIES.bind(r)
 
     def __repr__(self) -> str:
         return f"CookieStore(prefix={self.keys.prefix!r}, ttl_s={self._ttl_ms / 1000:g})"
@@ -192,15 +197,9 @@ class CookieStore:
         return self._replace(host, _checked_cookies(cookies), ttl_ms)
 
     def _replace(self, host: str, cookies: dict[str, str], ttl_ms: int) -> int:
-        # MULTI/EXEC: a reader sees the old hash or the new one, never a mix or a gap.
-        with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self.keys.cookies(host))
-            fields: dict[FieldT, EncodableT] = {k: v for k, v in cookies.items()}
-            pipe.hset(self.keys.cookies(host), mapping=fields)
-            pipe.pexpire(self.keys.cookies(host), ttl_ms)
-            pipe.incr(self.keys.session_version(host))
-            replies = pipe.execute()
-        return int(replies[-1])
+        # One script: a reader sees the old hash or the new one, never a mix or a gap.
+        keys = {"cookies": self.keys.cookies(host), "version": self.keys.session_version(host)}
+        return int(self._save(keys, {"cookies": cookies, "ttl_ms": ttl_ms}))
 
     def load(self, domain: str) -> Cookies:
         """The domain's cookies (empty when none or expired), tagged with their version."""
@@ -267,10 +266,10 @@ def from_playwright(cookies: Iterable[Mapping[str, Any]], domain: str) -> Cookie
 class SessionLock:
     """A per-domain lock with a TTL, released or extended only by its holder.
 
-    It is redis-py's :class:`redis.lock.Lock` (a random token per acquire; release and
-    extend compare it in Lua, so a holder whose lock expired cannot delete or extend the
-    next holder's lock) with a non-blocking acquire and ``False`` instead of an exception
-    where the lock is no longer ours.
+    Each acquire puts a random token in the lock; extend and release compare it in Lua
+    (``sessions/lock_*``, scripts any client of the same Redis can run), so a holder whose
+    lock expired cannot delete or extend the next holder's lock.  Acquiring never waits, and a
+    lock that is no longer ours is ``False``, not an exception.
     """
 
     def __init__(self, r: redis.Redis, keys: Keys, domain: str, ttl_ms: int = 30000) -> None:
@@ -278,14 +277,12 @@ class SessionLock:
             raise ValueError("ttl_ms must be a positive int")
         self.domain = _normal_domain(domain)
         self.ttl_ms = ttl_ms
-        self._lock = Lock(
-            r,
-            keys.session_lock(self.domain),
-            timeout=ttl_ms / 1000,
-            blocking=False,
-            thread_local=False,
-        )
-        self._held = False
+        self._redis = r
+        self._key = keys.session_lock(self.domain)
+        self._acquire = LOCK_ACQUIRE.bind(r)
+        self._extend = LOCK_EXTEND.bind(r)
+        self._release = LOCK_RELEASE.bind(r)
+        self._token: str | None = None
 
     def __repr__(self) -> str:
         # The token stays out: with it anybody could release our lock.
@@ -295,39 +292,36 @@ class SessionLock:
     def held(self) -> bool:
         """Whether this instance acquired the lock and has not released it (it may
         have expired since: :meth:`owned` asks Redis)."""
-        return self._held
+        return self._token is not None
 
     def acquire(self) -> bool:
         """Take the lock if nobody holds it; never waits."""
-        self._held = bool(self._lock.acquire(blocking=False))
-        return self._held
+        token = secrets.token_hex(16)
+        taken = bool(self._acquire({"lock": self._key}, {"token": token, "ttl_ms": self.ttl_ms}))
+        self._token = token if taken else None
+        return taken
 
     def release(self) -> bool:
         """Delete the lock if it still holds our token; False if it expired meanwhile."""
-        if not self._held:
+        token, self._token = self._token, None
+        if token is None:
             return False
-        self._held = False
-        try:
-            self._lock.release()
-        except LockError:
-            return False
-        return True
+        return bool(self._release({"lock": self._key}, {"token": token}))
 
     def extend(self, ttl_ms: int | None = None) -> bool:
         """Reset the lock's TTL to ``ttl_ms`` (default: the original TTL) if it is ours."""
         ttl = self.ttl_ms if ttl_ms is None else ttl_ms
         if not isinstance(ttl, int) or ttl <= 0:
             raise ValueError("ttl_ms must be a positive int")
-        if not self._held:
+        if self._token is None:
             return False
-        try:
-            return bool(self._lock.extend(ttl / 1000, replace_ttl=True))
-        except LockError:
-            return False
+        return bool(self._extend({"lock": self._key}, {"token": self._token, "ttl_ms": ttl}))
 
     def owned(self) -> bool:
         """Whether Redis still holds our token under the lock key."""
-        return self._held and bool(self._lock.owned())
+        if self._token is None:
+            return False
+        return text(self._redis.get(self._key) or "") == self._token
 
     def __enter__(self) -> SessionLock:
         if not self.acquire():

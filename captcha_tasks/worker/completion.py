@@ -31,7 +31,7 @@ from ..core.job import Job
 from ..core.outcome import Failed
 from ..settings import Settings
 from ..state import State
-from ..state.board import Completion, Finished, finished
+from ..state.board import Completion, Finished
 from . import names
 from .results import Results, run_followup
 
@@ -75,11 +75,11 @@ class Completer:
         """End several solves with one Redis round trip."""
         if not items:
             return []
-        pipe = self.state.db.pipeline()
+        chain = self.state.db.chain()
         for item in items:
             board = self.state.provider(item.job.provider).board
-            board.finish(self.completion(item), client=pipe)
-        results = [finished(reply) for reply in self.state.board.run(pipe)]
+            board.finish(self.completion(item), client=chain)
+        results = self.state.board.run(chain)
         for item, result in zip(items, results, strict=True):
             self._after(item, result)
         return [r.claimed for r in results]

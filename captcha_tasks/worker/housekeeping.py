@@ -4,11 +4,11 @@
   bootstep, :class:`Housekeeping`), guarded so that one process per tick does the work:
   at every provider it reclaims expired thread leases, hands free slots to parked submits
   and hands out the deferred submits whose time came; it publishes again the submit and
-  solve messages that were lost (a worker died with them, or the broker dropped them
-  between a worker's read and its bookkeeping), makes sure a poll round is pending while
-  captchas are at a provider, moves the work of a provider out of rotation to the others,
-  and sends the probes of open circuits (:func:`probe`).  Nothing here depends on beat,
-  which is one process.
+  solve messages that were lost, at every provider alike (a worker died with them, or the
+  broker dropped them between a worker's read and its bookkeeping), makes sure a poll
+  round is pending while captchas are at a provider, moves the work of a provider out of
+  rotation to the others, and sends the probes of open circuits (:func:`probe`).  Nothing
+  here depends on beat, which is one process.
 * :func:`top_up` keeps token pools filled; beat's ``prewarm`` tick and every pool take
   call it.
 """
@@ -46,15 +46,21 @@ def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
     state, settings = runner.state, runner.settings
     follow_master(runner)
-    swept = state.limiter.sweep(TICK_S, settings.solve_queues, settings.queue("submit"))
+    swept = state.owed.sweep(TICK_S, settings.solve_queues, settings.queue("submit"))
     if swept is None:
         return False
-    if swept.repaired:
-        log.warning(
-            "the limiter's counts by lane and tenant disagreed with its slots and parked"
-            " submits (submits parked by a version without lanes?): rebuilt"
-        )
-    runner.completer.publish(swept.handout)
+    for at in state.providers.values():
+        ticked = at.limiter.tick()
+        if ticked.repaired:
+            log.warning(
+                "provider %s: the limiter's counts by lane and tenant disagreed with its slots"
+                " and parked submits (submits parked by a version without lanes?): rebuilt",
+                at.name,
+            )
+        runner.completer.publish(ticked.handout)
+        runner.publish_round(at.board.ensure_round(), at.name)
+    # What the deployment is owed, whatever the provider: a lost submit message goes again
+    # with its job (which names its provider), a lost solve message as it was.
     for parked in swept.lost:
         log.warning("solve %s: its submit message was lost; sending it again", parked.lease_id)
         runner.completer.send_submit(Job.from_json(parked.job))
@@ -62,10 +68,6 @@ def tick(runner: Runner) -> bool:
         log.warning("solve %s: its message was lost; sending it again", solve.lease_id)
         kwargs = json.loads(solve.job)
         runner.app.send_task(names.SOLVE, kwargs=kwargs, task_id=solve.lease_id)
-    runner.publish_round(state.board.ensure_round())
-    for at in list(state.providers.values())[1:]:
-        runner.completer.publish(at.limiter.tick())
-        runner.publish_round(at.board.ensure_round(), at.name)
     _out_of_rotation(runner)
     for solve_id, followup in state.followups.lost():
         log.warning("solve %s: what was chained to it had not run; running it", solve_id)

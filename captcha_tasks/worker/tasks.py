@@ -107,7 +107,7 @@ class SolveTask(Task):
         runtime.state.pools.ensure_declared()  # this process's CAPTCHAAI_POOLS, before it solves
         # Until a worker starts it, the message is remembered in Redis: one lost between
         # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
-        runtime.state.limiter.expect(solve_id, json.dumps(kwargs, separators=(",", ":")))
+        runtime.state.owed.expect(solve_id, json.dumps(kwargs, separators=(",", ":")))
         return super().apply_async((), kwargs, **options)
 
 
@@ -126,7 +126,7 @@ def normalize_solve_args(
     args: Any, kwargs: dict[str, Any], settings: Settings | None = None
 ) -> dict[str, Any]:
     """Validate ``solve``'s arguments; returns them as keyword arguments (with ``lane`` and
-    ``tenant`` when the caller named them: a lane of :data:`~captcha_tasks.lanes.LANES`, a
+    ``tenant`` when the caller named them: a lane of :data:`~captcha_tasks.core.lanes.LANES`, a
     tenant ``settings`` declare; default: this process's settings)."""
     kwargs = dict(kwargs)
     route: dict[str, str] = {}
@@ -172,7 +172,7 @@ OUTAGE_BACKOFF_MAX_S = 10
 def solve(
     self: Task, method: str, sitekey: str | None = None, pageurl: str | None = None, **params: Any
 ) -> str:
-    """Solve one captcha; its outcome dict (see :mod:`captcha_tasks.outcome`) is stored
+    """Solve one captcha; its outcome dict (see :mod:`captcha_tasks.core.outcome`) is stored
     on this task's id when the solve ends (the message itself ends handed over)."""
     kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
     request = self.request

@@ -27,8 +27,10 @@ VERSION = version("captcha-tasks")
 RUNTIME_FILES = [
     "captcha_tasks/py.typed",
     "captcha_tasks/worker/config.py",
-    "captcha_tasks/state/lua.py",
+    "captcha_tasks/state/lua/__init__.py",
     *(f"captcha_tasks/schemas/{p.name}" for p in (ROOT / "captcha_tasks/schemas").glob("*.json")),
+    # every Lua script and fragment: what Redis runs (and a Node client loads)
+    *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "captcha_tasks/state/lua").rglob("*.lua"))),
 ]
 
 

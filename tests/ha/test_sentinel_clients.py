@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import kombu
 import pytest
@@ -25,22 +26,14 @@ from captcha_tasks.errors import RetryableError, StoreUnavailable
 from captcha_tasks.keys import Keys
 from captcha_tasks.settings import Settings
 from captcha_tasks.state.db import Db
-from captcha_tasks.state.lua import Script
+from captcha_tasks.state.lua import Library
 from captcha_tasks.worker import broker
 from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.slow
 
-COUNT = Script(
-    """
--- Add to a counter.
--- K.counter
--- A.by = how much to add
--- returns the counter after adding
-""",
-    keys=("counter",),
-    body="return redis.call('INCRBY', K.counter, A.by)",
-)
+#: A script of the tests' own (tests/ha/lua/ha/count.lua), in the package's format.
+COUNT = Library(Path(__file__).parent / "lua").script("ha/count")
 #: Seconds a client may take to reach the new master after the event (generous: the
 #: machine is shared; the times are recorded, not asserted).
 RIDE_OUT_S = 30

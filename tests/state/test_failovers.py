@@ -20,6 +20,7 @@ from captcha_tasks.keys import Keys
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.failovers import Failovers
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
+from captcha_tasks.state.owed import OwedConfig, OwedMessages
 from captcha_tasks.state.records import Records
 
 #: The solve queue a sweep looks at: it holds a message, so lost ones are not yet overdue.
@@ -27,8 +28,12 @@ QUEUE = "t-failovers-solve-queue"
 
 
 def limiter_on(redis_conn: Any, keys: Keys) -> ThreadLimiter:
-    config = LimiterConfig(capacity=1, reserve=0, lease_s=30.0, message_grace_s=60.0)
+    config = LimiterConfig(capacity=1, reserve=0, lease_s=30.0)
     return ThreadLimiter(Db(redis_conn, keys), config)
+
+
+def owed_on(redis_conn: Any, keys: Keys) -> OwedMessages:
+    return OwedMessages(Db(redis_conn, keys), OwedConfig(message_grace_s=60.0))
 
 
 def job(solve_id: str) -> str:
@@ -42,7 +47,7 @@ class Connection:
 
 
 def test_a_master_change_is_noticed_once_and_counted(redis_conn: Any, keys: Keys) -> None:
-    failovers = Failovers(Db(redis_conn, keys), limiter_on(redis_conn, keys).lua_keys)
+    failovers = Failovers(Db(redis_conn, keys))
     assert not failovers.note_master()  # the first look: nothing to compare with
     assert not failovers.note_master()  # the same master
     redis_conn.set(keys.redis_master(), "the-run-id-of-a-master-that-is-gone")
@@ -52,20 +57,20 @@ def test_a_master_change_is_noticed_once_and_counted(redis_conn: Any, keys: Keys
 
 
 def test_reconcile_makes_every_owed_message_due(redis_conn: Any, keys: Keys) -> None:
-    limiter = limiter_on(redis_conn, keys)
-    failovers = Failovers(limiter.db, limiter.lua_keys)
-    limiter.expect("queued", json.dumps({"method": "turnstile"}))
-    limiter.owe("owed", job("owed"), deadline_in_s=60, countdown_s=30, unclaim=False)
+    owed = owed_on(redis_conn, keys)
+    failovers = Failovers(owed.db)
+    owed.expect("queued", json.dumps({"method": "turnstile"}))
+    owed.owe("owed", job("owed"), deadline_in_s=60, countdown_s=30, unclaim=False)
     redis_conn.rpush(QUEUE, "a message ahead of them")
     redis_conn.set(keys.poll_round(), "1")
     redis_conn.set(keys.threads_check_lock(), "1")
-    swept = limiter.sweep(0.001, [QUEUE])
+    swept = owed.sweep(0.001, [QUEUE])
     assert swept is not None and not swept.unstarted and not swept.lost  # not due yet
 
     assert failovers.reconcile() == (1, 1)
     assert not redis_conn.exists(keys.poll_round(), keys.threads_check_lock())
     redis_conn.delete(keys.housekeeping_lock())
-    swept = limiter.sweep(0.001, [QUEUE])
+    swept = owed.sweep(0.001, [QUEUE])
     assert swept is not None
     assert [p.lease_id for p in swept.unstarted] == ["queued"]  # the queue notwithstanding
     assert [p.lease_id for p in swept.lost] == ["owed"]
@@ -80,10 +85,10 @@ def test_reconnects_are_added_and_kept_through_an_outage(redis_conn: Any, keys: 
     assert log.generation == 1
 
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
-    away = Failovers(Db(dead, keys), lambda: {})
+    away = Failovers(Db(dead, keys))
     with pytest.raises(StoreUnavailable):
         away.report("worker", log)
-    failovers = Failovers(Db(redis_conn, keys), lambda: {})
+    failovers = Failovers(Db(redis_conn, keys))
     failovers.report("worker", log)  # what the outage kept
     failovers.report("worker", log)  # nothing new: no Redis call, nothing added
     assert failovers.counts() == {"reconnects:worker": 2}
@@ -92,7 +97,7 @@ def test_reconnects_are_added_and_kept_through_an_outage(redis_conn: Any, keys: 
 def test_a_solve_without_a_trace_is_told_apart(redis_conn: Any, keys: Keys) -> None:
     limiter = limiter_on(redis_conn, keys)
     records = Records(limiter.db)
-    limiter.expect("queued", "{}")  # its message is on its way
+    owed_on(redis_conn, keys).expect("queued", "{}")  # its message is on its way
     redis_conn.set(keys.submit_claim("submitting"), "message-id")
     redis_conn.hset(keys.submission("at-the-provider"), "attempt", 0)
     assert limiter.admit("first", job("first"), attempt=0, deadline_in_s=60).status == "go"

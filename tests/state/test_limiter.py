@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -14,14 +15,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from captcha_tasks.core.admission import Handout
+from captcha_tasks.core.admission import Handout, Parked
 from captcha_tasks.core.rounds import Again
 from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.keys import Keys
 from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
-from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
+from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter, _Ask
+from captcha_tasks.state.owed import OwedConfig, OwedMessages
 
 #: The solve and submit queues a sweep looks at (empty unless a test fills them).
 QUEUE = "t-limiter-solve-queue"
@@ -259,6 +261,69 @@ def test_the_claims_own_message_redelivered_after_a_crash_goes_on(
     assert lim.in_use() == 1
 
 
+def admission_steps(lim: ThreadLimiter, solve_id: str, message_id: str) -> list[Any]:
+    """The three calls of one admission (gate, slot, charge), to run one at a time."""
+    ask = _Ask(solve_id, job_of(solve_id, 0), 0, 60.0, "interactive", "default", None, None)
+    return lim._admit_calls(ask, message_id, False, None, None)
+
+
+def run_step(lim: ThreadLimiter, call: Any) -> Any:
+    chain = lim.db.chain()
+    chain.add(lambda replies: replies[0], call)
+    return lim.db.run_chain(chain)[0][0]
+
+
+def test_two_copies_admitted_at_the_same_time_let_one_go(redis_conn: Any, keys: Keys) -> None:
+    """The steps of two admissions of one submit interleave (they are not one atomic
+    script): each step acts only on the mark the step before it left for its own
+    admission, so one copy goes, and the other is told to look again."""
+    lim = make(redis_conn, keys, capacity=2, reserve=0)
+    first = admission_steps(lim, "s1", "m1")
+    second = admission_steps(lim, "s1", "m1")  # the same message, delivered twice
+    assert run_step(lim, first[0])[0] == "open"
+    assert run_step(lim, first[1])[0] == "took"
+    assert run_step(lim, second[0])[0] == "open"  # no claim yet: its gate lets it by
+    assert run_step(lim, first[2])[0] == "skip"  # the second took over the mark
+    assert run_step(lim, second[1])[0] == "held"  # ... and the slot the first took
+    assert run_step(lim, second[2])[0] == "go"
+    assert lim.in_use() == 1
+    assert redis_conn.get(keys.submit_claim("s1")) == "m1"
+    assert admit(lim, "s1", message_id="m2") == "busy"
+
+
+def test_a_submit_handed_a_slot_between_the_steps_goes_on_by_its_new_message(
+    redis_conn: Any, keys: Keys
+) -> None:
+    """Parked by the slot step, handed a freed slot before the charge step: the charge goes
+    by what the slot step did (parked), and the message of the handout claims the slot."""
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    assert admit(lim, "a") == "go"
+    gate, slot, charge = admission_steps(lim, "b", "m1")
+    run_step(lim, gate)
+    assert run_step(lim, slot)[0] == "parked"
+    assert [p.lease_id for p in finish(lim, "a").given] == ["b"]  # between the steps
+    assert run_step(lim, charge)[0] == "parked"
+    assert not redis_conn.exists(keys.submit_claim("b"))  # nothing claimed, nothing counted
+    assert admit(lim, "b", message_id="m2") == "go"
+
+
+def test_an_admission_cut_short_leaves_nothing_that_only_it_knew(
+    redis_conn: Any, keys: Keys
+) -> None:
+    """A process dies after the gate, or after the slot step (the rest of its chain never
+    ran): the message, never acknowledged, comes again and goes on."""
+    lim = make(redis_conn, keys, capacity=1, reserve=0)
+    gate, _, _ = admission_steps(lim, "s1", "m1")
+    assert run_step(lim, gate)[0] == "open"  # ... and the process dies
+    assert admit(lim, "s1", message_id="m1", redelivered=True) == "go"
+    lim.release("s1")
+    gate, slot, _ = admission_steps(lim, "s2", "m2")
+    run_step(lim, gate)
+    assert run_step(lim, slot)[0] == "took"  # it holds the slot, nobody has the claim
+    assert admit(lim, "s3") == "parked"  # the held slot is not lost ...
+    assert admit(lim, "s2", message_id="m2", redelivered=True) == "go"  # ... it goes on
+
+
 def test_a_finished_solve_is_never_admitted_again(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=2, reserve=0)
     finish(lim, "s1")
@@ -301,12 +366,30 @@ def test_a_parked_submit_is_parked_once(redis_conn: Any, keys: Keys) -> None:
     assert lim.parked_count() == 1
 
 
-def sweep_now(lim: ThreadLimiter, redis_conn: Any) -> Any:
-    """One sweep, whoever swept last (the lock only spaces sweeps of many workers)."""
+def owed_of(lim: ThreadLimiter, message_grace_s: float = 70.0) -> OwedMessages:
+    """What the deployment of ``lim`` is owed (the graces as the limiter's)."""
+    config = OwedConfig(lim.config.dispatch_grace_s, message_grace_s)
+    return OwedMessages(lim.db, config)
+
+
+@dataclass(frozen=True)
+class Housekept:
+    """What one housekeeping tick did at the limiter's provider, as the worker's does."""
+
+    handout: Handout
+    repaired: bool
+    lost: list[Parked]
+    unstarted: list[Parked]
+
+
+def sweep_now(lim: ThreadLimiter, redis_conn: Any, owed: OwedMessages | None = None) -> Housekept:
+    """One sweep, whoever swept last (the lock only spaces sweeps of many workers), and the
+    provider's housekeeping it wins."""
     redis_conn.delete(lim.keys.housekeeping_lock())
-    swept = lim.sweep(tick_s=5, solve_queues=[QUEUE], submit_queue=SUBMIT_QUEUE)
+    swept = (owed or owed_of(lim)).sweep(tick_s=5, solve_queues=[QUEUE], submit_queue=SUBMIT_QUEUE)
     assert swept is not None
-    return swept
+    ticked = lim.tick()
+    return Housekept(ticked.handout, ticked.repaired, swept.lost, swept.unstarted)
 
 
 def test_a_handed_out_submit_whose_message_is_lost_is_handed_out_again(
@@ -357,25 +440,26 @@ def test_the_sweep_reclaims_leases_and_hands_out_without_beat(redis_conn: Any, k
 
 
 def test_one_sweep_per_tick(redis_conn: Any, keys: Keys) -> None:
-    lim = make(redis_conn, keys)
-    assert lim.sweep(tick_s=5, solve_queues=[QUEUE]) is not None
-    assert lim.sweep(tick_s=5, solve_queues=[QUEUE]) is None
+    owed = owed_of(make(redis_conn, keys))
+    assert owed.sweep(tick_s=5, solve_queues=[QUEUE]) is not None
+    assert owed.sweep(tick_s=5, solve_queues=[QUEUE]) is None
 
 
 def test_a_solve_message_lost_before_it_started_is_sent_again(redis_conn: Any, keys: Keys) -> None:
-    lim = make(redis_conn, keys, message_grace_s=0.2)
-    lim.expect("s1", json.dumps({"method": "turnstile", "_batch": {"id": "b", "index": 3}}))
-    lim.expect("s2", json.dumps({"method": "turnstile"}))
+    lim = make(redis_conn, keys)
+    owed = owed_of(lim, message_grace_s=0.2)
+    owed.expect("s1", json.dumps({"method": "turnstile", "_batch": {"id": "b", "index": 3}}))
+    owed.expect("s2", json.dumps({"method": "turnstile"}))
     assert admit(lim, "s2", 2) == "go"  # s2's message ran
-    assert sweep_now(lim, redis_conn).unstarted == []  # not overdue yet
+    assert sweep_now(lim, redis_conn, owed).unstarted == []  # not overdue yet
     start = server_ms(redis_conn)
     wait_until(lambda: server_ms(redis_conn) > start + 250, 2, what="the grace period")
     redis_conn.rpush(QUEUE, "a message still queued")
-    assert sweep_now(lim, redis_conn).unstarted == []  # the queue is backed up: waiting
+    assert sweep_now(lim, redis_conn, owed).unstarted == []  # the queue is backed up: waiting
     redis_conn.delete(QUEUE)
-    (lost,) = sweep_now(lim, redis_conn).unstarted
+    (lost,) = sweep_now(lim, redis_conn, owed).unstarted
     assert (lost.lease_id, json.loads(lost.job)["_batch"]["index"]) == ("s1", 3)
-    assert sweep_now(lim, redis_conn).unstarted == []  # once per grace period
+    assert sweep_now(lim, redis_conn, owed).unstarted == []  # once per grace period
 
 
 def test_an_owed_retry_is_handed_out_again_if_its_message_is_lost(

@@ -9,7 +9,17 @@ from collections import Counter
 from typing import Any
 
 import pytest
-from test_limiter import QUEUE, admit, board_of, finish, job_of, make, server_ms, sweep_now
+from test_limiter import (
+    QUEUE,
+    admit,
+    board_of,
+    finish,
+    job_of,
+    make,
+    owed_of,
+    server_ms,
+    sweep_now,
+)
 
 from captcha_tasks.core.lanes import Tenant
 from captcha_tasks.dev.devstack import wait_until
@@ -238,15 +248,15 @@ def test_an_unknown_lane_or_a_bad_tenant_name_is_refused(redis_conn: Any, keys: 
 def test_the_sweep_still_waits_for_solve_messages_queued_in_any_lane(
     redis_conn: Any, keys: Keys
 ) -> None:
-    lim = make(redis_conn, keys, message_grace_s=0.2)
-    lim.expect("s1", json.dumps({"method": "turnstile"}))
+    owed = owed_of(make(redis_conn, keys), message_grace_s=0.2)
+    owed.expect("s1", json.dumps({"method": "turnstile"}))
     start = server_ms(redis_conn)
     wait_until(lambda: server_ms(redis_conn) > start + 250, 2, what="the grace period")
     bulk_queue = QUEUE + ".bulk"
     redis_conn.rpush(bulk_queue, "a bulk message still queued")
     try:
         redis_conn.delete(keys.housekeeping_lock())
-        swept = lim.sweep(tick_s=5, solve_queues=[QUEUE, bulk_queue])
+        swept = owed.sweep(tick_s=5, solve_queues=[QUEUE, bulk_queue])
         assert swept is not None and swept.unstarted == []
     finally:
         redis_conn.delete(bulk_queue)

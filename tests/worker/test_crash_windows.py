@@ -3,7 +3,8 @@ between "Redis says it is yours" and "the message exists" loses no captcha.
 
 The worker kills itself at a fault point (``CAPTCHAAI_FAULTS``, see
 ``captcha_tasks.faults``): after the completion script handed a freed thread to a parked
-submit, before that submit's message is published."""
+submit, before that submit's message is published; or after the admission told a submit to
+wait for a budget, before it gave its thread back."""
 
 from __future__ import annotations
 
@@ -47,6 +48,32 @@ def test_a_worker_killed_between_handout_and_publish_loses_nothing(
     assert owed >= 1  # Redis handed a thread to a parked submit whose message never left
 
     start_worker(FAST, name="crash-survivor")
+    outcomes = [r.get(timeout=60) for r in results]
+    assert all(o["status"] == "solved" for o in outcomes)
+    tokens = [o["token"] for o in outcomes]
+    assert len(set(tokens)) == len(tokens)
+    stats = sandbox.stats()
+    assert stats["submits"] == len(results)  # none paid twice
+    assert stats["peak_in_flight"] <= THREADS
+    wait_until(lambda: app.runtime().state.limiter.in_use() == 0, 10, what="every thread freed")
+
+
+def test_a_worker_killed_between_a_budget_wait_and_giving_its_thread_back_loses_nothing(
+    sandbox: Any, start_worker: Any
+) -> None:
+    """The admission said "wait for the submit budget" (its slot still held, its job only
+    in the unacknowledged message) and the worker died before giving the slot back: the
+    message comes again, finds the slot it holds, and goes on."""
+    sandbox.configure(solve_time=0.5, jitter=0.1)
+    budget = {**FAST, "CAPTCHAAI_SUBMIT_RATE": "2"}  # two in.php requests per 3 s
+    doomed = start_worker(
+        {**budget, "CAPTCHAAI_FAULTS": "budget_wait"}, concurrency=1, name="crash-budget"
+    )
+    results = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(6)]
+    wait_until(lambda: not doomed.alive(), 30, what="the worker to reach the fault point")
+    assert doomed.proc.returncode == -9
+
+    start_worker(budget, name="crash-budget-survivor")
     outcomes = [r.get(timeout=60) for r in results]
     assert all(o["status"] == "solved" for o in outcomes)
     tokens = [o["token"] for o in outcomes]

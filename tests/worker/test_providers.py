@@ -16,6 +16,7 @@ import pytest
 import requests
 
 from captcha_tasks import errors, solve
+from captcha_tasks.core.job import Job
 from captcha_tasks.dev.devstack import SandboxProcess, free_port, wait_until
 from captcha_tasks.receiver.callbacks import Receiver
 from captcha_tasks.receiver.server import PingbackServer
@@ -160,6 +161,33 @@ def test_an_empty_balance_sends_the_rest_elsewhere_then_fails_callers_at_once(
     circuits = app.runtime().state.circuits
     wait_until(lambda: circuits.read()["main"].up, 20, what="the primary's probe")
     assert by_provider([solve_many(1)[0].get(timeout=GET_TIMEOUT)]) == {"main": 1}
+
+
+def test_a_worker_killed_after_the_backup_handed_out_a_thread_loses_nothing(
+    main: SandboxProcess, backup: SandboxProcess, start_worker: Any
+) -> None:
+    """What a provider other than the primary hands out is owed to the deployment like the
+    primary's: the worker dies between the backup handing a freed thread to a parked
+    submit and publishing that submit, and the sweep of a survivor sends it again."""
+    paid_before = len(backup.paid())
+    main.configure(balance_captchas=0)  # out of rotation at its first refusal
+    doomed = start_worker({"CAPTCHAAI_FAULTS": "handout"}, concurrency=1, name="providers-doomed")
+    results = solve_many(60)
+    wait_until(lambda: not doomed.alive(), 60, what="the worker to reach the fault point")
+    assert doomed.proc.returncode == -9  # it died at the point, not of something else
+    state = app.runtime().state
+    owed = state.redis.zrange(state.keys.dispatch(), 0, -1)
+    jobs = [Job.from_json(state.redis.hget(state.keys.waiting(), lease).split("|", 1)[1])
+            for lease in owed]  # fmt: skip
+    assert jobs and {job.provider for job in jobs} == {"backup"}
+
+    start_worker(name="providers-survivor")
+    outcomes = [r.get(timeout=GET_TIMEOUT) for r in results]
+    assert by_provider(outcomes) == {"backup": 60}
+    tokens = [o["token"] for o in outcomes]
+    assert len(set(tokens)) == len(tokens)
+    assert len(backup.paid()) - paid_before == 60  # none paid twice
+    wait_until(lambda: not state.redis.zcard(state.keys.dispatch()), 10, what="nothing owed")
 
 
 def test_a_hanging_provider_is_left_after_its_timeouts(
