@@ -78,6 +78,7 @@ from .stream import (
     send_task,
 )
 from .worker.app import app
+from .worker.backend import outage_wait
 from .worker.results import Results
 from .worker.runtime import Runtime
 from .worker.tasks import solve as solve_task
@@ -94,20 +95,31 @@ T = TypeVar("T")
 
 
 async def solve(
-    method: str, sitekey: str | None = None, pageurl: str | None = None, **params: Any
+    method: str | None = None,
+    sitekey: str | None = None,
+    pageurl: str | None = None,
+    *,
+    timeout: float | None = None,
+    **params: Any,
 ) -> dict[str, Any]:
     """Solve one captcha and return its outcome dict, as ``solve.delay(...).get()`` does.
 
     Bad arguments raise :class:`~captcha_tasks.errors.ValidationError` before anything is
     sent, and Redis down :class:`~captcha_tasks.errors.StoreUnavailable`, as
     ``solve.delay`` does; a failed solve raises the same typed error as ``get()``
-    (``ProxyError``, ``SolveTimeout``, ...).  Bound the wait with ``asyncio.timeout()`` if
-    you need to.
+    (``ProxyError``, ``SolveTimeout``, ...).
+
+    ``timeout``: seconds to wait for the outcome once the solve is sent, as
+    ``get(timeout=...)``.  A Redis outage meanwhile is waited out; when the time is up,
+    :class:`~captcha_tasks.errors.StoreUnavailable` if Redis is still away, else
+    ``TimeoutError``.  None (the default) waits as long as the solve takes.
     """
     kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
+    if timeout is not None and not timeout > 0:
+        raise errors.ValidationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     hub = _hubs().hub()
     sent = await _publish(partial(solve_task.apply_async, kwargs=kwargs))
-    record = await hub.wait_result(_result_key(sent.id))
+    record = await hub.wait_result(_result_key(sent.id), timeout)
     return _outcome(record)
 
 
@@ -249,6 +261,8 @@ class _Hub:
     started: asyncio.Event = field(default_factory=asyncio.Event)
     batches: AsyncBatchStreams = field(init=False)
     lost: bool = False  #: the pub/sub connection is down (said once per outage)
+    #: The error that took it down (for the StoreUnavailable of a wait that times out).
+    lost_error: BaseException | None = None
     #: Channels just subscribed, whose records are read once (by one task, with MGET).
     unread: set[str] = field(default_factory=set)
     rereader: asyncio.Task[None] | None = None
@@ -260,19 +274,23 @@ class _Hub:
         # the connections.
         self.reader = self.loop.create_task(self._read(), name="captcha-tasks-results")
 
-    async def wait_result(self, channel: str) -> str:
+    async def wait_result(self, channel: str, timeout: float | None = None) -> str:
         """Subscribe to ``channel`` and return the ready record published there (or stored
-        before the subscription took effect)."""
+        before the subscription took effect), within ``timeout`` seconds (None: no limit);
+        a Redis outage meanwhile is waited out (see :func:`solve`)."""
+        deadline = None if timeout is None else self.loop.time() + timeout
         waiter = _Waiter(self.loop.create_future())
         self.waiters[channel] = waiter
         try:
-            async with self.subscribing:  # one SUBSCRIBE at a time on the shared connection
-                try:
-                    await self.pubsub.subscribe(channel)
-                except UNREACHABLE as exc:
-                    raise self.owner.db.unavailable(exc, "the result is unavailable") from None
+            await self._subscribe(channel, deadline, timeout)
             self.started.set()
-            return await waiter.record
+            left = None if deadline is None else max(0.0, deadline - self.loop.time())
+            try:
+                return await asyncio.wait_for(waiter.record, left)
+            except TimeoutError:
+                if self.lost and self.lost_error is not None:
+                    raise self._gone(self.lost_error, timeout) from None
+                raise TimeoutError(f"no outcome within {timeout:g} s") from None
         finally:
             del self.waiters[channel]
             if not self.reader.done():
@@ -282,6 +300,26 @@ class _Hub:
                 with contextlib.suppress(RedisError, OSError, AttributeError):
                     async with self.subscribing:
                         await self.pubsub.unsubscribe(channel)
+
+    async def _subscribe(self, channel: str, deadline: float | None, timeout: float | None) -> None:
+        tries = 0
+        while True:
+            try:
+                async with self.subscribing:  # one SUBSCRIBE at a time on the shared connection
+                    await self.pubsub.subscribe(channel)
+                return
+            except UNREACHABLE as exc:
+                tries += 1
+                left = None if deadline is None else deadline - self.loop.time()
+                pause = outage_wait(tries, left)
+                if pause is None:
+                    raise self._gone(exc, timeout) from None
+            await asyncio.sleep(pause)  # a back-off while Redis is away
+
+    def _gone(self, exc: BaseException, timeout: float | None) -> errors.StoreUnavailable:
+        return self.owner.db.unavailable(
+            exc, f"no answer within the timeout of {timeout or 0:g} s; the solve goes on"
+        )
 
     async def _read(self) -> None:
         try:
@@ -295,6 +333,7 @@ class _Hub:
                     if not self.lost:
                         log.warning("result channel lost (%s); reconnecting", exc)
                         self.lost = True
+                    self.lost_error = exc
                     await asyncio.sleep(RECONNECT_S)
                     continue
                 if self.lost:

@@ -64,9 +64,12 @@ class CaptchaAIClient:
         *,
         timeout: Timeout | None = None,
         pool_size: int = 32,
+        soft_id: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key
+        #: Sent as ``soft_id`` with every submit (the provider's developer program).
+        self.soft_id = soft_id
         self.timeout = timeout or Timeout()
         self._http = _pool_manager(self.base_url, pool_size)
 
@@ -79,10 +82,12 @@ class CaptchaAIClient:
     # -- calls -----------------------------------------------------------------------
     def submit(self, request: SolveRequest, pingback: str | None = None) -> str:
         """Submit a captcha; returns its captcha id.  ``pingback``: the URL the provider
-        calls when it is done (see :mod:`captcha_tasks.pingback`)."""
+        calls when it is done (see :mod:`captcha_tasks.core.pingback`)."""
         fields = request.api_fields()
         if pingback is not None:
             fields["pingback"] = pingback
+        if self.soft_id is not None:
+            fields["soft_id"] = self.soft_id
         reply = self._call("in.php", fields)
         if not reply.ok:
             raise _error(reply.request)
@@ -184,7 +189,7 @@ class CaptchaAIClient:
 
 
 #: Seconds to wait after a 429 that says nothing (or nonsense) in ``Retry-After``.
-DEFAULT_RETRY_AFTER = 5.0
+DEFAULT_RETRY_AFTER = errors.DEFAULT_RETRY_AFTER
 #: Longest wait a ``Retry-After`` is believed for.
 MAX_RETRY_AFTER = 600.0
 

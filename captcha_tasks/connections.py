@@ -50,7 +50,7 @@ from redis.backoff import NoBackoff
 from redis.connection import SSLConnection
 from redis.exceptions import InvalidResponse, ReadOnlyError
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelManagedConnection
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from .settings import RedisSentinel, Settings, mask_url
 
@@ -193,6 +193,20 @@ class FailoverLog:
 
 #: This process's :class:`FailoverLog` (every following connection reports to it).
 FAILOVERS = FailoverLog()
+
+
+def server_address(client: redis.Redis) -> str:
+    """Where ``client``'s server is, as the deployment names it: behind Sentinel, the master
+    the sentinels named (asked when they were not yet); else REDIS_URL's host and port (or
+    socket path).  The same for every process, and across a restart of the same server,
+    unlike the address a server sees a connection arrive at (``CLIENT INFO``'s ``laddr``:
+    one per network path)."""
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        host, port = pool.master_address or pool.get_master_address()  # type: ignore[no-untyped-call]
+        return f"{host}:{port}"
+    where = pool.connection_kwargs
+    return str(where.get("path") or f"{where.get('host', 'localhost')}:{where.get('port', 6379)}")
 
 
 #: Flags of a replica, in the sentinels' view, that cannot take over now.

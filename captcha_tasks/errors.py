@@ -12,7 +12,8 @@
     │   ├── ProviderDown               the provider is out of rotation: the captcha goes
     │   │                              to another one
     │   ├── TransportError             timeout, connection error, HTTP 5xx, HTML or empty body
-    │   ├── RateLimited                HTTP 429: wait ``retry_after`` s (account wide)
+    │   ├── RateLimited                HTTP 429, ERROR_TOO_MUCH_REQUESTS: wait ``retry_after``
+    │   │                              s (account wide, no retry spent)
     │   ├── ServerError                ERROR_SERVER_ERROR, MAX_USER_TURN
     │   ├── StoreUnavailable           Redis is down: nothing is submitted until it is back
     │   ├── NoProxyAvailable           every pooled proxy is taken or cooling off
@@ -22,7 +23,7 @@
     │   ├── KafkaDeliveryError         the Kafka brokers did not acknowledge a message
     │   └── KafkaUnavailable           the Kafka brokers did not answer in time
     ├── ResubmitError                  the captcha failed; submit a new one (bounded)
-    │   ├── UnsolvableError            ERROR_CAPTCHA_UNSOLVABLE
+    │   ├── UnsolvableError            ERROR_CAPTCHA_UNSOLVABLE, ERROR_BAD_DUPLICATES
     │   └── TokenExpired               the answer's life ran out before delivery
     ├── FatalError                     fail fast, never retried
     │   ├── AuthError                  ERROR_WRONG_USER_KEY, ERROR_KEY_DOES_NOT_EXIST, IP_BANNED
@@ -137,9 +138,15 @@ class TransportError(RetryableError):
     default_code = "ERROR_TRANSPORT"
 
 
+#: Seconds to wait when the API asks to slow down without saying how long (an HTTP 429
+#: without a usable ``Retry-After``, ``ERROR_TOO_MUCH_REQUESTS``: CaptchaAI says 3-10 s).
+DEFAULT_RETRY_AFTER = 5.0
+
+
 class RateLimited(RetryableError):
-    """HTTP 429: the API asks every client of the key to wait ``retry_after`` seconds; the
-    whole account holds its requests that long, without spending a retry."""
+    """The API asks every client of the key to slow down (HTTP 429, which may say how long in
+    ``Retry-After``; `ERROR_TOO_MUCH_REQUESTS`): the whole account holds its requests for
+    ``retry_after`` seconds, without spending a retry."""
 
     default_code = "ERROR_RATE_LIMITED"
 
@@ -148,10 +155,13 @@ class RateLimited(RetryableError):
         message: str = "",
         code: str | None = None,
         captcha_id: str | None = None,
-        retry_after: float = 0.0,
+        retry_after: float = DEFAULT_RETRY_AFTER,
     ) -> None:
         super().__init__(message, code, captcha_id)
         self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[type[RateLimited], tuple[str, str, str | None, float]]:  # type: ignore[override]
+        return (type(self), (self.message, self.code, self.captcha_id, self.retry_after))
 
 
 class ServerError(RetryableError):
@@ -315,6 +325,12 @@ _BY_CODE: dict[str, type[CaptchaTasksError]] = {
     "ERROR_CAPTCHA_UNSOLVABLE": UnsolvableError,
     "ERROR_WRONG_USER_KEY": AuthError,
     "ERROR_KEY_DOES_NOT_EXIST": AuthError,
+    "ERROR_TOO_MUCH_REQUESTS": RateLimited,
+    "ERROR_BAD_DUPLICATES": UnsolvableError,
+    "ERROR_CAPTCHAIMAGE_BLOCKED": BadRequestError,
+    "ERROR_BAD_TOKEN_OR_PAGEURL": BadRequestError,
+    "ERROR_WRONG_ID_FORMAT": BadRequestError,
+    "ERROR_DOMAIN_NOT_ALLOWED": BadRequestError,
     "IP_BANNED": AuthError,
     "ERROR_IP_NOT_ALLOWED": AuthError,
     "ERROR_GOOGLEKEY": BadRequestError,
@@ -350,10 +366,25 @@ for _cls in (
 PROXY_CODES = frozenset(code for code, cls in _BY_CODE.items() if cls is ProxyError)
 
 _KEY_HINT = "the API rejects the key: check CAPTCHAAI_API_KEY (and CAPTCHAAI_BASE_URL)"
-#: What to check, for the codes whose fix is in the configuration rather than the call.
+#: What to do, for the codes whose name does not say it (shown as the error's message and
+#: on the error-code reference page).
 HINTS = {
     "ERROR_WRONG_USER_KEY": _KEY_HINT,
-    "ERROR_KEY_DOES_NOT_EXIST": _KEY_HINT,
+    "ERROR_KEY_DOES_NOT_EXIST": f"{_KEY_HINT}; on CaptchaAI it also means the account has no "
+    "threads: start a trial or subscribe to a plan",
+    "ERROR_TOO_MUCH_REQUESTS": "the API asks the key's clients to slow down: every request of "
+    f"the account waits {DEFAULT_RETRY_AFTER:g} s, and the captcha is tried again (no retry is "
+    "spent)",
+    "ERROR_BAD_DUPLICATES": "the provider's workers could not agree on an answer often enough: "
+    "a new captcha is submitted (bounded by CAPTCHAAI_MAX_RESUBMITS)",
+    "ERROR_CAPTCHAIMAGE_BLOCKED": "the provider refuses this image (it is marked "
+    "unrecognisable): send another captcha image",
+    "ERROR_BAD_TOKEN_OR_PAGEURL": "the sitekey or token does not belong to pageurl: read "
+    "fresh parameters from the page",
+    "ERROR_WRONG_ID_FORMAT": "the provider does not recognise the captcha id's format (it "
+    "takes digits only): check that CAPTCHAAI_BASE_URL is the provider that issued the id",
+    "ERROR_DOMAIN_NOT_ALLOWED": "the provider does not solve captchas of pageurl's domain: "
+    "not retried",
     "ERROR_IP_NOT_ALLOWED": "this host's IP address is not allowed for the key: check the "
     "account's IP list",
     "IP_BANNED": "the API banned this host's IP address for a while (too many bad requests)",

@@ -39,6 +39,8 @@ POOL_PROXY = "pool"
 #: Parameters that steer the workers and are never sent to the API.
 INTERNAL_PARAMS = frozenset({"proxy_owner"})
 _PROXY_TYPES = frozenset({"HTTP", "HTTPS", "SOCKS4", "SOCKS5"})
+#: CaptchaAI solves the Cloudflare challenge and CaptchaFox through HTTP(S) proxies only.
+_HTTP_PROXY_TYPES = frozenset({"HTTP", "HTTPS"})
 #: The caller may name the user agent as CaptchaAI's SDK does; the API field is ``userAgent``.
 _ALIASES = {"user_agent": "userAgent"}
 
@@ -74,6 +76,8 @@ class MethodSpec:
     defaults: Mapping[str, Scalar] = field(default_factory=dict)
     #: Parameters the API knows under another name.
     api_names: Mapping[str, str] = field(default_factory=dict)
+    #: The ``proxytype`` values the method's proxy may have.
+    proxy_types: frozenset[str] = _PROXY_TYPES
 
     @property
     def wire_method(self) -> str:
@@ -169,6 +173,7 @@ METHODS: dict[str, MethodSpec] = {
             optional=_TOKEN_EXTRAS,
             required=frozenset({"proxy"}),
             user_agent=True,
+            proxy_types=_HTTP_PROXY_TYPES,
         ),
         MethodSpec(
             "captchafox",
@@ -180,6 +185,7 @@ METHODS: dict[str, MethodSpec] = {
             optional=_TOKEN_EXTRAS,
             required=frozenset({"proxy"}),
             user_agent=True,
+            proxy_types=_HTTP_PROXY_TYPES,
         ),
         MethodSpec(
             "friendly_captcha",
@@ -309,7 +315,7 @@ class SolveRequest:
 
 
 def build_request(
-    method: str | None,
+    method: str | None = None,
     sitekey: str | None = None,
     pageurl: str | None = None,
     **params: Any,
@@ -401,7 +407,7 @@ def _check_params(spec: MethodSpec, params: Mapping[str, Any]) -> dict[str, Para
     if "body" in clean:
         clean["body"] = _check_image(clean["body"])
     _check_values(spec, clean)
-    _check_proxy(clean)
+    _check_proxy(spec, clean)
     if "min_score" in clean:
         _check_min_score(clean["min_score"])
     return clean
@@ -418,9 +424,20 @@ def _check_values(spec: MethodSpec, clean: Mapping[str, Param]) -> None:
         raise ValidationError(f"instructions must not be blank for method {spec.name!r}")
 
 
-def _check_proxy(clean: dict[str, Param]) -> None:
-    if "proxytype" in clean and str(clean["proxytype"]).upper() not in _PROXY_TYPES:
-        raise ValidationError(f"proxytype must be one of {', '.join(sorted(_PROXY_TYPES))}")
+def _check_proxy(spec: MethodSpec, clean: dict[str, Param]) -> None:
+    allowed = ", ".join(sorted(spec.proxy_types))
+    if "proxytype" in clean and str(clean["proxytype"]).upper() not in spec.proxy_types:
+        raise ValidationError(
+            f"proxytype must be one of {allowed} for method {spec.name!r}, "
+            f"got {clean['proxytype']!r}"
+        )
+    # A proxy written with its type ("socks5://host:port"); never echoed: it may hold a password.
+    scheme, sep, _ = str(clean.get("proxy", "")).partition("://")
+    if sep and scheme.upper() in _PROXY_TYPES and scheme.upper() not in spec.proxy_types:
+        raise ValidationError(
+            f"method {spec.name!r} takes a proxy of proxytype {allowed} only, "
+            f"not a {scheme.lower()}:// proxy"
+        )
     if "proxy_owner" in clean and clean.get("proxy") != POOL_PROXY:
         raise ValidationError('proxy_owner goes with proxy="pool"')
     if "proxy" in clean and "proxytype" not in clean and clean["proxy"] != POOL_PROXY:

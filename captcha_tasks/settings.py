@@ -40,6 +40,7 @@ DEFAULT_SENTINEL_PORT = 26379
 #: solve messages have one per lane (interactive work keeps the plain ``solve`` queue).
 QUEUE_KINDS = ("solve", "solve.bulk", "solve.background", "submit", "poll", "housekeeping")
 _QUEUE_PREFIX = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+_SOFT_ID = re.compile(r"[0-9]{1,20}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,9 @@ class Settings:
     #: REDIS_SENTINEL_TLS_CA_FILE: PEM file of the CA that signed the sentinels' and the
     #: servers' certificates (unset: the system's trusted CAs).
     redis_sentinel_tls_ca_file: str | None = None
+    #: CAPTCHAAI_SOFT_ID: your software's id at CaptchaAI (its developer program), sent as
+    #: ``soft_id`` with every ``in.php`` to the primary (unset: not sent).
+    soft_id: str | None = None
     #: CAPTCHAAI_THREADS: the plan's concurrent thread count.
     threads: int = 10
     #: CAPTCHAAI_POLL_INTERVAL: seconds between polls of one captcha.
@@ -191,6 +195,11 @@ class Settings:
     def __post_init__(self) -> None:
         _check_url("CAPTCHAAI_BASE_URL", self.base_url, ("http", "https"))
         self._check_redis()
+        _check(
+            "CAPTCHAAI_SOFT_ID",
+            self.soft_id is None or bool(_SOFT_ID.fullmatch(self.soft_id)),
+            "must be the number the provider gave your software (1-20 digits)",
+        )
         _check("CAPTCHAAI_THREADS", self.threads >= 1, "must be at least 1")
         _check("CAPTCHAAI_POLL_INTERVAL", self.poll_interval > 0, "must be > 0")
         _check(
@@ -667,6 +676,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "redis_sentinel_password": ("REDIS_SENTINEL_PASSWORD", str),
     "redis_sentinel_tls": ("REDIS_SENTINEL_TLS", _flag),
     "redis_sentinel_tls_ca_file": ("REDIS_SENTINEL_TLS_CA_FILE", str),
+    "soft_id": ("CAPTCHAAI_SOFT_ID", str),
     "threads": ("CAPTCHAAI_THREADS", int),
     "poll_interval": ("CAPTCHAAI_POLL_INTERVAL", float),
     "initial_wait": ("CAPTCHAAI_INITIAL_WAIT", float),

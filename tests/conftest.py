@@ -1,9 +1,12 @@
 """Test harness: a real Redis-protocol server process, the sandbox API over HTTP and real
 Celery worker processes.
 
-The session's Redis server and sandbox are started before ``captcha_tasks`` is imported,
-so the package's settings (read from the environment) point at them; worker processes
-inherit the same environment.
+Nothing starts until a test asks: the Redis server is a session fixture started on first
+request, each module that asks has a sandbox of its own, and the Celery app's settings
+(``isolated_module``, through ``app``, ``settings``, ``state`` or ``env``) are built only
+for the modules that use them.  Worker
+processes get the module's environment.  The tier of each test (unit, redis, e2e, system)
+is a marker, checked by ``tests/tiers.py``.
 """
 
 from __future__ import annotations
@@ -55,28 +58,39 @@ SANDBOX_DEFAULTS = {
 }
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+pytest_plugins = ["tests.tiers"]
 
+
+def pytest_configure(config: pytest.Config) -> None:
     # Tests stop the processes they start with SIGINT, as Ctrl-C would.  Started in the
     # background (`./scripts/test &`, nohup), this process inherits SIGINT *ignored*, and so
     # would every child (an ignored signal stays ignored across exec).  A handler here
     # becomes the default disposition in each child instead.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
     out = Path(os.environ.get("TEST_OUTPUT_DIR") or tempfile.mkdtemp(prefix="ct-tests-"))
+    # Each pytest-xdist worker has servers and logs of its own.
+    out = out / os.environ.get("PYTEST_XDIST_WORKER", "main")
     out.mkdir(parents=True, exist_ok=True)
-    redis_server = RedisServer(log_dir=out).start()
-    sandbox = SandboxServer(SandboxConfig(api_keys=(API_KEY,), **SANDBOX_DEFAULTS)).start()
-    _STATE.update(redis=redis_server, sandbox=sandbox, out=out)
-    os.environ.update(TEST_ENV, REDIS_URL=redis_server.url, CAPTCHAAI_BASE_URL=sandbox.url)
+    _STATE["out"] = out
+    # Settings only: no socket is opened until a test asks for Redis.  Its address is fixed
+    # now (a free port, not yet listened on), because Celery's configuration reads
+    # REDIS_URL once, whenever a test first touches the app's config.  Each module that
+    # asks for the sandbox gets one of its own (``sandbox_server``), in its settings.
+    _STATE["redis"] = RedisServer(log_dir=out)
+    os.environ.update(TEST_ENV, REDIS_URL=_STATE["redis"].url)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    if "sandbox" in _STATE:
-        _STATE["sandbox"].stop()
-    if "redis" in _STATE:
+    if _STATE.get("redis_started"):
         _STATE["redis"].stop()
+
+
+def _redis_server() -> RedisServer:
+    """The session's Redis server, started the first time a test needs it."""
+    if not _STATE.get("redis_started"):
+        _STATE["redis"].start()
+        _STATE["redis_started"] = True
+    return _STATE["redis"]  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")
@@ -86,12 +100,18 @@ def output_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def redis_url() -> str:
-    return str(_STATE["redis"].url)
+    return str(_redis_server().url)
 
 
-@pytest.fixture(scope="session")
-def sandbox_server() -> Any:
-    return _STATE["sandbox"]
+@pytest.fixture(scope="module")
+def sandbox_server() -> Iterator[Any]:
+    """The module's sandbox (in this process, over HTTP): a provider of its own, so that
+    what an earlier module left solving there cannot change what this one counts."""
+    from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+
+    server = SandboxServer(SandboxConfig(api_keys=(API_KEY,), **SANDBOX_DEFAULTS)).start()
+    yield server
+    server.stop()
 
 
 class Sandbox:
@@ -117,8 +137,8 @@ class Sandbox:
 
 
 @pytest.fixture
-def sandbox(sandbox_server: Any) -> Iterator[Sandbox]:
-    """The shared sandbox, reset to the default config and zeroed counters."""
+def sandbox(sandbox_server: Any, isolated_module: str) -> Iterator[Sandbox]:
+    """The module's sandbox, reset to the default config and zeroed counters."""
     from captcha_tasks.worker.app import app
 
     box = Sandbox(sandbox_server)
@@ -191,8 +211,10 @@ def purge_broker(redis_url: str, env: Mapping[str, str]) -> None:
     conn.close()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def isolated_module(request: pytest.FixtureRequest) -> Iterator[str]:
+@pytest.fixture(scope="module")
+def isolated_module(
+    request: pytest.FixtureRequest, redis_url: str, sandbox_server: Any
+) -> Iterator[str]:
     """Each test module works under Redis keys and Celery queues of its own, so state
     another module leaked cannot loosen its assertions.  Returns the prefix.
 
@@ -204,7 +226,12 @@ def isolated_module(request: pytest.FixtureRequest) -> Iterator[str]:
 
     name = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
     prefix = f"ct-{name}-{os.urandom(3).hex()}"
-    env = {**os.environ, **getattr(request.module, "MODULE_ENV", {})}
+    # The module's own sandbox, unless the module names its providers (MODULE_ENV).
+    env = {
+        **os.environ,
+        "CAPTCHAAI_BASE_URL": sandbox_server.url,
+        **getattr(request.module, "MODULE_ENV", {}),
+    }
     env.update(CAPTCHAAI_KEY_PREFIX=prefix, CAPTCHAAI_QUEUE_PREFIX=prefix)
     _MODULE.update(env=env, prefix=prefix)
     app.use(Settings.from_env(env))
@@ -220,6 +247,14 @@ _MODULE: dict[str, Any] = {}
 def env(isolated_module: str) -> dict[str, str]:
     """The environment of this module's settings, for the processes its tests start."""
     return dict(_MODULE["env"])
+
+
+@pytest.fixture(scope="module")
+def app(isolated_module: str) -> Any:
+    """The package's Celery app, with this module's settings installed."""
+    from captcha_tasks.worker.app import app
+
+    return app
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,9 @@ from ..errors import ValidationError
 from ..settings import Settings
 from ..worker.tasks import normalize_solve_args
 
+#: The columns of a CSV output, in order (the ones added later at the end, so a script
+#: that reads them by position keeps working).  A JSONL line has the same fields, and a
+#: failure's ``message``.
 OUTPUT_FIELDS = (
     "index",
     "status",
@@ -30,6 +33,9 @@ OUTPUT_FIELDS = (
     "user_agent",
     "provider",
     "captcha_id",
+    "method",
+    "solved_at",
+    "expires_at",
 )
 
 
@@ -183,11 +189,17 @@ class ResultWriter:
 
 
 def output_row(outcome: dict[str, Any]) -> dict[str, Any]:
+    """One output line of a batch result: the outcome's shape, with its ``index``."""
     row: dict[str, Any] = {"index": outcome["index"], "status": outcome["status"]}
+    row["method"] = outcome.get("method")
     if outcome["status"] == "solved":
         row["token"] = outcome["token"]
         if outcome.get("user_agent"):
             row["user_agent"] = outcome["user_agent"]
+        # Tokens live minutes (reCAPTCHA about 120 s): when it was solved and how long it
+        # may still be used.
+        row["solved_at"] = outcome.get("solved_at")
+        row["expires_at"] = outcome.get("expires_at")
     else:
         row["error"] = outcome["error"]
         row["message"] = outcome.get("message")

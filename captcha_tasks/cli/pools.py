@@ -1,14 +1,17 @@
-"""``captcha-tasks pool status`` and ``pool declare``: token pools."""
+"""``captcha-tasks pool status``, ``pool declare`` and ``pool take``: token pools."""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
 from ..core.poolspec import parse_pools
+from ..errors import PoolNotFound
 from ..worker.app import app
+from ..worker.tasks import take_token
 
 
 @click.group()
@@ -83,6 +86,29 @@ def pool_declare(path: Path | None) -> None:
         pools.register(spec)
         click.echo(f"pool {spec.name}: {spec.method}, size {spec.size}, ttl {spec.ttl:g}s")
     click.echo(f"{len(specs)} pool(s) from {where} registered; beat keeps them filled")
+
+
+@pool.command("take")
+@click.argument("name")
+@click.option(
+    "--min-remaining",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Seconds of life the token must have left (default: the pool's min_remaining).",
+)
+def pool_take(name: str, min_remaining: float | None) -> None:
+    """Take one token from pool NAME and print it as JSON; exit 1 when the pool is empty."""
+
+    try:
+        taken = take_token(name, min_remaining)
+    except PoolNotFound as exc:
+        raise click.BadParameter(str(exc), param_hint="NAME") from None
+    if taken is None:
+        click.echo(
+            f"pool {name} is empty: no token with enough life left (beat refills it)", err=True
+        )
+        sys.exit(1)
+    click.echo(json.dumps(taken))
 
 
 def _pct(value: float | None) -> str:

@@ -23,6 +23,7 @@ challenge, CaptchaFox, reCAPTCHA Enterprise): the token only works sent with tha
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -106,6 +107,23 @@ class Failed:
 
 
 Outcome = Solved | Failed
+
+
+def from_pool(record: Mapping[str, Any], elapsed_s: float, now: float) -> Solved:
+    """A pooled token as its taker's outcome: ``record`` is what the pool holds (the refill's
+    outcome, with ``remaining_s`` from the take), handed out at ``now`` (Unix time) after
+    ``elapsed_s``; ``source`` is "pool" and its life is what is left of it."""
+    return Solved(
+        token=record["token"],
+        captcha_id=str(record["captcha_id"]),
+        method=record["method"],
+        source="pool",
+        elapsed_s=round(elapsed_s, 3),
+        solved_at=parse_iso(record["solved_at"]),
+        expires_at=now + float(record["remaining_s"]),
+        user_agent=record.get("user_agent"),
+        provider=record.get("provider"),
+    )
 
 
 def outcome_from_dict(data: dict[str, Any]) -> Outcome:

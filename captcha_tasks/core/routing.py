@@ -107,7 +107,9 @@ def _none_in_rotation(job: Job, down: list[Circuit], now: float) -> SubmitAt | F
         return SubmitAt(at, job, error)
     codes = ", ".join(f"{c.provider}: {c.code}" for c in down)
     first = down[0].code or "ERROR_ZERO_BALANCE"
-    return Fail(errors.from_api_code(first, message=f"every provider is out of rotation ({codes})"))
+    hint = f": {errors.HINTS[first]}" if first in errors.HINTS else ""
+    message = f"every provider is out of rotation ({codes}){hint}"
+    return Fail(errors.from_api_code(first, message=message))
 
 
 def _up(circuits: Mapping[str, Circuit], name: str) -> bool:

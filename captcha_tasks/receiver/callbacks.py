@@ -2,7 +2,7 @@
 
 A callback is hostile input until proven otherwise.  It counts only when
 
-* its path carries a ticket with a right MAC (see :mod:`captcha_tasks.pingback`);
+* its path carries a ticket with a right MAC (see :mod:`captcha_tasks.core.pingback`);
 * its ``id`` is the captcha that ticket's attempt has at the provider (on the board);
 * it is the first word on that captcha: the completion script claims a solve once.
 

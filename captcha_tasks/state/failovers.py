@@ -6,7 +6,10 @@ master's ``run_id`` (:meth:`Failovers.note_master`: Redis keeps the one it last 
 exactly one process reconciles each change) and then makes every lost message that Redis
 still remembers due at once (:meth:`Failovers.reconcile`): solve messages not started
 yet, submits owed a message, the pending poll round.  A duplicate message is harmless
-(each solve's record and claim stop it), a lost one would wait out its grace.
+(each solve's record and claim stop it), a lost one would wait out its grace.  A new
+``run_id`` at the address the master was at is the same server restarted (:data:`RESTARTED`);
+at another address, another master took over (:data:`MOVED`): reconciled alike, told
+apart in the log.
 
 Each process also counts what it saw itself (reconnects, from
 :data:`captcha_tasks.connections.FAILOVERS`) and adds it here once Redis answers
@@ -16,14 +19,20 @@ Each process also counts what it saw itself (reconnects, from
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from ..connections import FAILOVERS, FailoverLog
+from ..connections import FAILOVERS, FailoverLog, server_address
 from .db import Db
 from .lua import Script, text
 from .owed import owed_keys
 
 T = TypeVar("T")
+
+#: What :meth:`Failovers.note_master` found: the same server restarted, or another master.
+Change = Literal["restarted", "moved"]
+RESTARTED: Change = "restarted"
+MOVED: Change = "moved"
+_CHANGES: dict[int, Change] = {1: MOVED, 2: RESTARTED}
 
 NOTE_MASTER = Script("failovers/note_master")
 
@@ -53,14 +62,17 @@ class Failovers:
             log.undrain(reconnects)
             raise
 
-    def note_master(self) -> bool:
-        """Whether the master changed since housekeeping last looked (True once per
-        change, for one process)."""
+    def note_master(self) -> Change | None:
+        """What changed of the master since housekeeping last looked (once per change,
+        for one process): :data:`RESTARTED` (a new ``run_id`` at the same address),
+        :data:`MOVED` (another address), or None (the same master, or the first look)."""
         r = self.db.redis
         info: dict[str, Any] = self._guarded(lambda: r.info("server"))
+        where = self._guarded(lambda: server_address(r))
         keys = {"master": self.keys.redis_master(), "events": self.keys.redis_events()}
-        changed = self._guarded(lambda: self._note(keys, {"run_id": str(info["run_id"])}))
-        return bool(changed)
+        args = {"run_id": str(info["run_id"]), "address": where}
+        changed = int(self._guarded(lambda: self._note(keys, args)))
+        return _CHANGES.get(changed)
 
     def reconcile(self) -> tuple[int, int]:
         """Make every message Redis still owes due now; returns (solve messages, owed

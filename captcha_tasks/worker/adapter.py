@@ -31,7 +31,7 @@ from ..core import steps
 from ..core.channel import Heard
 from ..core.decisions import Decision, Deliver, Fail
 from ..core.job import BatchRef, Job
-from ..core.outcome import Solved, parse_iso
+from ..core.outcome import from_pool
 from ..core.rounds import Entry, RoundDue
 from ..methods import SolveRequest, build_request
 from ..settings import Settings
@@ -180,17 +180,7 @@ class Runner:
         if record is None:
             return False
         now = time.time()
-        outcome = Solved(
-            token=record["token"],
-            captcha_id=str(record["captcha_id"]),
-            method=request.method,
-            source="pool",
-            elapsed_s=round(now - started, 3),
-            solved_at=parse_iso(record["solved_at"]),
-            expires_at=now + float(record["remaining_s"]),
-            user_agent=record.get("user_agent"),
-            provider=record.get("provider"),
-        )
+        outcome = from_pool({**record, "method": request.method}, now - started, now)
         self.completer.complete(job, Deliver(outcome), source="pool")
         return True
 

@@ -14,14 +14,17 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import warnings
 from typing import Any
 
 from celery import Celery
 from celery.app.control import Control as CeleryControl
+from celery.exceptions import CPendingDeprecationWarning
 from celery.signals import (
     after_setup_logger,
     after_setup_task_logger,
     beat_init,
+    celeryd_after_setup,
     worker_init,
     worker_process_init,
 )
@@ -32,7 +35,7 @@ from ..errors import StoreUnavailable
 from ..settings import Settings, get_settings, reset_settings
 from ..state import State
 from . import flower_auth, names, startup
-from .housekeeping import Housekeeping
+from .housekeeping import Housekeeping, KeepTicking
 from .runtime import Runtime
 
 CONFIG_MODULE = "captcha_tasks.worker.config"
@@ -118,6 +121,7 @@ app.on_configure.connect(_refuse_bad_settings, weak=False)
 app.config_from_object(CONFIG_MODULE)
 app.conf.task_routes = (app.route,)
 app.steps["worker"].add(Housekeeping)
+app.steps["consumer"].add(KeepTicking)
 flower_auth.install(app)
 
 
@@ -138,6 +142,19 @@ def _register_pools(sender: Any = None, **_: Any) -> None:
     # a framework's own worker in the same process tree has nothing to register.
     if _ours(sender):
         app.runtime().register_configured()
+
+
+#: The start of Celery's notice, at every lost broker connection, that
+#: ``worker_cancel_long_running_tasks_on_connection_loss`` will default to True in 6.0.
+CANCEL_NOTICE = r"\s*In Celery 5\.1 we introduced an optional breaking change"
+
+
+@celeryd_after_setup.connect
+def _quiet_notice(instance: Any = None, **_: Any) -> None:
+    # The setting is set, to False (see .config); Celery warns whenever it is off.  After
+    # the worker's logging set-up, which shows every pending deprecation ('always').
+    if _ours(instance):
+        warnings.filterwarnings("ignore", CANCEL_NOTICE, CPendingDeprecationWarning)
 
 
 #: Seconds between two reports of beat's reconnects (beat has no housekeeping tick).

@@ -1,5 +1,6 @@
 """The Redis broker transports (one Redis, and Redis behind Sentinel) with one fault of
-kombu's closed, and the Sentinel result backend on connections that follow the master.
+kombu's closed, the result backend each uses (:mod:`.backend`: ``get()`` waits out an
+outage), and the Sentinel one on connections that follow the master.
 
 When the broker connection drops (Redis restarts, fails over), Celery's consumer closes
 the connection and kombu's Redis channel then tries to put the worker's unacknowledged
@@ -38,6 +39,7 @@ from ..connections import (
     MasterFollowingSSLConnection,
     following_connection,
 )
+from .backend import OutageSafe
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,10 @@ log = logging.getLogger(__name__)
 TRANSPORT = "captcha_tasks.worker.broker:Transport"
 #: ``broker_transport`` for a ``sentinel://`` broker URL.
 SENTINEL_TRANSPORT = "captcha_tasks.worker.broker:SentinelTransport"
-#: The result backend class for a ``sentinel://`` URL (Celery's ``<class>+<url>`` form).
+#: The result backend class for a ``sentinel://`` URL (Celery's ``<class>+<url>`` form)...
 SENTINEL_BACKEND = "captcha_tasks.worker.broker:SentinelBackend"
+#: ... and for ``redis://`` and ``rediss://``.
+REDIS_BACKEND = "captcha_tasks.worker.backend:RedisBackend"
 
 
 def transport(broker_url: str) -> str | None:
@@ -59,8 +63,14 @@ def transport(broker_url: str) -> str | None:
 
 
 def backend_url(url: str) -> str:
-    """Our ``result_backend`` for ``url``: Celery's own, or ours behind Sentinel."""
-    return f"{SENTINEL_BACKEND}+{url}" if url.startswith("sentinel://") else url
+    """Our ``result_backend`` for ``url``: Celery's Redis backend whose ``get()`` waits out
+    an outage (:mod:`.backend`), behind Sentinel on connections that follow the master;
+    unix sockets keep Celery's own."""
+    if url.startswith("sentinel://"):
+        return f"{SENTINEL_BACKEND}+{url}"
+    if url.startswith(("redis://", "rediss://")):
+        return f"{REDIS_BACKEND}+{url}"
+    return url
 
 
 class QoS(kombu_redis.QoS):
@@ -114,8 +124,9 @@ class SentinelTransport(kombu_redis.SentinelTransport):
     Channel = SentinelChannel
 
 
-class SentinelBackend(celery_redis.SentinelBackend):
-    """Celery's Redis Sentinel result backend, on connections that follow the master."""
+class SentinelBackend(OutageSafe, celery_redis.SentinelBackend):
+    """Celery's Redis Sentinel result backend, on connections that follow the master, whose
+    ``get()`` waits out an outage (:class:`.backend.OutageSafe`)."""
 
     def _get_pool(self, **params: Any) -> Any:
         tls = params.get("connection_class") is self.connection_class_ssl

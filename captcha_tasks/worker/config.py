@@ -37,6 +37,13 @@ event_serializer = "json"
 # (tasks reschedule themselves at most half of it ahead).
 task_acks_late = True
 task_reject_on_worker_lost = True
+# When the broker connection drops, a task already running finishes its step (every step
+# is idempotent; its ack, lost with the connection, makes the message come back after the
+# visibility timeout and its rerun find the work done) instead of being cancelled: the
+# threads pool cannot cancel one (Celery 5.6 raises there, 5.7 warns per task), and a
+# cancel would store the solve's record as RETRY.  Celery warns about the coming default
+# whenever this is off, set or not: the worker mutes that one notice (app._quiet_notice).
+worker_cancel_long_running_tasks_on_connection_loss = False
 broker_transport_options = _where["broker_transport_options"]
 result_backend_transport_options = _where["result_backend_transport_options"]
 broker_connection_retry_on_startup = True

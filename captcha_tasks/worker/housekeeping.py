@@ -29,6 +29,7 @@ from ..core.job import Job
 from ..core.lanes import BACKGROUND
 from ..methods import SolveRequest, build_request
 from ..state.circuits import PROBE_MAX_S
+from ..state.failovers import MOVED
 from ..state.limiter import Drift
 from ..state.pools import PoolSpec
 from . import names
@@ -139,11 +140,14 @@ def follow_master(runner: Runner) -> None:
     process per change: see :mod:`captcha_tasks.state.failovers`)."""
     failovers = runner.state.failovers
     failovers.report("worker")
-    if failovers.note_master():
+    change = failovers.note_master()
+    if change is not None:
         solves, owed = failovers.reconcile()
+        what = "the Redis master changed" if change == MOVED else "Redis restarted"
         log.warning(
-            "the Redis master changed: sending again the %d solve messages and %d submits"
-            " it may have lost (a copy that was not lost is ignored)",
+            "%s: sending again the %d solve messages and %d submits it may have lost (a"
+            " copy that was not lost is ignored)",
+            what,
             solves,
             owed,
         )
@@ -201,17 +205,44 @@ class Housekeeping(bootsteps.StartStopStep):
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
         self.tref: Any = None
+        self.worker: Any = None
+        self.runner: Runner | None = None
 
     def start(self, worker: Any) -> None:
         runtime = worker.app.runtime()
         runtime.worker = worker
-        runner = runtime.runner
-        self.tref = worker.timer.call_repeatedly(TICK_S, _safe_tick, (runner,), priority=10)
+        runtime.housekeeping = self
+        self.worker, self.runner = worker, runtime.runner
+        self.arm()
+
+    def arm(self) -> None:
+        """Put the tick on the worker's timer, unless it is there: Celery 5.6 empties the
+        whole timer when the broker connection drops (5.7 takes off only what its consumer
+        put there), which would end housekeeping for good (see :class:`KeepTicking`)."""
+        if self.worker is None or self.runner is None:
+            return
+        timer = self.worker.timer
+        if self.tref is not None:
+            if any(scheduled.entry is self.tref for scheduled in timer.queue):
+                return
+            self.tref.cancel()
+        self.tref = timer.call_repeatedly(TICK_S, _safe_tick, (self.runner,), priority=10)
 
     def stop(self, worker: Any) -> None:
         if self.tref is not None:
             self.tref.cancel()
             self.tref = None
+        self.worker = None
+
+
+class KeepTicking(bootsteps.StartStopStep):
+    """A consumer step: each time the consumer (re)connects to the broker, housekeeping's
+    tick is on the worker's timer again (:meth:`Housekeeping.arm`)."""
+
+    def start(self, consumer: Any) -> None:
+        step = getattr(consumer.app.runtime(), "housekeeping", None)
+        if step is not None:
+            step.arm()
 
 
 def _safe_tick(runner: Runner) -> None:

@@ -29,7 +29,8 @@ T = TypeVar("T")
 
 def api_client(settings: Settings, spec: ProviderSpec | None = None) -> CaptchaAIClient:
     """The API client of a provider (default: the primary) with the settings' timeouts:
-    one pooled HTTP session, the key from the settings."""
+    one pooled HTTP session, the key from the settings.  ``CAPTCHAAI_SOFT_ID`` goes to the
+    primary only: a developer id belongs to one provider."""
     spec = spec or settings.primary
     if not spec.api_key:
         raise ConfigurationError(
@@ -40,6 +41,7 @@ def api_client(settings: Settings, spec: ProviderSpec | None = None) -> CaptchaA
         spec.base_url,
         spec.api_key,
         timeout=Timeout(settings.connect_timeout, settings.read_timeout),
+        soft_id=settings.soft_id if spec.primary else None,
     )
 
 
@@ -64,6 +66,8 @@ class Runtime:
         #: The worker this process runs (set by the worker's housekeeping step), whose
         #: event dispatcher Flower turns on.
         self.worker: Any = None
+        #: That worker's housekeeping step (which a reconnected consumer re-arms).
+        self.housekeeping: Any = None
         self.runner = Runner(app, settings, self.state, self.api, self.event)
 
     def api(self, provider: str | None = None) -> CaptchaAIClient:

@@ -36,6 +36,7 @@ from celery.worker.request import Request
 from .. import errors
 from ..core.job import BatchRef, Job
 from ..core.lanes import DEFAULT_TENANT, check_lane, check_tenant, default_lane
+from ..core.outcome import from_pool
 from ..methods import POOL_PROXY, build_request
 from ..redact import SECRET_PARAMS, mask_params
 from ..settings import Settings
@@ -322,8 +323,15 @@ def create_pool(
 def take_token(pool: str, min_remaining: float | None = None) -> dict[str, Any] | None:
     """Take one pooled token directly (no worker hop), or None when the pool is empty.
 
-    Raises :class:`~captcha_tasks.state.pools.PoolNotFound` for an undeclared pool.
+    The token comes in the outcome's shape (``source`` is ``"pool"``, ``expires_at`` what
+    is left of its life), with ``remaining_s``: its seconds of life left.  Raises
+    :class:`~captcha_tasks.state.pools.PoolNotFound` for an undeclared pool.
     """
+    started = time.monotonic()
     record = app.runtime().state.pools.take(pool, min_remaining)
     prewarm.delay(pool)
-    return record
+    if record is None:
+        return None
+    outcome = from_pool(record, time.monotonic() - started, time.time()).to_dict()
+    token = outcome.pop("token")  # the token last, as in every outcome
+    return {**outcome, "remaining_s": record["remaining_s"], "token": token}

@@ -16,7 +16,7 @@ from captcha_tasks import aio, errors, solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.worker.app import app
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("worker", "clean_state")]
 
 PAGE = "https://example.com/aio"
 GET_TIMEOUT = 30
@@ -62,6 +62,7 @@ def test_bad_input_raises_at_the_call_site_and_queues_nothing(
         task(method="nope"),
         task(sitekey=None),
         task(colour="red"),
+        {k: v for k, v in task().items() if k != "method"},
     ]
     for kwargs in cases:
         with pytest.raises(errors.ValidationError) as sync:
@@ -69,6 +70,9 @@ def test_bad_input_raises_at_the_call_site_and_queues_nothing(
         with pytest.raises(errors.ValidationError) as info:
             asyncio.run(aio.solve(**kwargs))
         assert str(info.value) == str(sync.value)
+    for timeout in (0, -1.5):  # aio's own argument, checked as early
+        with pytest.raises(errors.ValidationError, match="timeout must be a number of seconds"):
+            asyncio.run(aio.solve(**task(), timeout=timeout))
     assert {q: redis_conn.llen(q) for q in before} == before
     assert redis_conn.dbsize() == keys_before
     assert sandbox.stats()["submits"] == 0
@@ -189,8 +193,9 @@ def test_leaving_the_stream_cancels_what_was_not_submitted(
 
 
 async def _until(predicate: Callable[[], object]) -> None:
+    """Poll a condition (every caller bounds it with ``asyncio.wait_for``)."""
     while not predicate():
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # a poll of a condition with a deadline
 
 
 def test_waits_survive_a_lost_pubsub_connection(sandbox: Any, redis_conn: Any) -> None:

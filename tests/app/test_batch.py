@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from image_files import png_b64
 
+from captcha_tasks.core.outcome import parse_iso
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.stream import stream
 from captcha_tasks.worker.app import app
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 PAGE = "https://example.com/batch"
 VISIBILITY = "6"
@@ -111,6 +112,10 @@ def test_cli_batch_writes_jsonl_then_resume_runs_only_unsolved(
     new = lines[4:]
     assert sorted(line["index"] for line in new) == [1, 3, 4, 6, 7]
     assert all(line["status"] == "solved" and line["source"] == "api" for line in new)
+    # the result's shape: its method, when it was solved and until when it may be used
+    for line in new:
+        assert line["method"] == "turnstile", line
+        assert parse_iso(line["solved_at"]) < parse_iso(line["expires_at"]), line
     assert sandbox.stats()["submits"] == 5
     assert "5 solved, 0 failed" in proc.stderr
 
@@ -130,7 +135,12 @@ def test_cli_batch_csv_in_and_out(
     assert proc.returncode == 0, proc.stderr
     header, *body = out.read_text().splitlines()
     assert header.split(",")[:3] == ["index", "status", "token"]
+    assert header.split(",")[-3:] == ["method", "solved_at", "expires_at"]
     assert sorted(int(line.split(",")[0]) for line in body) == [0, 1, 2]
+    with out.open(newline="") as fh:
+        rows = {int(r["index"]): r for r in csv.DictReader(fh)}
+    assert [rows[i]["method"] for i in range(3)] == ["turnstile", "userrecaptcha", "turnstile"]
+    assert all(parse_iso(r["solved_at"]) < parse_iso(r["expires_at"]) for r in rows.values())
 
 
 CAPTCHAAI_ROWS: list[dict[str, Any]] = [

@@ -29,16 +29,18 @@ from typing import Any
 
 import pytest
 import redis
+from contract import validate
 
 from captcha_tasks import aio, errors, solve
 from captcha_tasks.core.batching import MAX_BLOCK_S
+from captcha_tasks.core.outcome import parse_iso
 from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.keys import Keys
 from captcha_tasks.settings import Settings
 from captcha_tasks.stream import stream
 from captcha_tasks.worker.app import app
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 PAGE = "https://example.com/drivers"
 PASSWORD = "pw-" + os.urandom(4).hex()
@@ -128,6 +130,18 @@ def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 # -- the same behaviour from both drivers, in this process -----------------------------------
+
+
+def test_each_line_has_the_result_shape_with_its_index(driver: Driver, idle: Any) -> None:
+    """What ``get()`` returns, plus ``index``: ``method``, and for a solved task when it
+    was solved and until when its token may be used (the batch-entry JSON Schema)."""
+    results = {r["index"]: r for r in driver.run([task(), task(pageurl="ftp://nope")])}
+    solved, failed = results[0], results[1]
+    validate("batch-entry", solved)
+    validate("batch-entry", failed)
+    assert solved["status"] == "solved" and solved["method"] == "turnstile"
+    assert parse_iso(solved["solved_at"]) < parse_iso(solved["expires_at"])
+    assert failed["status"] == "failed" and failed["method"] == "turnstile"
 
 
 def test_a_quiet_wait_longer_than_a_read_is_not_an_outage(

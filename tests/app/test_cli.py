@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -18,9 +19,12 @@ import pytest
 import captcha_tasks
 from captcha_tasks.cli import COMMANDS, load_command
 from captcha_tasks.cli import cli as cli_group
+from captcha_tasks.core.outcome import Solved, parse_iso
 from captcha_tasks.dev.devstack import free_port
 from captcha_tasks.dev.sandbox import SandboxConfig
 from captcha_tasks.settings import mask_url
+
+pytestmark = pytest.mark.redis
 
 PAGE = "https://example.com/cli"
 PASSWORD = "hunter2-" + os.urandom(4).hex()
@@ -45,6 +49,13 @@ def cli(*args: str, env: dict[str, str], **kwargs: Any) -> Any:
 
 def lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
+
+
+def refilled(token: str) -> dict[str, Any]:
+    """A token as a refill puts it in its pool: the refill's outcome (``source`` "api")."""
+    now = time.time()
+    solved = Solved(token, "7001", "turnstile", "api", 9.5, now - 10, now + 90)
+    return solved.to_dict()
 
 
 # -- Redis down, or REDIS_URL pointing at something else ------------------------------------
@@ -305,7 +316,7 @@ def test_pool_status_explains_the_demand_aware_target(
     [row] = [line.split() for line in lines(before.stdout) if line.startswith(POOL["name"])]
     assert row[1:3] == ["10", "10"]  # size, target: filled to its size until the first take
     assert "first take" not in before.stdout
-    state.pools.add(POOL["name"], {"token": "pooled-token"}, 100)  # as a refill would
+    state.pools.add(POOL["name"], refilled("pooled-token"), 100)
     took = run([sys.executable, "-c", f"from captcha_tasks import take_token; "
                 f"print(take_token({POOL['name']!r}))"], shell)  # fmt: skip
     assert took.returncode == 0, took.stderr
@@ -316,3 +327,29 @@ def test_pool_status_explains_the_demand_aware_target(
     assert float(row[5]) > 0  # takes/s
     assert "filled to its size until its first take" in after.stdout
     assert "takes/s x (solve time + margin)" in after.stdout
+
+
+def test_pool_take_prints_a_token_as_json_or_exits_1_when_empty(
+    clean_state: None, env: dict[str, str], state: Any
+) -> None:
+    shell = {**env, "CAPTCHAAI_POOLS": json.dumps([POOL])}
+    empty = cli("pool", "take", POOL["name"], env=shell)
+    assert (empty.returncode, empty.stdout) == (1, "")
+    assert lines(empty.stderr) == [
+        f"pool {POOL['name']} is empty: no token with enough life left (beat refills it)"
+    ]
+    state.pools.add(POOL["name"], refilled("pooled-token"), 90)  # its life left, as it says
+    took = cli("pool", "take", POOL["name"], env=shell)
+    assert took.returncode == 0, took.stderr
+    taken = json.loads(took.stdout)
+    # the outcome's shape, as a pool hit through solve() has it: from the pool, its life left
+    assert (taken["status"], taken["source"], taken["token"]) == ("solved", "pool", "pooled-token")
+    assert list(taken)[-1] == "token" and 80 < taken["remaining_s"] <= 90
+    left = parse_iso(taken["expires_at"]) - time.time()
+    assert abs(left - taken["remaining_s"]) < 5
+    assert cli("pool", "take", POOL["name"], env=shell).returncode == 1  # handed out once
+    # more life asked for than a token has: a miss, not an error
+    state.pools.add(POOL["name"], refilled("short-lived"), 30)
+    assert cli("pool", "take", POOL["name"], "--min-remaining", "60", env=shell).returncode == 1
+    unknown = cli("pool", "take", "no-such-pool", env=shell)
+    assert unknown.returncode == 2 and "no-such-pool" in unknown.stderr

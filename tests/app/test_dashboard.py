@@ -113,6 +113,7 @@ def dashboard(request: pytest.FixtureRequest) -> dict[str, Any]:
     return _load(request.param)
 
 
+@pytest.mark.redis
 def test_there_is_a_dashboard() -> None:
     assert [p.name for p in DASHBOARD_FILES] == ["captcha-tasks.json"]
 
@@ -120,6 +121,7 @@ def test_there_is_a_dashboard() -> None:
 # -- the extraction itself -----------------------------------------------------------------
 
 
+@pytest.mark.redis
 def test_the_extraction_catches_a_made_up_metric() -> None:
     expr = (
         'sum by (code, le) (rate(captcha_tasks_made_up_total{pool=~"$pool"}[5m]))'
@@ -132,6 +134,7 @@ def test_the_extraction_catches_a_made_up_metric() -> None:
     assert unserved(metrics_in(expr), served) == {"captcha_tasks_made_up_total"}
 
 
+@pytest.mark.redis
 def test_histogram_suffixes_are_part_of_the_name() -> None:
     expr = "histogram_quantile(0.9, sum by (le) (captcha_tasks_solve_seconds_bucket))"
     assert metrics_in(expr) == {"captcha_tasks_solve_seconds_bucket"}
@@ -151,6 +154,7 @@ def _balanced(expr: str) -> bool:
     return not stack
 
 
+@pytest.mark.redis
 def test_every_panel_queries_the_exporter(dashboard: dict[str, Any]) -> None:
     panels = list(_panels(dashboard["panels"]))
     assert panels
@@ -180,6 +184,7 @@ def test_every_panel_queries_the_exporter(dashboard: dict[str, Any]) -> None:
         assert _balanced(expr), f"{where}: unbalanced brackets in {expr!r}"
 
 
+@pytest.mark.redis
 def test_the_data_source_is_a_variable(dashboard: dict[str, Any]) -> None:
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
     source = variables[DATASOURCE_VARIABLE]
@@ -187,6 +192,7 @@ def test_the_data_source_is_a_variable(dashboard: dict[str, Any]) -> None:
     assert "__inputs" not in dashboard  # an export's placeholders break file provisioning
 
 
+@pytest.mark.redis
 def test_the_dashboard_shows_what_operators_look_for(dashboard: dict[str, Any]) -> None:
     exprs = [expr for _, expr in expressions(dashboard)]
     used = set().union(*(metrics_in(e) for e in exprs))
@@ -252,6 +258,7 @@ def _provisioning(kind: str) -> list[dict[str, Any]]:
     return [yaml.safe_load(path.read_text()) for path in files]
 
 
+@pytest.mark.redis
 def test_grafana_provisions_the_dashboard_folder() -> None:
     mounts = _mounts("grafana")
     assert mounts[str((GRAFANA / "provisioning").resolve())] == "/etc/grafana/provisioning"
@@ -271,6 +278,7 @@ def _option(service: str, option: str) -> str:
     raise AssertionError(f"{service} has no {option}")
 
 
+@pytest.mark.redis
 def test_the_data_source_is_the_stacks_prometheus() -> None:
     sources = [s for config in _provisioning("datasources") for s in config["datasources"]]
     assert len(sources) == 1
@@ -281,6 +289,7 @@ def test_the_data_source_is_the_stacks_prometheus() -> None:
     assert "prometheus" in SERVICES["grafana"]["depends_on"]
 
 
+@pytest.mark.redis
 def test_prometheus_scrapes_the_exporter() -> None:
     config_path = _option("prometheus", "--config.file")
     mounts = {target: source for source, target in _mounts("prometheus").items()}
@@ -349,7 +358,7 @@ def _reject_a_callback() -> None:
     assert resp.status_code >= 400
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_every_query_reads_what_a_live_exporter_serves(
     worker: CeleryProcess, sandbox: Any, clean_state: None, metrics_url: str
 ) -> None:

@@ -70,7 +70,7 @@ def _pool_idle() -> dict[str, Any]:
     return status
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_metrics_report_threads_pools_errors_and_solve_times(
     worker: CeleryProcess, sandbox: Any, clean_state: None, metrics_url: str, redis_conn: Any
 ) -> None:
@@ -139,7 +139,7 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
     assert 0 < _value(samples, "captcha_tasks_solve_seconds_gsum", **turnstile) < recent * 5
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_pooled_solves_are_counted_with_source_pool(
     worker: CeleryProcess, sandbox: Any, clean_state: None, output_dir: Path, env: dict[str, str]
 ) -> None:
@@ -167,6 +167,7 @@ def test_pooled_solves_are_counted_with_source_pool(
     assert counted == pooled
 
 
+@pytest.mark.redis
 def test_lanes_tenants_and_budgets_are_counted(metrics_url: str, clean_state: None) -> None:
     """What the limiter and the completion count, read through the exporter: threads and
     parked submits by lane and tenant, waits, the budget, endings."""
@@ -203,6 +204,7 @@ def test_lanes_tenants_and_budgets_are_counted(metrics_url: str, clean_state: No
     assert _value(samples, "captcha_tasks_tenant_weight", tenant="default") == 1
 
 
+@pytest.mark.redis
 def test_every_queue_and_priority_sub_list_is_counted(redis_conn: Any) -> None:
     # queues of their own, which no worker of this module consumes
     settings = app.runtime().settings.replace(queue_prefix=f"idle-{os.getpid()}")
@@ -220,6 +222,7 @@ def test_every_queue_and_priority_sub_list_is_counted(redis_conn: Any) -> None:
     assert sum(sizes.values()) == 3
 
 
+@pytest.mark.redis
 def test_buckets_are_cumulative() -> None:
     buckets = dict(_buckets([0.5, 1.0, 2.5, 500.0]))
     assert buckets["1.0"] == 2  # le is inclusive
@@ -228,6 +231,7 @@ def test_buckets_are_cumulative() -> None:
     assert buckets["+Inf"] == 4
 
 
+@pytest.mark.redis
 def test_openmetrics_is_negotiated(metrics_url: str, clean_state: None) -> None:
     resp = requests.get(
         metrics_url, headers={"Accept": "application/openmetrics-text; version=1.0.0"}, timeout=10
@@ -238,6 +242,7 @@ def test_openmetrics_is_negotiated(metrics_url: str, clean_state: None) -> None:
     assert "# TYPE captcha_tasks_solve_seconds gaugehistogram" in resp.text
 
 
+@pytest.mark.redis
 def test_unknown_path_is_404(metrics_url: str) -> None:
     assert requests.get(metrics_url.replace("/metrics", "/nope"), timeout=5).status_code == 404
 
@@ -266,6 +271,7 @@ def _call(app: Any) -> tuple[str, bytes]:
     return got["status"], body
 
 
+@pytest.mark.redis
 def test_a_collector_bug_is_a_500_not_a_crash() -> None:
     status, body = _call(make_wsgi_app(_Broken(ValueError("bug"))))
     assert status.startswith("500")
@@ -301,6 +307,7 @@ class MetricsProcess:
             self.proc.wait(10)
 
 
+@pytest.mark.redis
 def test_redis_down_is_a_503_with_the_reason_and_recovers(output_dir: Path) -> None:
     redis_port = free_port()
     env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}
@@ -325,6 +332,7 @@ def test_redis_down_is_a_503_with_the_reason_and_recovers(output_dir: Path) -> N
         exporter.stop()
 
 
+@pytest.mark.redis
 def test_master_changes_and_reconnects_are_served(metrics_url: str, state: Any) -> None:
     """What housekeeping counts of a master change, and what each process adds of its
     reconnects, is served as the deployment's totals (the failover tests drive them for

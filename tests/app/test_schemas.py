@@ -26,6 +26,7 @@ IMAGE = png_b64(2048)
 NAMES = schemas.names()
 
 
+@pytest.mark.unit
 def test_the_six_schemas_are_valid_json_schema() -> None:
     assert NAMES == [
         "batch-entry",
@@ -46,6 +47,7 @@ def method_branches() -> dict[str, dict[str, Any]]:
     return {b["properties"]["method"]["const"]: b for b in request["oneOf"]}
 
 
+@pytest.mark.unit
 def test_request_schema_lists_each_method_and_its_parameters() -> None:
     request = load("solve-request")["$defs"]["request"]
     assert sorted(request["properties"]["method"]["enum"]) == sorted(METHODS)
@@ -99,6 +101,7 @@ REQUESTS: list[dict[str, Any]] = [
 ]  # fmt: skip
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("request_", REQUESTS, ids=lambda r: json.dumps(r)[:60])
 def test_request_schema_agrees_with_call_site_validation(request_: dict[str, Any]) -> None:
     fields = dict(request_)
@@ -112,7 +115,7 @@ def test_request_schema_agrees_with_call_site_validation(request_: dict[str, Any
     )
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 @pytest.mark.usefixtures("worker", "clean_state")
 def test_real_outcomes_and_batch_entries_match(sandbox: Any, redis_conn: Any) -> None:
     solved = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE).get(timeout=30)

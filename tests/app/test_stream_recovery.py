@@ -26,7 +26,7 @@ from captcha_tasks.core.batching import TRACE_EVERY_S
 from captcha_tasks.dev.devstack import queue_names, wait_until
 from captcha_tasks.stream import stream
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 PAGE = "https://example.com/recovery"
 COUNT = 4

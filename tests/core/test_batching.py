@@ -31,6 +31,8 @@ from captcha_tasks.core.batching import (
     solve_kwargs,
 )
 
+pytestmark = pytest.mark.unit
+
 DOWN = errors.StoreUnavailable("Redis is down or REDIS_URL is wrong (REDIS_URL=redis://:***@h:1/0)")
 
 

@@ -7,9 +7,12 @@ import __future__
 
 import types
 
+import pytest
 from celery.app.defaults import NAMESPACES, flatten
 
 import captcha_tasks.worker.config as config
+
+pytestmark = pytest.mark.unit
 
 #: Read by celery-redbeat (the ``redbeat`` extra), not by Celery.
 REDBEAT = "redbeat_"
@@ -31,3 +34,17 @@ def test_celery_knows_every_setting_we_give_it() -> None:
     ours = our_settings()
     assert {"worker_eta_task_limit", "task_acks_late", "broker_url"} <= ours
     assert sorted(ours - known) == [], "settings this Celery ignores"
+
+
+def test_running_tasks_are_not_cancelled_when_the_broker_connection_drops() -> None:
+    """Set explicitly (False: a threads pool cannot cancel a task, and each step is
+    idempotent); Celery's notice about its coming default is muted by its own text."""
+    import re
+
+    from celery.worker.consumer.consumer import CANCEL_TASKS_BY_DEFAULT
+
+    from captcha_tasks.worker.app import CANCEL_NOTICE
+
+    assert config.worker_cancel_long_running_tasks_on_connection_loss is False
+    assert re.match(CANCEL_NOTICE, CANCEL_TASKS_BY_DEFAULT)
+    assert not re.match(CANCEL_NOTICE, "\nsome other notice of Celery 5.1")

@@ -3,8 +3,12 @@ say of a provider's callbacks, as plain values."""
 
 from __future__ import annotations
 
+import pytest
+
 from captcha_tasks.core import channel as ch
 from captcha_tasks.core.channel import DEGRADED, DOWN, UP, Channel
+
+pytestmark = pytest.mark.unit
 
 
 def judged(state: str = UP, share: float = 1.0, **figures: int) -> str:

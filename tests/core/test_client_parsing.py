@@ -16,6 +16,8 @@ from captcha_tasks.client import (
     retry_after,
 )
 
+pytestmark = pytest.mark.unit
+
 CLOUDFLARE_502 = (
     "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n"
     "<center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>cloudflare</center>\r\n"
@@ -90,8 +92,25 @@ CODES = [
     ("ERROR_BAD_PARAMETERS", errors.BadRequestError, errors.FatalError),
     ("ERROR_PROXY_CONNECTION_FAILED", errors.ProxyError, errors.FatalError),
     ("ERROR_BAD_PROXY", errors.ProxyError, errors.FatalError),
+    ("ERROR_TOO_MUCH_REQUESTS", errors.RateLimited, errors.RetryableError),
+    ("ERROR_BAD_DUPLICATES", errors.UnsolvableError, errors.ResubmitError),
+    ("ERROR_CAPTCHAIMAGE_BLOCKED", errors.BadRequestError, errors.FatalError),
+    ("ERROR_BAD_TOKEN_OR_PAGEURL", errors.BadRequestError, errors.FatalError),
+    ("ERROR_WRONG_ID_FORMAT", errors.BadRequestError, errors.FatalError),
+    ("ERROR_DOMAIN_NOT_ALLOWED", errors.BadRequestError, errors.FatalError),
     ("ERROR_SOMETHING_NEW", errors.UnknownAPIError, errors.FatalError),
 ]
+
+#: The codes CaptchaAI documents that were once unknown (and so fatal), with what their
+#: hint must tell the caller.
+CAPTCHAAI_CODES = {
+    "ERROR_TOO_MUCH_REQUESTS": "slow down",
+    "ERROR_BAD_DUPLICATES": "a new captcha is submitted",
+    "ERROR_CAPTCHAIMAGE_BLOCKED": "send another captcha image",
+    "ERROR_BAD_TOKEN_OR_PAGEURL": "read fresh parameters",
+    "ERROR_WRONG_ID_FORMAT": "digits only",
+    "ERROR_DOMAIN_NOT_ALLOWED": "domain",
+}
 
 
 @pytest.mark.parametrize(("code", "cls", "family"), CODES)
@@ -135,3 +154,41 @@ def test_captchaai_reply_fields_are_kept() -> None:
     info = parse_reply(200, '{"status":1,"threads":10,"working_threads":3}')
     assert info.fields == {"threads": 10, "working_threads": 3}
     assert parse_reply(200, '{"status":1,"request":"7"}').fields == {}
+
+
+@pytest.mark.parametrize(("code", "says"), sorted(CAPTCHAAI_CODES.items()))
+def test_each_captchaai_code_is_known_and_says_what_to_do(code: str, says: str) -> None:
+    assert code in errors.codes()
+    exc = errors.from_api_code(code, "7")
+    assert not isinstance(exc, errors.UnknownAPIError)
+    assert str(exc).startswith(f"{code}: ") and says in str(exc)
+
+
+@pytest.mark.parametrize("code", sorted(CAPTCHAAI_CODES))
+@pytest.mark.parametrize("form", ["json", "text"])
+def test_a_reply_with_each_captchaai_code_parses_to_it(code: str, form: str) -> None:
+    body = f'{{"status":0,"request":"{code}","error_text":"x"}}' if form == "json" else code
+    reply = parse_reply(200, body, "in.php")
+    assert (reply.ok, reply.request) == (False, code)
+
+
+def test_too_many_requests_holds_the_account_a_few_seconds_without_spending_a_retry() -> None:
+    exc = errors.from_api_code("ERROR_TOO_MUCH_REQUESTS")
+    assert isinstance(exc, errors.RateLimited)
+    # CaptchaAI: "retry after 3-10 s"
+    assert 3.0 <= exc.retry_after == DEFAULT_RETRY_AFTER <= 10.0
+
+
+def test_a_rate_limit_rebuilds_with_its_wait() -> None:
+    # Celery's JSON backend and the outcome in Redis rebuild it from __reduce__
+    exc = errors.RateLimited("in.php: HTTP 429, retry after 42 s", retry_after=42.0)
+    cls, args = exc.__reduce__()
+    again = cls(*args)
+    assert type(again) is errors.RateLimited and again.retry_after == 42.0
+    assert (again.code, again.message) == ("ERROR_RATE_LIMITED", exc.message)
+
+
+def test_a_key_that_does_not_exist_may_be_an_account_without_threads() -> None:
+    hint = str(errors.from_api_code("ERROR_KEY_DOES_NOT_EXIST"))
+    assert "check CAPTCHAAI_API_KEY" in hint
+    assert "no threads" in hint and "trial" in hint and "subscribe" in hint

@@ -16,6 +16,8 @@ from captcha_tasks import connections
 from captcha_tasks.settings import Settings
 from captcha_tasks.state import db
 
+pytestmark = pytest.mark.unit
+
 PLAIN = Settings(redis_url="redis://:secret@cache:6379/3")
 SENTINEL_URL = "sentinel://:secret@s1:26379/3;sentinel://s2:26380/3"
 

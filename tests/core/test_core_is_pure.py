@@ -9,6 +9,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "captcha_tasks" / "core"
 

@@ -9,6 +9,8 @@ from captcha_tasks import errors
 from captcha_tasks.core import health
 from captcha_tasks.core.health import Circuit, ClearFailures, CountFailure
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     ("error", "kind"),
@@ -16,6 +18,9 @@ from captcha_tasks.core.health import Circuit, ClearFailures, CountFailure
         (errors.TransportError("timed out"), "soft"),
         (errors.from_api_code("ERROR_ZERO_BALANCE"), "balance"),
         (errors.from_api_code("ERROR_WRONG_USER_KEY"), "key"),
+        (errors.from_api_code("ERROR_KEY_DOES_NOT_EXIST"), "key"),
+        (errors.from_api_code("ERROR_TOO_MUCH_REQUESTS"), None),
+        (errors.from_api_code("ERROR_DOMAIN_NOT_ALLOWED"), None),
         (errors.from_api_code("ERROR_CAPTCHA_UNSOLVABLE"), None),
         (errors.from_api_code("ERROR_NO_SLOT_AVAILABLE"), None),
     ],

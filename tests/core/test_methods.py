@@ -15,6 +15,8 @@ from captcha_tasks.methods import (
     build_request,
 )
 
+pytestmark = pytest.mark.unit
+
 PAGE = "https://example.com/login"
 PROXY = "user:pw@10.0.0.1:3128"
 #: The parameters each method needs besides sitekey and pageurl.
@@ -208,6 +210,38 @@ def test_user_agent_is_accepted_under_both_names() -> None:
         req = build_request("turnstile", "k", PAGE, **{name: "Mozilla/5.0 X"})
         assert req.api_fields()["userAgent"] == "Mozilla/5.0 X"
         assert "user_agent" not in req.params
+
+
+def test_a_solve_without_method_is_a_validation_error_naming_it() -> None:
+    with pytest.raises(ValidationError, match="method is required"):
+        build_request(sitekey="k", pageurl=PAGE)  # once a TypeError: a missing argument
+    with pytest.raises(ValidationError, match="method is required"):
+        build_request(**{"sitekey": "k", "pageurl": PAGE})
+
+
+@pytest.mark.parametrize("method", ["cloudflare_challenge", "captchafox"])
+@pytest.mark.parametrize("proxytype", ["SOCKS4", "SOCKS5", "socks5"])
+def test_http_only_methods_refuse_a_socks_proxy_naming_method_and_proxytype(
+    method: str, proxytype: str
+) -> None:
+    sitekey = "k" if METHODS[method].sitekey_field else None
+    with pytest.raises(ValidationError) as info:
+        build_request(method, sitekey, PAGE, proxy=PROXY, proxytype=proxytype)
+    assert "proxytype" in str(info.value) and repr(method) in str(info.value)
+    assert "HTTP, HTTPS" in str(info.value)
+    # a proxy written with its type says the same, without echoing the proxy
+    with pytest.raises(ValidationError, match=f"{method!r} takes a proxy of proxytype") as typed:
+        build_request(method, sitekey, PAGE, proxy=f"{proxytype.lower()}://{PROXY}")
+    assert PROXY not in str(typed.value)
+    for allowed in ("HTTP", "HTTPS", "http"):
+        request = build_request(method, sitekey, PAGE, proxy=PROXY, proxytype=allowed)
+        assert request.params["proxytype"] == allowed
+
+
+def test_token_methods_still_take_socks_proxies() -> None:
+    request = build_request("turnstile", "k", PAGE, proxy=PROXY, proxytype="SOCKS5")
+    assert request.api_fields()["proxytype"] == "SOCKS5"
+    assert build_request("userrecaptcha", "k", PAGE, proxy=f"socks5://{PROXY}").params["proxy"]
 
 
 def test_proxy_methods_default_their_proxytype() -> None:

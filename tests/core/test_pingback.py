@@ -8,6 +8,8 @@ from captcha_tasks.core import pingback
 from captcha_tasks.errors import ConfigurationError
 from captcha_tasks.settings import Settings
 
+pytestmark = pytest.mark.unit
+
 SECRET = "s3cret-of-sixteen-chars"
 
 

@@ -12,6 +12,7 @@ import sys
 import types
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 from celery import Celery, Task
@@ -79,6 +80,7 @@ MOVED = {
 }
 
 
+@pytest.mark.unit
 def test_the_public_list_is_what_is_pinned() -> None:
     assert set(public.DOCUMENTED) == DOCUMENTED
     assert all(what.strip() for what in public.DOCUMENTED.values())
@@ -88,6 +90,7 @@ def test_the_public_list_is_what_is_pinned() -> None:
     )
 
 
+@pytest.mark.unit
 def test_exported_members() -> None:
     assert set(captcha_tasks.__all__) == EXPORTED
     # Nothing public beyond __all__ (subpackages are reachable, but are not names of it).
@@ -100,6 +103,7 @@ def test_exported_members() -> None:
     assert public <= EXPORTED, public - EXPORTED
 
 
+@pytest.mark.unit
 def test_each_export_is_what_it_says() -> None:
     assert isinstance(captcha_tasks.app, Celery) and captcha_tasks.app.main == "captcha_tasks"
     for name in ("solve", "submit", "poll"):
@@ -112,6 +116,7 @@ def test_each_export_is_what_it_says() -> None:
     assert "turnstile" in captcha_tasks.METHODS
 
 
+@pytest.mark.unit
 def test_documented_import_paths() -> None:
     for path in DOCUMENTED:
         module, _, name = path.rpartition(".")
@@ -156,6 +161,7 @@ def _public(path: str) -> bool:
     )
 
 
+@pytest.mark.unit
 def test_the_docs_import_only_public_paths() -> None:
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     used = {
@@ -174,6 +180,7 @@ def _loose(code: str) -> str:
     return "\n".join(line for line in code.splitlines() if line.startswith(("from ", "import ")))
 
 
+@pytest.mark.unit
 def test_task_names() -> None:
     names = {t for t in captcha_tasks.app.tasks if t.startswith("captcha_tasks.")}
     assert names == {
@@ -187,6 +194,7 @@ def test_task_names() -> None:
     }
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(("old", "instead"), sorted(MOVED.items()))
 def test_moved_paths_keep_working_with_a_warning_for_one_release(old: str, instead: str) -> None:
     sys.modules.pop(old, None)  # a moved module warns when it is first imported
@@ -215,7 +223,8 @@ def _module_of(path: str) -> str:
     raise AssertionError(path)
 
 
-def test_the_last_releases_examples_still_run_with_warnings(redis_url: str) -> None:
+@pytest.mark.redis
+def test_the_last_releases_examples_still_run_with_warnings(app: Any) -> None:
     """The session and proxy examples of the last release's README, as written there."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -234,6 +243,7 @@ def test_the_last_releases_examples_still_run_with_warnings(redis_url: str) -> N
         _ = store.limiter
 
 
+@pytest.mark.unit
 def test_every_error_class_says_what_to_do_and_every_code_has_a_class() -> None:
     from captcha_tasks import errors
 
@@ -264,6 +274,7 @@ def _imports_a_lazy_submodule(path: Path) -> bool:
     return False
 
 
+@pytest.mark.unit
 def test_a_module_that_takes_a_lazy_submodule_imports_first_in_a_fresh_process() -> None:
     """``import captcha_tasks.core.batching`` first thing in a process loaded the whole package
     from inside it, and failed on the circle."""

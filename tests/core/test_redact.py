@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import pytest
 from image_files import png_b64
 
 from captcha_tasks.redact import mask_params
+
+pytestmark = pytest.mark.unit
 
 
 def test_images_are_never_shown() -> None:

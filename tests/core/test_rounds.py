@@ -3,6 +3,7 @@ for the captchas it took, what it puts back, and when the next round runs."""
 
 from __future__ import annotations
 
+import pytest
 from image_files import png_b64
 
 from captcha_tasks.core import rounds
@@ -11,6 +12,8 @@ from captcha_tasks.core.job import Job
 from captcha_tasks.core.rounds import BULK_IDS, ROUND_MOST, Again, Asks, Entry
 from captcha_tasks.core.steps import Pace
 from captcha_tasks.methods import build_request
+
+pytestmark = pytest.mark.unit
 
 T0 = 1_000_000.0
 PAGE = "https://example.com/rounds"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
 from image_files import png_b64
 
 from captcha_tasks import errors
@@ -16,6 +17,8 @@ from captcha_tasks.core.job import Job
 from captcha_tasks.core.providers import ProviderSpec
 from captcha_tasks.core.routing import Destination, Reread, Try
 from captcha_tasks.methods import build_request
+
+pytestmark = pytest.mark.unit
 
 T0 = 1_000_000.0
 PAGE = "https://example.com/routing"
@@ -77,6 +80,16 @@ def test_with_every_provider_empty_the_caller_hears_it_at_once() -> None:
     assert isinstance(decision, Fail)
     assert isinstance(decision.error, errors.ZeroBalance)
     assert "main: ERROR_ZERO_BALANCE" in decision.error.message
+
+
+def test_with_every_provider_refusing_its_key_the_caller_hears_the_hint() -> None:
+    """``ERROR_KEY_DOES_NOT_EXIST`` still opens the circuit at once (no retry can help until
+    the account changes; the probe closes it when it does): the failure says what to do."""
+    gone = ("key", "ERROR_KEY_DOES_NOT_EXIST")
+    decision = routing.route(job(), PROVIDERS, circuits(main=gone, backup=gone, spill=gone), T0)
+    assert isinstance(decision, Fail) and isinstance(decision.error, errors.AuthError)
+    assert "main: ERROR_KEY_DOES_NOT_EXIST" in decision.error.message
+    assert "start a trial or subscribe" in decision.error.message
 
 
 def test_with_one_that_may_come_back_the_submit_waits_for_its_probe() -> None:

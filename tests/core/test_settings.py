@@ -8,6 +8,8 @@ import pytest
 from captcha_tasks.errors import ConfigurationError
 from captcha_tasks.settings import DEFAULT_BASE_URL, ENVIRONMENT_VARIABLES, Settings, mask_url
 
+pytestmark = pytest.mark.unit
+
 
 def test_defaults() -> None:
     s = Settings.from_env({})
@@ -48,6 +50,8 @@ def test_reads_environment() -> None:
         ("CAPTCHAAI_QUEUE_PREFIX", "two words"),
         ("CAPTCHAAI_PINGBACK_ALLOW", "10.0.0.0/33"),
         ("CAPTCHAAI_PINGBACK_TRUSTED_PROXIES", "10.0.0.1, proxy.internal"),
+        ("CAPTCHAAI_SOFT_ID", "my-app"),
+        ("CAPTCHAAI_SOFT_ID", "1" * 21),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str) -> None:
@@ -55,6 +59,11 @@ def test_bad_values_name_the_variable(var: str, value: str) -> None:
     with pytest.raises(ConfigurationError) as info:
         Settings.from_env({var: value})
     assert var in str(info.value)
+
+
+def test_a_soft_id_is_read_as_given() -> None:
+    assert Settings.from_env({}).soft_id is None
+    assert Settings.from_env({"CAPTCHAAI_SOFT_ID": " 4580 "}).soft_id == "4580"
 
 
 def test_secrets_not_in_repr() -> None:

@@ -29,6 +29,8 @@ from captcha_tasks.core.outcome import parse_iso
 from captcha_tasks.core.timing import Timing
 from captcha_tasks.methods import build_request
 
+pytestmark = pytest.mark.unit
+
 T0 = 1_000_000.0
 PAGE = "https://example.com/steps"
 POLICY = Policy(
@@ -133,6 +135,25 @@ def test_transport_errors_back_off_then_give_up() -> None:
     third = steps.on_submitted(second.job, error, T0, COLD, POLICY, bulk=True)
     assert isinstance(third, Fail) and isinstance(third.error, errors.RetriesExhausted)
     assert third.error.code == "ERROR_TRANSPORT"
+
+
+def test_too_many_requests_at_submit_waits_without_spending_a_retry() -> None:
+    slow = errors.from_api_code("ERROR_TOO_MUCH_REQUESTS")
+    decision = steps.on_submitted(job(), slow, T0, COLD, POLICY, bulk=True)
+    assert decision == SubmitAt(T0 + errors.DEFAULT_RETRY_AFTER, job(), slow)
+    # as often as it comes: the transport budget (2) is never spent on it
+    again = steps.on_submitted(job(), slow, T0, COLD, POLICY, bulk=True)
+    for _ in range(POLICY.transport_retries + 2):
+        assert isinstance(again, SubmitAt) and again.job.transport_errors == 0
+        again = steps.on_submitted(again.job, slow, T0, COLD, POLICY, bulk=True)
+
+
+def test_too_many_requests_at_poll_waits_without_spending_a_retry() -> None:
+    polled = submitted()
+    slow = errors.from_api_code("ERROR_TOO_MUCH_REQUESTS", "7001")
+    decision = steps.on_answer(polled, slow, None, 1, T0 + 12, COLD, POLICY, BULK)
+    assert decision == steps.on_poll_budget(polled, errors.DEFAULT_RETRY_AFTER, 1, T0 + 12)
+    assert isinstance(decision, PollAt) and decision.poll_errors == 1
 
 
 def test_fatal_submit_errors_fail_at_once() -> None:

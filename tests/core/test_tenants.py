@@ -21,6 +21,8 @@ from captcha_tasks.core.steps import Route
 from captcha_tasks.errors import ConfigurationError, ValidationError
 from captcha_tasks.settings import Settings
 
+pytestmark = pytest.mark.unit
+
 PAGE = "https://example.com/lanes"
 ISSUE_EXAMPLE = (
     '{"shop": {"weight": 2}, "crawler": {"weight": 1, "max_threads": 10, "daily_captchas": 5000}}'

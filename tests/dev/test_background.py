@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The test that stops ``captcha-tasks batch`` with SIGINT (it starts two workers).

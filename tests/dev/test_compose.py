@@ -23,6 +23,8 @@ from captcha_tasks.cli import cli
 from captcha_tasks.dev.devstack import RedisServer, find_redis_server, free_port, wait_until
 from captcha_tasks.settings import ENVIRONMENT_VARIABLES, PROVIDER_KEY_SLOTS, Settings
 
+pytestmark = pytest.mark.system
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
 COMPOSE: dict[str, Any] = yaml.safe_load(COMPOSE_TEXT)

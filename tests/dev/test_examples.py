@@ -23,6 +23,8 @@ import captcha_tasks
 from captcha_tasks.dev.devstack import CeleryProcess, free_port, wait_until
 from captcha_tasks.receiver import default_receiver
 
+pytestmark = pytest.mark.system
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 PAGE = "https://example.com/signup"
 GOOD = {"method": "turnstile", "sitekey": "0x4AAAAAAAexample", "pageurl": PAGE}
@@ -192,7 +194,6 @@ def _finished(framework: Framework, status_url: str) -> dict[str, Any] | None:
     return dict(body) if body["state"] in ("SUCCESS", "FAILURE") else None
 
 
-@pytest.mark.slow
 def test_solve_through_the_views(framework: Framework, sandbox: Any, clean_state: None) -> None:
     status, body = framework.post_json(framework.solve_url, GOOD)
     assert status == 202, body
@@ -209,7 +210,6 @@ def test_solve_through_the_views(framework: Framework, sandbox: Any, clean_state
     assert sandbox.verify(outcome["token"])["success"] is True
 
 
-@pytest.mark.slow
 def test_provider_callbacks_reach_the_mounted_receiver(
     framework: Framework, sandbox: Any, clean_state: None, state: Any
 ) -> None:
@@ -314,7 +314,6 @@ class FrameworkWorker(CeleryProcess):
 OUR_TASKS = ("captcha_tasks.solve", "captcha_tasks.submit", "captcha_tasks.poll")
 
 
-@pytest.mark.slow
 def test_framework_worker_runs_beside_ours(
     framework: Framework, worker: CeleryProcess, sandbox: Any, output_dir: Path, clean_state: None
 ) -> None:

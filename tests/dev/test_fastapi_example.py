@@ -17,7 +17,7 @@ import pytest
 from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.worker.app import app
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("worker", "clean_state")]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "fastapi_app"
 PAGE = "https://example.com/fastapi"

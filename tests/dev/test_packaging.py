@@ -21,6 +21,8 @@ import requests
 
 from captcha_tasks.dev.devstack import free_port, wait_until
 
+pytestmark = pytest.mark.system
+
 ROOT = Path(__file__).resolve().parents[2]
 VERSION = version("captcha-tasks")
 #: What a process needs at run time, beyond the Python modules: inside the wheel.
@@ -179,7 +181,6 @@ print(json.dumps({"file": captcha_tasks.__file__, "result": result.get(timeout=6
 """
 
 
-@pytest.mark.slow
 def test_the_wheel_alone_solves_through_its_own_sandbox_and_worker(
     installed: Venv, started: Started, tmp_path: Path, redis_url: str
 ) -> None:

@@ -18,7 +18,7 @@ import requests
 
 from captcha_tasks.dev.devstack import free_port, redis_reachable, wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = [sys.executable, "-m", "captcha_tasks.cli", "quickstart"]

@@ -10,9 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
 
 from captcha_tasks.dev.devstack import free_port, wait_until
+
+pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -24,6 +24,8 @@ from captcha_tasks.dev.sandbox import (
     SandboxServer,
 )
 
+pytestmark = pytest.mark.redis
+
 KEY = "sandbox-test-" + os.urandom(4).hex()
 PAGE = "https://example.com/login"
 RECAPTCHA = {"method": "userrecaptcha", "googlekey": "6Lc-site", "pageurl": PAGE}

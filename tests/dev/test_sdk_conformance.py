@@ -17,6 +17,8 @@ from image_files import png
 
 from captcha_tasks.worker.app import app
 
+pytestmark = pytest.mark.system
+
 PAGE = "https://example.com/login"
 PROXY = {"proxy": "user:pw@10.0.0.1:3128", "proxytype": "HTTP"}
 #: The SDK refuses keys that are not 32 characters long.
@@ -38,7 +40,7 @@ class _ScaledTime:
 
     @staticmethod
     def sleep(seconds: float) -> None:
-        time.sleep(seconds * TIME_SCALE)
+        time.sleep(seconds * TIME_SCALE)  # the SDK's own poll interval, scaled down
 
 
 @pytest.fixture

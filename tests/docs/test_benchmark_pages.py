@@ -1,6 +1,7 @@
 """The benchmark pages (``docs/benchmarks.md`` and ``docs/benchmarks/``): every image they
 reference exists and is a plot the scripts write (SVG or PNG), every page shows at least one,
-and no plot in ``docs/benchmarks/img`` is left unshown.  Reads the Markdown; builds nothing."""
+no plot in ``docs/benchmarks/img`` is left unshown, and no page names an internal issue number.
+Reads the Markdown; builds nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.unit
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = [DOCS / "benchmarks.md", *sorted((DOCS / "benchmarks").glob("*.md"))]
@@ -56,3 +59,21 @@ def test_every_plot_in_the_image_folder_is_on_a_page() -> None:
     shown = {image for page in PAGES for image in images_of(page)}
     unshown = sorted(p.name for p in IMAGES.iterdir() if p.resolve() not in shown)
     assert not unshown, f"plots no page shows: {unshown}"
+
+
+#: An internal issue number ("issue 23's runs", "Issue #20"): the pages are for readers
+#: who never saw the tracker.
+ISSUE_NUMBER = re.compile(r"\bissues?\s+#?\d+", re.I)
+
+
+def test_the_issue_pattern_finds_internal_numbers() -> None:
+    assert ISSUE_NUMBER.search("runs issue 23's measured runs")
+    assert ISSUE_NUMBER.search("Issue #20's runs")
+    assert not ISSUE_NUMBER.search("an issue with 20 threads; tissue 3")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_benchmark_page_names_an_internal_issue_number(page: Path) -> None:
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        found = ISSUE_NUMBER.search(line)
+        assert found is None, f"{page.relative_to(DOCS)}:{number} names {found.group(0)!r}"

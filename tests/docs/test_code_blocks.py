@@ -37,7 +37,7 @@ from captcha_tasks.keys import Keys
 from captcha_tasks.settings import get_settings
 from captcha_tasks.worker.app import app
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("worker", "clean_state")]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

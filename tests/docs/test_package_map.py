@@ -6,6 +6,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "captcha_tasks"
 PAGE = (ROOT / "docs" / "reference" / "internals.md").read_text(encoding="utf-8")

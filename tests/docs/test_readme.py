@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 #: The front page's budget (issue 24): what it is, the two commands, one example, a map.
@@ -52,3 +54,22 @@ def test_the_readme_links_every_guide() -> None:
     guides = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs" / "guides").glob("*.md")}
     linked = {t.partition("#")[0] for t in _local_links()}
     assert guides <= linked, sorted(guides - linked)
+
+
+def _sentence_linking(target: str) -> str:
+    for sentence in re.split(r"(?<=\.)\s", README):
+        if f"]({target})" in sentence:
+            return " ".join(sentence.split())
+    raise AssertionError(f"the README does not link {target}")
+
+
+def test_the_link_to_getting_started_says_what_that_page_covers() -> None:
+    """Its lead-in names each section of the page (it once promised a real account and
+    Docker Compose, which the page does not cover)."""
+    lead_in = _sentence_linking("docs/getting-started.md").lower()
+    page = (ROOT / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    for heading in re.findall(r"^## (.+)$", page, re.M):
+        assert heading.lower() in lead_in, f"the README's link to Getting started omits {heading!r}"
+    for promise in ("docker compose", "real account"):
+        if promise in lead_in:
+            assert promise in page.lower(), f"Getting started does not cover {promise!r}"

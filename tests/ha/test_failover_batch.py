@@ -28,7 +28,7 @@ from captcha_tasks.core import pingback
 from captcha_tasks.dev.devstack import SentinelCluster, queue_names, redis_client, wait_until
 from captcha_tasks.dev.failover import FAST, PAGE, Event, FailoverDeployment, run_batch
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 PROBE = Path(__file__).with_name("solve_probe.py")
 COUNT = 300

@@ -14,6 +14,8 @@ from captcha_tasks.dev.devstack import SentinelCluster, wait_until
 from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.state import State
 
+pytestmark = pytest.mark.system
+
 
 def admit(state: State, solve_id: str) -> str:
     return state.limiter.admit(solve_id, "{}", attempt=0, deadline_in_s=60).status

@@ -28,7 +28,7 @@ from captcha_tasks.dev.devstack import (
 )
 from captcha_tasks.keys import Keys
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 PROBE = Path(__file__).with_name("solve_probe.py")
 PAGE = "https://example.com/sentinel"
@@ -85,6 +85,7 @@ def stack(
     tag = request.node.name.replace("[", "-").rstrip("]")
     log_dir = output_dir / "sentinel" / tag
     env = {**FAST, **cluster.env(), "CAPTCHAAI_KEY_PREFIX": tag, "CAPTCHAAI_QUEUE_PREFIX": tag}
+    env["CAPTCHAAI_BASE_URL"] = sandbox.url  # the module's own sandbox
     worker = CeleryProcess("worker", env=env, log_dir=log_dir, name=f"{tag}-worker")
     beat = CeleryProcess("beat", env=env, log_dir=log_dir, name=f"{tag}-beat")
     probe: Probe | None = None

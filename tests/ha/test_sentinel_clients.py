@@ -30,7 +30,7 @@ from captcha_tasks.state.lua import Library
 from captcha_tasks.worker import broker
 from captcha_tasks.worker.app import app
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 #: A script of the tests' own (tests/ha/lua/ha/count.lua), in the package's format.
 COUNT = Library(Path(__file__).parent / "lua").script("ha/count")
@@ -84,7 +84,7 @@ def test_the_sync_and_async_state_clients_follow_the_master(
                         return time.monotonic()
                 except connections.UNREACHABLE:
                     pass
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # a poll of a condition with a deadline
             raise TimeoutError("the asyncio client never wrote to the new master")
 
         sync_done, async_done = await asyncio.gather(

@@ -38,7 +38,7 @@ from captcha_tasks.kafka.client import (
 from captcha_tasks.kafka.messages import task_value
 from captcha_tasks.worker.app import app
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 PAGE = "https://example.com/kafka"
 MODULE_ENV = {"CAPTCHAAI_TENANTS": json.dumps({"scrapers": {"weight": 1}})}

@@ -54,6 +54,7 @@ KAFKA_VARS = {
 # -- settings and client configs ------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_kafka_settings_have_defaults_and_read_the_environment() -> None:
     assert KAFKA_VARS <= ENVIRONMENT_VARIABLES
     s = Settings.from_env({"CAPTCHAAI_THREADS": "15"})
@@ -75,6 +76,7 @@ def test_kafka_settings_have_defaults_and_read_the_environment() -> None:
     assert "hunter2" not in repr(s)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("var", "value"),
     [
@@ -94,6 +96,7 @@ def test_bad_kafka_values_name_the_variable_not_the_secret(var: str, value: str)
     assert "hunter2" not in str(info.value)
 
 
+@pytest.mark.unit
 def test_client_config_cannot_switch_off_what_correctness_needs() -> None:
     extra = {
         "enable.auto.commit": True,
@@ -111,6 +114,7 @@ def test_client_config_cannot_switch_off_what_correctness_needs() -> None:
     assert (producer["acks"], producer["enable.idempotence"]) == ("all", True)
 
 
+@pytest.mark.unit
 def test_repeated_librdkafka_lines_are_let_through_once_a_minute() -> None:
     repeat = RepeatFilter(every_s=60)
 
@@ -122,6 +126,7 @@ def test_repeated_librdkafka_lines_are_let_through_once_a_minute() -> None:
     assert repeat.filter(record("Authentication failed"))
 
 
+@pytest.mark.unit
 def test_lag_counts_from_the_earliest_offset_until_the_group_commits() -> None:
     assert PartitionLag(0, None, 10, 25).lag == 15
     assert PartitionLag(0, 20, 10, 25).lag == 5
@@ -131,6 +136,7 @@ def test_lag_counts_from_the_earliest_offset_until_the_group_commits() -> None:
 # -- messages -------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("value", "reason"),
     [
@@ -151,12 +157,14 @@ def test_unanswerable_messages_are_bad_messages(value: bytes | None, reason: str
     assert info.value.code == "ERROR_BAD_MESSAGE"
 
 
+@pytest.mark.unit
 def test_a_task_round_trips_and_keeps_its_extras() -> None:
     fields = {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, "action": "login"}
     task = parse_task(task_value("t-1", fields))
     assert (task.task_id, task.fields, task.method) == ("t-1", fields, "turnstile")
 
 
+@pytest.mark.unit
 def test_a_dead_letter_keeps_the_original_bytes_and_says_why() -> None:
     raw = b"\x00 not json"
     letter = dead_letter("not valid JSON", "ERROR_BAD_MESSAGE", Source("tasks", 2, 41), raw)
@@ -169,6 +177,7 @@ def test_a_dead_letter_keeps_the_original_bytes_and_says_why() -> None:
     ]
 
 
+@pytest.mark.unit
 def test_enqueue_validates_before_anything_is_produced(monkeypatch: pytest.MonkeyPatch) -> None:
     producer = TaskProducer(Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9"}))
     produced: list[tuple[str, bytes]] = []
@@ -189,6 +198,7 @@ def test_enqueue_validates_before_anything_is_produced(monkeypatch: pytest.Monke
     }
 
 
+@pytest.mark.unit
 def test_enqueue_carries_a_declared_tenant_and_a_lane(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings.from_env(
         {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9", "CAPTCHAAI_TENANTS": '{"shop": {}}'}
@@ -210,6 +220,7 @@ def test_enqueue_carries_a_declared_tenant_and_a_lane(monkeypatch: pytest.Monkey
 # -- offsets --------------------------------------------------------------------------------
 
 
+@pytest.mark.unit
 def test_commit_points_stop_at_the_oldest_unanswered_message() -> None:
     tracker = OffsetTracker()
     first, second, third = (tracker.track(0, offset) for offset in (10, 11, 12))
@@ -227,6 +238,7 @@ def test_commit_points_stop_at_the_oldest_unanswered_message() -> None:
     assert tracker.pending_count() == 0
 
 
+@pytest.mark.unit
 def test_a_revoked_partition_ignores_answers_from_before_the_revoke() -> None:
     tracker = OffsetTracker()
     old = tracker.track(0, 7)
@@ -238,6 +250,7 @@ def test_a_revoked_partition_ignores_answers_from_before_the_revoke() -> None:
     assert tracker.commit_points() == {0: 8}
 
 
+@pytest.mark.unit
 def test_offsets_going_backwards_are_refused() -> None:
     tracker = OffsetTracker()
     tracker.track(3, 100)
@@ -258,6 +271,7 @@ def make_claims(**graces: float) -> ClaimStore:
     )
 
 
+@pytest.mark.redis
 def test_one_claim_per_task_until_its_owner_is_presumed_dead(clean_state: None) -> None:
     claims = make_claims()
     mine = claims.claim("t-1", "c1")
@@ -277,6 +291,7 @@ def test_one_claim_per_task_until_its_owner_is_presumed_dead(clean_state: None) 
     assert not claims.dispatched("t-1", "c1")  # the old owner no longer holds it
 
 
+@pytest.mark.redis
 def test_a_done_claim_returns_the_first_answer_stored(clean_state: None, redis_conn: Any) -> None:
     claims = make_claims()
     claims.claim("t-2", "c1")
@@ -298,6 +313,7 @@ def test_a_done_claim_returns_the_first_answer_stored(clean_state: None, redis_c
     assert 50_000 < ttl_ms <= 60_000  # KAFKA_RESULT_TTL
 
 
+@pytest.mark.redis
 def test_a_failed_dispatch_releases_its_claim(clean_state: None) -> None:
     claims = make_claims()
     claims.claim("t-3", "c1")
@@ -312,6 +328,7 @@ def test_a_failed_dispatch_releases_its_claim(clean_state: None) -> None:
 # -- the optional extra ---------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("command", [["kafka", "lag"], ["kafka-bridge"]])
 def test_without_confluent_kafka_the_cli_says_how_to_install_it(command: list[str]) -> None:
     code = (

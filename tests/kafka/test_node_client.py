@@ -33,7 +33,7 @@ from captcha_tasks.kafka.client import (
     producer_config,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 PAGE = "https://example.com/node"
 

@@ -22,7 +22,7 @@ from captcha_tasks.state.channel import EARLY_POLL_S
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 
-pytestmark = pytest.mark.usefixtures("clean_state")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
 SECRET = "early-callback-secret-" + "x" * 8
 PAGE = "https://example.com/early"
@@ -107,7 +107,6 @@ def test_only_a_callback_with_a_right_mac_and_an_ending_code_is_kept(
     assert state.redis.hlen(state.keys.pingback_early()) == 0
 
 
-@pytest.mark.slow
 def test_a_worker_that_dies_with_an_early_callback_in_hand_loses_nothing(
     sandbox: Any, receiver: Receiver, state: Any, start_worker: Any
 ) -> None:

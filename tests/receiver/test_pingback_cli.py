@@ -8,10 +8,13 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 import requests
 
 from captcha_tasks.core import pingback
 from captcha_tasks.dev.devstack import free_port, wait_until
+
+pytestmark = pytest.mark.e2e
 
 SECRET = "cli-pingback-secret-0123"
 
@@ -32,7 +35,11 @@ def test_register_adds_the_address_at_the_provider(sandbox: Any) -> None:
     done = cli(
         "pingback",
         "register",
-        env={"CAPTCHAAI_PINGBACK_URL": url, "CAPTCHAAI_PINGBACK_SECRET": SECRET},
+        env={
+            "CAPTCHAAI_BASE_URL": sandbox.url,
+            "CAPTCHAAI_PINGBACK_URL": url,
+            "CAPTCHAAI_PINGBACK_SECRET": SECRET,
+        },
     )
     assert done.returncode == 0, done.stderr
     assert url in done.stdout

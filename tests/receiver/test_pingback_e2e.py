@@ -23,7 +23,7 @@ from captcha_tasks.receiver.server import PingbackServer
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
 SECRET = "pingback-test-secret-" + "x" * 8
 PAGE = "https://example.com/pingback"

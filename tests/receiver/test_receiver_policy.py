@@ -11,6 +11,8 @@ from captcha_tasks.errors import ConfigurationError
 from captcha_tasks.receiver.addresses import allowed, client_address, normalized, parse_address
 from captcha_tasks.receiver.limits import Admit, Limits, Refusal, admit
 
+pytestmark = pytest.mark.unit
+
 PROXIES = (ip_network("10.0.0.0/8"), ip_network("2001:db8:feed::/48"))
 
 

@@ -32,7 +32,7 @@ from captcha_tasks.receiver.server import FD_RESERVE, fit_to_open_files
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 
-pytestmark = pytest.mark.usefixtures("clean_state")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
 SECRET = "receiver-server-secret-0123"
 PAGE = "https://example.com/receiver"
@@ -150,7 +150,6 @@ def worker_env(port: int) -> dict[str, str]:
     }
 
 
-@pytest.mark.slow
 def test_health_and_callbacks_hold_under_a_thousand_slow_connections(
     serve: Any, sandbox: Any, start_worker: Any
 ) -> None:

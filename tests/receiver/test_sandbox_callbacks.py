@@ -16,6 +16,8 @@ import requests
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 
+pytestmark = pytest.mark.redis
+
 KEY = "cb-key"
 PAGE = "https://example.com/cb"
 

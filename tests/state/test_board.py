@@ -16,6 +16,8 @@ from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 
+pytestmark = pytest.mark.redis
+
 
 @pytest.fixture
 def limiter(redis_conn: Any, keys: Keys) -> ThreadLimiter:

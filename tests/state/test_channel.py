@@ -24,6 +24,8 @@ from captcha_tasks.state.channel import (
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 
+pytestmark = pytest.mark.redis
+
 WEIGHT = 0.1
 
 

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.keys import Keys
 from captcha_tasks.state.circuits import PROBE_FIRST_S, Circuits
 from captcha_tasks.state.db import Db
+
+pytestmark = pytest.mark.redis
 
 
 def make(redis_conn: Any, keys: Keys, threshold: int = 3) -> Circuits:

@@ -1,5 +1,6 @@
 """Reconciling after a master change, against a real Redis server: the change is noticed
-once (by the master's run id, as Redis last saw it), every message Redis still owes is
+once (by the master's run id, as Redis last saw it; a new run id at the same address is
+a restart, at another one another master), every message Redis still owes is
 made due at once, each process's reconnects are added to the deployment's count, and a
 solve of which Redis holds no trace is told apart from one that is alive."""
 
@@ -13,15 +14,17 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from captcha_tasks.connections import FailoverLog
+from captcha_tasks.connections import FailoverLog, server_address
 from captcha_tasks.dev.devstack import free_port
 from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.keys import Keys
 from captcha_tasks.state.db import Db
-from captcha_tasks.state.failovers import Failovers
+from captcha_tasks.state.failovers import MOVED, RESTARTED, Failovers
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 from captcha_tasks.state.owed import OwedConfig, OwedMessages
 from captcha_tasks.state.records import Records
+
+pytestmark = pytest.mark.redis
 
 #: The solve queue a sweep looks at: it holds a message, so lost ones are not yet overdue.
 QUEUE = "t-failovers-solve-queue"
@@ -48,12 +51,35 @@ class Connection:
 
 def test_a_master_change_is_noticed_once_and_counted(redis_conn: Any, keys: Keys) -> None:
     failovers = Failovers(Db(redis_conn, keys))
-    assert not failovers.note_master()  # the first look: nothing to compare with
-    assert not failovers.note_master()  # the same master
-    redis_conn.set(keys.redis_master(), "the-run-id-of-a-master-that-is-gone")
-    assert failovers.note_master()  # a new master (failover or restart) ...
-    assert not failovers.note_master()  # ... noticed by one look only
+    assert failovers.note_master() is None  # the first look: nothing to compare with
+    assert failovers.note_master() is None  # the same master
+    redis_conn.set(keys.redis_master(), "10.9.9.9:6379 the-run-id-of-a-master-that-is-gone")
+    assert failovers.note_master() == MOVED  # another master took over ...
+    assert failovers.note_master() is None  # ... noticed by one look only
     assert failovers.counts()["master_changes"] == 1
+
+
+def test_a_new_run_id_at_the_same_address_is_a_restart(redis_conn: Any, keys: Keys) -> None:
+    """A plain restart gives the server a new run id too: told apart from another master
+    by the address the deployment names (REDIS_URL's here), reconciled and counted alike."""
+    failovers = Failovers(Db(redis_conn, keys))
+    assert failovers.note_master() is None
+    address, run_id = redis_conn.get(keys.redis_master()).split(" ")
+    assert address == server_address(redis_conn) and run_id == redis_conn.info()["run_id"]
+    redis_conn.set(keys.redis_master(), f"{address} the-run-id-before-the-restart")
+    assert failovers.note_master() == RESTARTED
+    assert failovers.note_master() is None
+    assert failovers.counts()["master_changes"] == 1
+
+
+def test_a_run_id_kept_before_addresses_were_kept(redis_conn: Any, keys: Keys) -> None:
+    failovers = Failovers(Db(redis_conn, keys))
+    run_id = redis_conn.info()["run_id"]
+    redis_conn.set(keys.redis_master(), run_id)  # what an older version stored
+    assert failovers.note_master() is None  # the same master: kept with its address now
+    assert redis_conn.get(keys.redis_master()) == f"{server_address(redis_conn)} {run_id}"
+    redis_conn.set(keys.redis_master(), "an-older-run-id")
+    assert failovers.note_master() == MOVED  # where it was is unknown: another master
 
 
 def test_reconcile_makes_every_owed_message_due(redis_conn: Any, keys: Keys) -> None:

@@ -25,6 +25,8 @@ from captcha_tasks.state.db import Db
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter, _Ask
 from captcha_tasks.state.owed import OwedConfig, OwedMessages
 
+pytestmark = pytest.mark.redis
+
 #: The solve and submit queues a sweep looks at (empty unless a test fills them).
 QUEUE = "t-limiter-solve-queue"
 SUBMIT_QUEUE = "t-limiter-submit-queue"

@@ -33,6 +33,8 @@ from captcha_tasks.state.limiter import (
     ThreadLimiter,
 )
 
+pytestmark = pytest.mark.redis
+
 SHOP = Tenant("shop", weight=2)
 CRAWLER = Tenant("crawler", weight=1)
 

@@ -35,6 +35,8 @@ from captcha_tasks.state.lua import (
 from captcha_tasks.state.lua.__main__ import main as print_shas
 from captcha_tasks.state.timing import SAMPLE_WINDOW
 
+pytestmark = pytest.mark.redis
+
 _FUNCTION = re.compile(r"^function (\w+)\.(\w+)\(", re.MULTILINE)
 _CALL = re.compile(r"\b([a-z_]+)\.([a-z_]+)\(")
 _KEY_USE = re.compile(r"\bK\.([a-z_0-9]+)")

@@ -8,9 +8,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
 from system_parts import missing
 
 from captcha_tasks.state.lua import LIBRARY, ROOT
+
+pytestmark = pytest.mark.redis
 
 REPO = ROOT.parents[2]
 #: The most keys any script may take (issue 29): a script needing more is split.

@@ -8,12 +8,16 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import pytest
+
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.keys import Keys
 from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 from captcha_tasks.state.owed import OwedConfig, OwedMessages
+
+pytestmark = pytest.mark.redis
 
 QUEUE = "t-owed-solve-queue"
 

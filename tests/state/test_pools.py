@@ -22,6 +22,8 @@ from captcha_tasks.state.pools import (
     parse_pools,
 )
 
+pytestmark = pytest.mark.redis
+
 SITE = "https://example.com/login"
 RC = {
     "name": "rc-login",

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from captcha_tasks.core.timing import TimingConfig, figures, percentile
+
+pytestmark = pytest.mark.redis
 
 CONFIG = TimingConfig(poll_interval=1.0, min_samples=10, percentile=90.0)
 

@@ -11,6 +11,8 @@ from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.keys import Keys
 from captcha_tasks.toolkit.proxies import ProxyPool, mask, proxy_id, split
 
+pytestmark = pytest.mark.redis
+
 PASSWORD = "hunter2-s3cret"
 PROXIES = [f"user{i}:{PASSWORD}@10.0.0.{i}:8080" for i in range(1, 6)]
 

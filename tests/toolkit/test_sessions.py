@@ -27,6 +27,8 @@ from captcha_tasks.toolkit.sessions import (
     try_reauthenticate,
 )
 
+pytestmark = pytest.mark.redis
+
 DOMAIN = "example.com"
 SECRET = "s3cr3t-cookie-value"
 

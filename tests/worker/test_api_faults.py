@@ -11,7 +11,7 @@ from captcha_tasks import errors, solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.worker.app import app
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
 PAGE = "https://example.com/faults"
 

@@ -14,7 +14,7 @@ from captcha_tasks.methods import MAX_IMAGE_BYTES
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import prewarm
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("worker", "clean_state")]
 
 PAGE = "https://example.com/checkout"
 PROXY = "user:pw@10.0.0.1:3128"

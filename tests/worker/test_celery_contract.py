@@ -5,7 +5,6 @@ where it is.  Real worker processes, the sandbox over HTTP, real Redis."""
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from captcha_tasks.worker.app import app
 from captcha_tasks.worker.results import PARKED, SUBMITTED, Results
 from captcha_tasks.worker.tasks import prewarm
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
 PAGE = "https://example.com/contract"
 TESTS = str(Path(__file__).resolve().parent)
@@ -128,7 +127,8 @@ def test_a_chord_of_parked_pooled_and_resubmitted_solves(
         solve.s(**task("parked-b")),
     ]
     result = chord(members)(record.s("chord"))
-    time.sleep(1.5)  # long enough for a resubmit or two: then let captchas be solvable
+    # A captcha came back unsolvable and was submitted again: then let captchas be solvable.
+    wait_until(lambda: sandbox.stats()["unsolvable_created"] >= 2, 30, what="a resubmit")
     sandbox.configure(unsolvable_rate=0.0)
     outcomes = result.get(timeout=60)
     assert [o["status"] for o in outcomes] == ["solved"] * 3

@@ -10,7 +10,7 @@ import pytest
 from captcha_tasks import solve
 from captcha_tasks.worker.app import app
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 PAGE = "https://example.com/coalesce"
 

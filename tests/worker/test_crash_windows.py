@@ -16,7 +16,7 @@ from captcha_tasks import solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.worker.app import app
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
 PAGE = "https://example.com/crash"
 THREADS = 3

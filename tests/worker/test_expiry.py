@@ -13,7 +13,7 @@ from captcha_tasks.core.outcome import parse_iso
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.worker.app import app
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 LIFE = 1.5
 

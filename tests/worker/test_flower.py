@@ -27,6 +27,8 @@ from captcha_tasks.worker.flower_auth import (
     auth_problem,
 )
 
+pytestmark = pytest.mark.system
+
 USER, PASSWORD = "ops", "flower-" + os.urandom(4).hex()
 PROXY_PASSWORD = "SECRETPW" + os.urandom(3).hex()
 PROXY = f"user:{PROXY_PASSWORD}@1.2.3.4:3128"
@@ -166,7 +168,6 @@ def test_credentials_are_required_but_metrics_stay_open(output_dir: Path) -> Non
 FLOWER_EVENTS_EVERY_S = 5
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
 def test_flower_stops_when_told_even_with_redis_down(output_dir: Path, sig: int) -> None:
     redis_server = RedisServer(log_dir=output_dir).start()
@@ -181,7 +182,7 @@ def test_flower_stops_when_told_even_with_redis_down(output_dir: Path, sig: int)
         # An outage of a chosen length, not a synchronisation: every 5 s Flower asks the
         # workers to send events, and that call now waits for the broker in one of its
         # threads (the one that used to keep the process alive after the signal).
-        time.sleep(FLOWER_EVENTS_EVERY_S + 1)
+        time.sleep(FLOWER_EVENTS_EVERY_S + 1)  # the outage's length (see above)
         assert flower.proc is not None
         flower.proc.send_signal(sig)
         flower.proc.wait(timeout=EXIT_GRACE_S + 2)  # not the minutes of a broker retry
@@ -272,7 +273,6 @@ def _authorize(driver: Any) -> None:
     )
 
 
-@pytest.mark.slow
 def test_flower_lists_solved_task_without_secrets(
     flower: FlowerProcess, browser: Any, sandbox: Any, clean_state: None, output_dir: Path
 ) -> None:
@@ -321,7 +321,6 @@ def test_flower_lists_solved_task_without_secrets(
         assert PROXY_PASSWORD not in html, f"the proxy password is on Flower's {page} page"
 
 
-@pytest.mark.slow
 def test_flower_shows_where_a_solve_is(
     flower: FlowerProcess, sandbox: Any, clean_state: None
 ) -> None:

@@ -34,6 +34,8 @@ from captcha_tasks.worker.edges import Message
 from captcha_tasks.worker.results import Results
 from captcha_tasks.worker.runtime import Runtime
 
+pytestmark = pytest.mark.e2e
+
 PAGE = "https://example.com/holding"
 #: Seconds ``in.php`` hangs: the server is stopped meanwhile (a stop takes well under 1 s).
 HANG_S = 3.0

@@ -10,7 +10,7 @@ from captcha_tasks import solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.worker.app import app
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 PAGE = "https://example.com/limiter"
 

@@ -17,7 +17,7 @@ from captcha_tasks.worker.app import app
 from captcha_tasks.worker.edges import policy
 from captcha_tasks.worker.tasks import solve as solve_task
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("worker", "clean_state")]
 
 PAGE = "https://example.com/form"
 GET_TIMEOUT = 30
@@ -178,6 +178,10 @@ def test_validation_error_before_anything_is_queued(redis_conn: Any) -> None:
         solve.delay(method="nope", sitekey="k", pageurl=PAGE)
     with pytest.raises(errors.ValidationError, match="sitekey"):
         solve.delay("userrecaptcha", pageurl=PAGE)
+    with pytest.raises(errors.ValidationError, match="method is required"):
+        solve.delay(sitekey="k", pageurl=PAGE)  # once a TypeError from build_request
+    with pytest.raises(errors.ValidationError, match="method is required"):
+        solve.apply_async(kwargs={"sitekey": "k", "pageurl": PAGE})
     assert {q: redis_conn.llen(q) for q in before} == before
     assert solve_keys(redis_conn) == keys_before
     assert redis_conn.zcard(app.runtime().state.keys.requested()) == requested_before
@@ -214,12 +218,13 @@ def test_async_result_state_is_success(sandbox: Any) -> None:
     assert AsyncResult(res.id).state == "SUCCESS"
 
 
-def test_account_command_shows_balance_and_threads(sandbox: Any) -> None:
+def test_account_command_shows_balance_and_threads(sandbox: Any, env: dict[str, str]) -> None:
     import subprocess
     import sys
 
     done = subprocess.run(
         [sys.executable, "-m", "captcha_tasks.cli", "account"],
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,

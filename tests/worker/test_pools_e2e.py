@@ -19,7 +19,7 @@ from captcha_tasks.state.pools import PoolNotFound
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import take_token
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 PAGE = "https://example.com/pool"
 LIFE = 4.0
@@ -76,11 +76,9 @@ def _take_in_process(env: dict[str, str], count: int, out: Any) -> None:
 
 def _verify(token: str) -> bool:
     """Use the token at once, as a caller would: the sandbox's siteverify."""
-    import os
-
     import requests
 
-    url = os.environ["CAPTCHAAI_BASE_URL"] + "/siteverify"
+    url = app.runtime().settings.base_url + "/siteverify"
     return bool(requests.post(url, data={"response": token}, timeout=5).json()["success"])
 
 
@@ -98,11 +96,12 @@ def test_prewarmed_tokens_each_handed_out_once(sandbox: Any, pooled_stack: dict[
             while time.monotonic() < deadline:
                 record = take_token("login")
                 if record is not None:
+                    assert record["source"] == "pool" and record["method"] == "turnstile"
                     ok = _verify(record["token"])
                     with lock:
                         used.append((record["token"], ok))
                     break
-                time.sleep(0.05)
+                time.sleep(0.05)  # a poll of a condition with a deadline
 
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()

@@ -10,7 +10,7 @@ from captcha_tasks import errors, solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.toolkit.proxies import ProxyPool
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("worker", "clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("worker", "clean_state")]
 
 PAGE = "https://example.com/proxy"
 BAD = "user:secret@bad-proxy.test:3128"

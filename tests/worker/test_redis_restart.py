@@ -36,7 +36,7 @@ from captcha_tasks.dev.devstack import (
 )
 from captcha_tasks.keys import Keys
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 PAGE = "https://example.com/restart"
 COUNT = 120
@@ -105,6 +105,7 @@ def stack(request: pytest.FixtureRequest, output_dir: Path, sandbox: Any) -> Ite
     server.start()
     env = {
         **FAST,
+        "CAPTCHAAI_BASE_URL": sandbox.url,  # the module's own sandbox
         "REDIS_URL": server.url,
         "CAPTCHAAI_KEY_PREFIX": f"restart-{request.param}",
         "CAPTCHAAI_QUEUE_PREFIX": f"restart-{request.param}",
@@ -204,6 +205,7 @@ def test_a_captcha_paid_for_while_redis_is_down_waits_to_be_registered(
     server = RedisServer(log_dir=log_dir, appendfsync="always").start()
     env = {
         **FAST,
+        "CAPTCHAAI_BASE_URL": sandbox.url,  # the module's own sandbox
         "REDIS_URL": server.url,
         "CAPTCHAAI_KEY_PREFIX": "restart-paid",
         "CAPTCHAAI_QUEUE_PREFIX": "restart-paid",

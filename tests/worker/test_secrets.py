@@ -17,7 +17,7 @@ from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until
 from captcha_tasks.stream import stream
 from captcha_tasks.worker.app import app
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
 PAGE = "https://example.com/secret"
 PROXY_PASSWORD = "Pr0xyS3cret"
@@ -93,7 +93,7 @@ def test_password_protected_redis_for_broker_results_and_store(
     password = "pw-" + os.urandom(6).hex()
     with RedisServer(log_dir=output_dir / "redis-auth", password=password) as server:
         server.start()
-        env = {**os.environ, "REDIS_URL": server.url}
+        env = {**os.environ, "CAPTCHAAI_BASE_URL": sandbox.url, "REDIS_URL": server.url}
         worker = CeleryProcess("worker", env=env, log_dir=output_dir, name="auth-worker")
         with worker:
             worker.start()

@@ -13,6 +13,8 @@ import pytest
 from captcha_tasks.dev.devstack import free_port
 from captcha_tasks.worker.startup import EXIT_CONFIG
 
+pytestmark = pytest.mark.e2e
+
 CELERY = [sys.executable, "-m", "celery", "-A", "captcha_tasks"]
 
 
@@ -97,7 +99,8 @@ def test_an_app_process_gets_the_exception_not_an_exit() -> None:
 
 
 def test_a_worker_with_a_key_the_api_rejects_refuses_to_start(sandbox: Any) -> None:
-    done = celery(*ROLES["worker"], env=without(CAPTCHAAI_API_KEY="not-the-accounts-key"))
+    env = without(CAPTCHAAI_API_KEY="not-the-accounts-key", CAPTCHAAI_BASE_URL=sandbox.url)
+    done = celery(*ROLES["worker"], env=env)
     assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
     [line] = output_lines(done)
     assert line.startswith("celery worker: ConfigurationError: ERROR_WRONG_USER_KEY")

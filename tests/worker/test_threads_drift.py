@@ -16,7 +16,7 @@ from captcha_tasks import solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.worker.app import app
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("clean_state")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
 PAGE = "https://example.com/drift"
 OTHER_KEY = "another-client-key"
@@ -49,8 +49,10 @@ def test_threads_another_client_holds_are_left_to_it(
 ) -> None:
     plan = app.runtime().settings.threads
     sandbox.configure(threads=plan, api_keys=[os.environ["CAPTCHAAI_API_KEY"], OTHER_KEY], **busy)
-    other_client_takes_threads(sandbox)
+    # The worker first: its start (seconds, on a loaded machine) must not eat into the
+    # other client's solves, which the worker has to see while they last.
     worker = start_worker({"CAPTCHAAI_THREADS_CHECK_EVERY": "0.5"}, name="drift-worker")
+    other_client_takes_threads(sandbox)
     limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.external() == OTHERS, 10, what="the other client's threads")
 
