@@ -418,7 +418,7 @@ async def _pull(source: AsyncIterator[Task], batch: Batch) -> None:
 
 async def _send(batch: Batch, action: Send) -> None:
     try:
-        task_id = await _publish(partial(send_task, batch.batch_id, action.index, action.task))
+        task_id = await _publish(partial(send_task, batch.batch_id, action))
     except errors.ValidationError as exc:
         batch.refused(exc)
     except errors.StoreUnavailable as exc:

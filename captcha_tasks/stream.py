@@ -147,14 +147,14 @@ def new_batch(
     )
 
 
-def send_task(batch_id: str, index: int, task: Mapping[str, Any]) -> str:
-    """Queue ``task`` as task ``index`` of batch ``batch_id`` and return its task id
+def send_task(batch_id: str, action: Send) -> str:
+    """Queue the task of ``action`` (task ``index`` of batch ``batch_id``) under its task id
+    (the same on every try: see :func:`captcha_tasks.core.batching.task_id`) and return it
     (validated by ``solve``: :class:`~captcha_tasks.errors.ValidationError`; Redis down:
     :class:`~captcha_tasks.errors.StoreUnavailable`).  Blocking: the asyncio driver runs
     it on its publisher thread."""
-    task_id = str(uuid.uuid4())  # chosen here: a refused publish still has it
-    publish(task_id, solve_kwargs(batch_id, index, task))
-    return task_id
+    publish(action.task_id, solve_kwargs(batch_id, action.index, action.task))
+    return action.task_id
 
 
 def publish(task_id: str, kwargs: Mapping[str, Any]) -> None:
@@ -187,7 +187,7 @@ def _pull(source: Iterator[Mapping[str, Any]], batch: Batch) -> None:
 
 def _send(batch: Batch, action: Send) -> None:
     try:
-        task_id = send_task(batch.batch_id, action.index, action.task)
+        task_id = send_task(batch.batch_id, action)
     except errors.ValidationError as exc:
         batch.refused(exc)
     except errors.StoreUnavailable as exc:

@@ -51,6 +51,7 @@ What it decides:
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,11 +88,27 @@ class Pull:
 
 @dataclass(frozen=True)
 class Send:
-    """Queue ``task`` (a ``solve``'s keyword arguments) as the batch's task ``index``;
-    report :meth:`Batch.sent`, :meth:`Batch.refused` or :meth:`Batch.unavailable`."""
+    """Queue ``task`` (a ``solve``'s keyword arguments) as the batch's task ``index``, under
+    ``task_id``; report :meth:`Batch.sent`, :meth:`Batch.refused` or
+    :meth:`Batch.unavailable`."""
 
     index: int
     task: Task = field(repr=False)  # a proxy password or cookies, maybe: never in a log
+    #: The same on every try to send this index (:func:`task_id`).
+    task_id: str = field(default="", compare=False)
+
+
+#: The namespace of the batch's task ids.
+_TASK_IDS = uuid.UUID("5d0e8a4c-2f1b-4c3e-9a7d-6b1f0c2e8d41")
+
+
+def task_id(batch_id: str, index: int) -> str:
+    """The task id of task ``index`` of batch ``batch_id``, the same on every try to send it.
+    A try that failed may have reached Redis before it did (``solve`` notes the message it
+    owes the workers first, and housekeeping sends a noted message that never came): the
+    try after it must be that solve again, stopped by its record, not a second one paid
+    for."""
+    return str(uuid.uuid5(_TASK_IDS, f"{batch_id}/{index}"))
 
 
 @dataclass(frozen=True)
@@ -259,7 +276,7 @@ class Batch:
         if len(self.pending) < self.window:
             if self.backlog:
                 index, task = self.backlog[0]
-                return Send(index, task)
+                return Send(index, task, task_id(self.batch_id, index))
             if not self.source_ended:
                 return Pull()
         if not self.pending:

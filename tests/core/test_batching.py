@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from captcha_tasks.core.batching import (
     Send,
     Wait,
     solve_kwargs,
+    task_id,
 )
 
 pytestmark = pytest.mark.unit
@@ -149,7 +151,9 @@ def test_an_outage_is_ridden_out_with_back_off_and_the_same_task_is_sent_again(
     fill(batch, 0.0, 1)
     assert batch.next_action(0.0) == Pull()
     batch.pulled(task(1))
-    assert batch.next_action(0.0) == Send(1, task(1))
+    first = batch.next_action(0.0)
+    assert first == Send(1, task(1))
+    assert isinstance(first, Send) and first.task_id == task_id("b", 1)
     batch.unavailable(DOWN, 0.0)
     now, waits = 0.0, []
     for _ in range(6):
@@ -157,7 +161,10 @@ def test_an_outage_is_ridden_out_with_back_off_and_the_same_task_is_sent_again(
         assert isinstance(action, Wait)
         waits.append(round(action.seconds, 3))
         now += action.seconds
-        assert batch.next_action(now) == Send(1, task(1))  # the same task, the same index
+        again = batch.next_action(now)
+        assert again == Send(1, task(1))  # the same task, the same index
+        # ... under the same task id: a try that reached Redis before failing is this solve
+        assert isinstance(again, Send) and again.task_id == first.task_id
         batch.unavailable(DOWN, now)
     assert waits == [OUTAGE_WAIT_S[0], 0.4, 0.8, 1.6, OUTAGE_WAIT_S[1], OUTAGE_WAIT_S[1]]
     now += batch.next_action(now).seconds  # type: ignore[union-attr]
@@ -168,6 +175,13 @@ def test_an_outage_is_ridden_out_with_back_off_and_the_same_task_is_sent_again(
     assert len(messages) == 2, messages  # once when it went, once when it came back
     assert "Redis is unavailable" in messages[0] and "REDIS_URL=redis://:***@" in messages[0]
     assert "Redis is back" in messages[1]
+
+
+def test_each_task_of_each_batch_has_an_id_of_its_own() -> None:
+    ids = {task_id(batch_id, index) for batch_id in ("b", "c") for index in range(50)}
+    assert len(ids) == 100
+    assert task_id("b", 7) == task_id("b", 7)
+    assert str(uuid.UUID(task_id("b", 7))) == task_id("b", 7)  # a UUID, as Celery's are
 
 
 def outage_then_back(batch: Batch, index: int, now: float) -> float:
