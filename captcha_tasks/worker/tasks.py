@@ -45,6 +45,7 @@ from ..state.pools import PoolSpec
 from . import housekeeping, names
 from .adapter import Runner
 from .app import app
+from .canvas import route_followups
 from .edges import OUTAGES, Message
 from .results import followup_of
 
@@ -109,6 +110,8 @@ class SolveTask(Task):
         # Until a worker starts it, the message is remembered in Redis: one lost between
         # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
         runtime.state.owed.expect(solve_id, json.dumps(kwargs, separators=(",", ":")))
+        # What follows the solve is sent by a captcha worker: routed now, by the caller's app.
+        route_followups(options, app)
         return super().apply_async((), kwargs, **options)
 
 

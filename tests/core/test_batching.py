@@ -30,7 +30,9 @@ from captcha_tasks.core.batching import (
     Send,
     Wait,
     solve_kwargs,
-    task_id,
+)
+from captcha_tasks.core.batching import (
+    task_id as batch_task_id,
 )
 
 pytestmark = pytest.mark.unit
@@ -153,7 +155,7 @@ def test_an_outage_is_ridden_out_with_back_off_and_the_same_task_is_sent_again(
     batch.pulled(task(1))
     first = batch.next_action(0.0)
     assert first == Send(1, task(1))
-    assert isinstance(first, Send) and first.task_id == task_id("b", 1)
+    assert isinstance(first, Send) and first.task_id == batch_task_id("b", 1)
     batch.unavailable(DOWN, 0.0)
     now, waits = 0.0, []
     for _ in range(6):
@@ -178,10 +180,10 @@ def test_an_outage_is_ridden_out_with_back_off_and_the_same_task_is_sent_again(
 
 
 def test_each_task_of_each_batch_has_an_id_of_its_own() -> None:
-    ids = {task_id(batch_id, index) for batch_id in ("b", "c") for index in range(50)}
+    ids = {batch_task_id(batch_id, index) for batch_id in ("b", "c") for index in range(50)}
     assert len(ids) == 100
-    assert task_id("b", 7) == task_id("b", 7)
-    assert str(uuid.UUID(task_id("b", 7))) == task_id("b", 7)  # a UUID, as Celery's are
+    assert batch_task_id("b", 7) == batch_task_id("b", 7)
+    assert str(uuid.UUID(batch_task_id("b", 7))) == batch_task_id("b", 7)  # a UUID, as Celery's are
 
 
 def outage_then_back(batch: Batch, index: int, now: float) -> float:
