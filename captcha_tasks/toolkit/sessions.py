@@ -67,6 +67,12 @@ LOCK_ACQUIRE = Script("sessions/lock_acquire")
 LOCK_EXTEND = Script("sessions/lock_extend")
 LOCK_RELEASE = Script("sessions/lock_release")
 
+#: A session lock's default TTL: short, because its holder keeps it alive while it works
+#: (:class:`SessionLock` used as a context manager, and every login of
+#: :func:`reauthenticate`, extend it every third of it), so that a holder that died (a
+#: SIGKILL, a lost host) holds up the others for at most this long.
+LOCK_TTL_MS = 3000
+
 _DOMAIN_RE = re.compile(r"^[a-z0-9_](?:[a-z0-9_.-]*[a-z0-9_])?$")
 
 
@@ -264,15 +270,20 @@ def from_playwright(cookies: Iterable[Mapping[str, Any]], domain: str) -> Cookie
 
 # -- lock -----------------------------------------------------------------------------
 class SessionLock:
-    """A per-domain lock with a TTL, released or extended only by its holder.
+    """A per-domain lock with a short TTL, released or extended only by its holder.
 
     Each acquire puts a random token in the lock; extend and release compare it in Lua
     (``sessions/lock_*``, scripts any client of the same Redis can run), so a holder whose
     lock expired cannot delete or extend the next holder's lock.  Acquiring never waits, and a
     lock that is no longer ours is ``False``, not an exception.
+
+    Held with ``with``, the lock is extended in the background every third of ``ttl_ms``
+    until the block ends, so the TTL bounds only how long a dead holder keeps the others
+    waiting (:data:`LOCK_TTL_MS`).  Held with :meth:`acquire` by hand, call :meth:`extend`
+    more often than every ``ttl_ms``.
     """
 
-    def __init__(self, r: redis.Redis, keys: Keys, domain: str, ttl_ms: int = 30000) -> None:
+    def __init__(self, r: redis.Redis, keys: Keys, domain: str, ttl_ms: int = LOCK_TTL_MS) -> None:
         if not isinstance(ttl_ms, int) or ttl_ms <= 0:
             raise ValueError("ttl_ms must be a positive int")
         self.domain = _normal_domain(domain)
@@ -283,6 +294,7 @@ class SessionLock:
         self._extend = LOCK_EXTEND.bind(r)
         self._release = LOCK_RELEASE.bind(r)
         self._token: str | None = None
+        self._alive: _KeepAlive | None = None
 
     def __repr__(self) -> str:
         # The token stays out: with it anybody could release our lock.
@@ -326,6 +338,7 @@ class SessionLock:
     def __enter__(self) -> SessionLock:
         if not self.acquire():
             raise SessionBusy(f"session lock for {self.domain} is held by another worker")
+        self._alive = _KeepAlive(self).__enter__()
         return self
 
     def __exit__(
@@ -334,6 +347,9 @@ class SessionLock:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        alive, self._alive = self._alive, None
+        if alive is not None:
+            alive.__exit__()
         self.release()
 
 
@@ -341,8 +357,10 @@ LockFactory = Callable[[str], SessionLock]
 
 
 class _KeepAlive:
-    """Extends a held lock in the background while login() runs: a slow login (it may
-    solve a captcha) must not outlive the lock and let a second worker log in too."""
+    """Extends a held lock in the background, every third of its TTL, while its holder
+    works: a slow login (it may solve a captcha) must not outlive the lock and let a second
+    worker log in too.  A Redis error is tried again at the next beat (the lock lives two
+    more); a lock found no longer ours ends it."""
 
     def __init__(self, lock: SessionLock) -> None:
         self._lock = lock
@@ -356,17 +374,17 @@ class _KeepAlive:
 
     def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
 
     def _run(self) -> None:
         while not self._stop.wait(self._lock.ttl_ms / 3000):
             try:
                 if not self._lock.extend():
-                    log.warning("lost the session lock for %s during login", self._lock.domain)
+                    log.warning("lost the session lock for %s while holding it", self._lock.domain)
                     return
             except redis.RedisError as exc:
                 log.warning("cannot extend the session lock for %s: %s", self._lock.domain, exc)
-                return
 
 
 # -- re-authenticate once ---------------------------------------------------------------

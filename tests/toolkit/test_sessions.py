@@ -12,6 +12,7 @@ from requests.cookies import RequestsCookieJar
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.keys import Keys
 from captcha_tasks.toolkit.sessions import (
+    LOCK_TTL_MS,
     Cookies,
     CookieStore,
     ReauthResult,
@@ -152,6 +153,37 @@ def test_lock_context_manager(redis_conn: Any, keys: Keys) -> None:
             pass
         assert DOMAIN in str(err.value)
     assert not redis_conn.exists(keys.session_lock(DOMAIN))
+
+
+def test_a_lock_held_with_with_outlives_its_ttl_and_lapses_when_its_holder_stops(
+    redis_conn: Any, keys: Keys
+) -> None:
+    key = keys.session_lock(DOMAIN)
+    seen = {"last": 0, "extended": 0}
+
+    def extended_four_times() -> bool:
+        left = int(redis_conn.pttl(key))
+        if left > seen["last"]:  # the TTL went up since the last look: extended
+            seen["extended"] += 1
+        seen["last"] = left
+        return seen["extended"] > 4  # the first look counts the acquire
+
+    with SessionLock(redis_conn, keys, DOMAIN, ttl_ms=300) as lock:
+        wait_until(extended_four_times, 5, what="the lock extended four times", interval=0.01)
+        assert lock.owned()  # held for more than its TTL (4 extensions: >= 400 ms)
+    assert not redis_conn.exists(key)
+    # By hand, without extend(), it lapses after its TTL: nobody keeps it alive
+    assert lock.acquire()
+    wait_until(lambda: not redis_conn.exists(key), 2, what="the lock to lapse")
+    assert not lock.release()
+
+
+def test_the_default_ttl_bounds_a_dead_holders_wait_to_seconds(redis_conn: Any, keys: Keys) -> None:
+    lock = SessionLock(redis_conn, keys, DOMAIN)
+    assert lock.ttl_ms == LOCK_TTL_MS <= 5000
+    assert lock.acquire()
+    assert 0 < redis_conn.pttl(keys.session_lock(DOMAIN)) <= LOCK_TTL_MS
+    assert lock.release()
 
 
 # -- re-authenticate once -----------------------------------------------------------
