@@ -65,6 +65,9 @@ SENTINEL_TIMEOUT_S = 2
 REDBEAT_RETRY_S = 30
 #: Seconds between two looks of one client at where the sentinels say the master is.
 FOLLOW_S = 0.5
+#: Seconds after a master move is seen during which every write that money follows waits
+#: for a replica (see :class:`ReplicaFence`): a few looks of every connection.
+MOVE_SETTLE_S = 4 * FOLLOW_S
 
 #: What redis-py raises when nothing (or no Redis) answers at the URL, it refuses the
 #: password, or a demoted master refuses a write (``READONLY``: the master moved):
@@ -209,8 +212,10 @@ def server_address(client: redis.Redis) -> str:
     return str(where.get("path") or f"{where.get('host', 'localhost')}:{where.get('port', 6379)}")
 
 
-#: Flags of a replica, in the sentinels' view, that cannot take over now.
-_NOT_A_CANDIDATE = {"s_down", "o_down", "disconnected"}
+#: Flags of a replica, in the sentinels' view, that cannot take over now: down (a link
+#: merely "disconnected" is not: mid-switch, the replica being promoted has left the old
+#: master, whose writes must still wait).
+_NOT_A_CANDIDATE = {"s_down", "o_down"}
 #: Milliseconds a fenced write waits for a replica's acknowledgement.
 FENCE_WAIT_MS = 500
 
@@ -225,7 +230,13 @@ class ReplicaFence:
     stale one).  A write counts as safe once a replica holds it, or when the sentinels
     know of no replica that could be promoted (the only node left after a kill: nothing
     can take over from it, and its writes stay).  The sentinels' view is looked at most
-    every :data:`FOLLOW_S`."""
+    every :data:`FOLLOW_S`.
+
+    Right after the sentinels name a new master, they list the old one as its replica,
+    not yet one that could be promoted, while connections may still write to the old one
+    (each follows the master within :data:`FOLLOW_S`): for :data:`MOVE_SETTLE_S` after a
+    move is seen, the fence is needed whatever the replicas are (a write the old master
+    took then is lost, and is not acknowledged: it is tried again on the new one)."""
 
     def __init__(self, sentinel: Sentinel, master: str) -> None:
         self._sentinel = sentinel
@@ -233,6 +244,8 @@ class ReplicaFence:
         self._lock = threading.Lock()
         self._needed = True
         self._next_look = 0.0
+        self._address: tuple[str, int] | None = None
+        self._moved_at = float("-inf")
 
     def needed(self) -> bool:
         """Whether a replica that could be promoted exists (True when no sentinel says)."""
@@ -241,18 +254,25 @@ class ReplicaFence:
             if now < self._next_look:
                 return self._needed
             self._next_look = now + FOLLOW_S
-        needed = self._look()
+        needed = self._look(now)
         with self._lock:
             self._needed = needed
         return needed
 
-    def _look(self) -> bool:
+    def _look(self, now: float) -> bool:
         for sentinel in self._sentinel.sentinels:
             try:
+                master: dict[str, Any] = sentinel.sentinel_master(self._master)  # type: ignore[assignment]
                 replicas = sentinel.sentinel_slaves(self._master)
             except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
                 continue
-            return any(_candidate(replica) for replica in replicas)
+            address = (str(master.get("ip")), int(master.get("port", 0)))
+            with self._lock:
+                if self._address is not None and address != self._address:
+                    self._moved_at = now
+                self._address = address
+                settling = now - self._moved_at < MOVE_SETTLE_S
+            return settling or any(_candidate(replica) for replica in replicas)
         return True  # no sentinel answers: assume a replica could take over
 
     @staticmethod

@@ -17,7 +17,7 @@ them are solved.  It prints, per event:
 Not a timed test: the figures are quoted in docs/guides/sentinel.md and, with their
 plots, in docs/benchmarks/failover.md.
 
-    python scripts/bench_failover.py [--count 300] [--events switch,kill] [--plot DIR]
+    python scripts/bench_failover.py [--count 300] [--events switch,kill] [--runs 1] [--plot DIR]
 
 ``--plot DIR`` also draws, per event, the results per second with the event and the
 recovery marked (``failover-switch.svg``, ``failover-kill.svg``).
@@ -73,8 +73,8 @@ def scraped_total(page: str, prefix: str) -> float:
     )
 
 
-def one(event: str, count: int, out: Path) -> Row:
-    log_dir = out / event
+def one(event: str, count: int, out: Path, run_no: int = 1) -> Row:
+    log_dir = out / (event if run_no == 1 else f"{event}-{run_no}")
     cluster = SentinelCluster(log_dir=log_dir / "sentinel", password="bench-" + os.urandom(4).hex())
     with cluster.start():
         tag = f"bench-failover-{event}"
@@ -154,12 +154,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=300)
     parser.add_argument("--events", default="switch,kill")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each event (each fresh)")
     parser.add_argument("--out", type=Path, default=None, help="logs (default: a temp dir)")
     plots.add_options(parser)
     args = parser.parse_args()
     args.machine = plots.machine()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-failover-"))
-    rows = [one(event, args.count, out) for event in args.events.split(",")]
+    events = args.events.split(",")
+    rows = [one(e, args.count, out, n) for e in events for n in range(1, args.runs + 1)]
     print(f"{args.count} captchas per run, the event at {args.count // 3} solved; logs in {out}")
     header = (
         "| event | wall s | event s | longest gap s | recovery s | solved | failed "

@@ -30,8 +30,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ..connections import FENCE_WAIT_MS
 from ..core.admission import NO_HANDOUT, Handout
 from ..core.rounds import Again, Entry, RoundDue
+from ..errors import StoreUnavailable
 from .batches import batch_keys
 from .channel import EARLY_KEEP_S, EARLY_MOST, EARLY_POLL_S, early_keys, early_ticket
 from .db import Db
@@ -190,7 +192,17 @@ class Board:
         }
         if result:
             args.update(submitted_record=result[1], result_ttl_s=result[2])
-        reply = self._guarded(lambda: self._register(keys, args))
+        reply, held = self._guarded(
+            lambda: self.db.fenced(lambda client: self._register(keys, args, client))
+        )
+        if not held:
+            # Behind Sentinel, a registration no replica holds may be lost with its master
+            # (a switch), and its captcha, paid for, submitted again from the new one: the
+            # caller holds it and registers it again (which is a no-op where it did land).
+            raise StoreUnavailable(
+                f"the registration of captcha {captcha_id} has not reached a replica yet "
+                f"(WAIT {FENCE_WAIT_MS} ms): it is made again"
+            )
         return Registered(_countdown(reply[0]), text(reply[1]) if reply[1] else None)
 
     def keep_early(self, solve_id: str, attempt: int, captcha_id: str, code: str) -> str:

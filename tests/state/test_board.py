@@ -11,6 +11,7 @@ import pytest
 
 from captcha_tasks.core.rounds import Again
 from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.keys import Keys
 from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
@@ -202,3 +203,46 @@ def test_a_retired_captcha_keeps_its_thread_and_is_owed_a_submit(
     assert redis_conn.zcard(keys.dispatch()) == 0
     # a late answer for the retired captcha changes nothing
     assert not finish(board, "s1", "c1").claimed
+
+
+# -- a registration no replica acknowledged ------------------------------------------------
+
+
+class NoReplicaAnswers:
+    """A fence that says a replica could take over (behind Sentinel, before a switch).  On
+    this lone Redis server, ``WAIT 1`` is answered by no replica: the real reply a worker
+    gets when its master was just demoted and its write will be lost."""
+
+    @staticmethod
+    def needed() -> bool:
+        return True
+
+    @staticmethod
+    def wait_command() -> tuple[str, int, int]:
+        return ("WAIT", 1, 50)
+
+
+def test_a_registration_made_again_changes_nothing(
+    board: Board, limiter: ThreadLimiter, redis_conn: Any
+) -> None:
+    admit(limiter, "s1")
+    assert register(board, "s1", "c1", 10) is not None
+    due_key = board.keys.poll_due()
+    first = redis_conn.zrange(due_key, 0, -1, withscores=True)
+    assert register(board, "s1", "c1", 0) is None  # no round: nothing registered again
+    assert redis_conn.zrange(due_key, 0, -1, withscores=True) == first  # its poll not moved
+
+
+def test_a_registration_no_replica_holds_is_refused_and_made_again_once(
+    board: Board, limiter: ThreadLimiter, redis_conn: Any
+) -> None:
+    admit(limiter, "s1")
+    fenced = Board(Db(redis_conn, limiter.db.keys, NoReplicaAnswers()), limiter, board.config)  # type: ignore[arg-type]
+    with pytest.raises(StoreUnavailable, match="captcha c1 has not reached a replica"):
+        fenced.register("s1", 0, "c1", job("s1", "c1"), 10)
+    due_key = board.keys.poll_due()
+    first = redis_conn.zrange(due_key, 0, -1, withscores=True)
+    assert [cid for cid, _ in first] == ["c1"]  # it landed here: a lost master would lose it
+    # made again once a replica acknowledges: the one that landed stays as it was
+    assert register(board, "s1", "c1", 0) is None
+    assert redis_conn.zrange(due_key, 0, -1, withscores=True) == first

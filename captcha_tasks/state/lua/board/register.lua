@@ -9,7 +9,9 @@
 -- A.submitted_record = what the caller's result key says while the captcha is at the
 --   provider (absent: nothing), A.result_ttl_s
 -- returns {{countdown ms, due ms} of a round message the caller must publish, or {-1};
---   the early callback's code, or false}
+--   the early callback's code, or false}; {{-1}, false} when this attempt's captcha is
+--   registered already (a registration made again because no replica had acknowledged it
+--   may find the first one landed: the board, its lease and its record stay as they are)
 local K = {
   -- the provider's board (lib/board.lua)
   board = KEYS[1],
@@ -33,6 +35,8 @@ local A = cjson.decode(ARGV[1])
 --@include lib/slots.lua
 --@include lib/record.lua
 --@include lib/early.lua
+local had = redis.call('HMGET', K.record, 'attempt', 'captcha_id')
+if had[2] == A.cid and tonumber(had[1]) == A.attempt then return {{-1}, false} end
 local found = early.take(A.ticket, A.cid)
 local first_ms = A.first_ms
 if found then first_ms = math.min(first_ms, A.early_ms) end
