@@ -81,10 +81,13 @@ HOLD_WAIT_S = (0.2, 1.0)
 @dataclass(frozen=True)
 class Pace:
     """How often captchas likely done are asked for: in bulk (``bulk``) every ``every``
-    seconds; see :func:`pace`."""
+    seconds; see :func:`pace`.  ``adopt_due``: seconds after its submit when the callback
+    of a captcha registered cold is overdue, once it waits for it (see
+    :func:`adopts_callback`)."""
 
     bulk: bool
     every: float
+    adopt_due: float | None = None
 
 
 def pace(policy: Policy, timing: Timing, bulk: bool, waits: bool = False) -> Pace:
@@ -170,6 +173,17 @@ def awaits_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> b
     if policy.pingback_fallback is None or not uses_pingback(job):
         return False
     return timing.warm and channel != DOWN
+
+
+def adopts_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> bool:
+    """Whether a captcha registered cold (probed: its method's times were not known) that
+    asked for its callback waits for it from now on, as one registered warm does: its
+    method's times are known now and the channel is up.  Probed on, it would be polled
+    until answered although its callback will come (most of pingback's polls in a batch
+    that starts cold)."""
+    return (
+        job.callback_due is None and channel == UP and awaits_callback(job, timing, policy, channel)
+    )
 
 
 def counts_on_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> bool:
@@ -442,6 +456,11 @@ def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, pace: Pace)
     first; one asked for on its own, at the poll interval."""
     if now >= job.deadline:
         return Fail(timed_out(job, "the solve deadline passed"))
+    if pace.adopt_due is not None:
+        due = _submitted_at(job) + pace.adopt_due
+        job = replace(job, callback_due=due)
+        if due > now:  # its callback is not overdue yet: wait for it
+            return PollAt(min(due, job.deadline), job)
     if not uses_bulk(job, pace.bulk):
         return PollAt(min(now + policy.poll_interval, job.deadline), job)
     likely = _submitted_at(job) + timing.earliest if timing.warm else now

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import errors, faults
 from ..client import callback_answer
@@ -148,9 +148,13 @@ class Rounds:
         return steps.on_answer(job, reply, entry.polled_at, entry.errors, now, timing, policy, pace)
 
     def _pace(self, job: Job, bulk: bool, channel: str) -> steps.Pace:
-        timing = self.edges.timing(job)
-        waits = steps.counts_on_callback(job, timing, self.edges.policy, channel)
-        return steps.pace(self.edges.policy, timing, bulk, waits)
+        timing, policy = self.edges.timing(job), self.edges.policy
+        pace = steps.pace(
+            policy, timing, bulk, steps.counts_on_callback(job, timing, policy, channel)
+        )
+        if steps.adopts_callback(job, timing, policy, channel):
+            pace = replace(pace, adopt_due=steps.callback_due(timing, policy))
+        return pace
 
     def _heard_by_poll(self, due: _Due, reply: Reading | float | None, now: float) -> Heard | None:
         if reply is None or isinstance(reply, float):

@@ -445,6 +445,28 @@ def test_cold_captchas_counting_on_their_callback_are_probed_seldom() -> None:
     assert steps.pace(CALLBACKS, COLD_DEFAULT, True, waits=True).every >= CALLBACKS.bulk_interval
 
 
+def test_a_captcha_registered_cold_waits_for_its_callback_once_the_times_are_known() -> None:
+    probe = sent(COLD_DEFAULT, UP)  # registered cold: probed, waiting for no callback yet
+    assert probe.job.callback_due is None
+    due_s = steps.callback_due(SOLVES, CALLBACKS)  # the times are known by its first probe
+    assert steps.adopts_callback(probe.job, SOLVES, CALLBACKS, UP)
+    pace = dataclasses.replace(steps.pace(CALLBACKS, SOLVES, True, waits=True), adopt_due=due_s)
+    again = steps.on_answer(probe.job, NOT_READY, None, 0, probe.at, SOLVES, CALLBACKS, pace)
+    # not polled again until its callback is overdue, as if it had been registered warm
+    assert isinstance(again, PollAt) and again.at == pytest.approx(T0 + 1 + due_s)
+    assert again.job.callback_due == again.at
+    assert not steps.adopts_callback(again.job, SOLVES, CALLBACKS, UP)  # once
+    # overdue already: it is polled at the pace of one counting on its callback
+    late = steps.on_answer(probe.job, NOT_READY, None, 0, T0 + 60, SOLVES, CALLBACKS, pace)
+    assert isinstance(late, PollAt) and late.at == pytest.approx(T0 + 60 + pace.every)
+    assert late.job.callback_due == pytest.approx(T0 + 1 + due_s)
+    # not while callbacks are lost or stopped, nor while the times are unknown
+    for channel in (DEGRADED, DOWN):
+        assert not steps.adopts_callback(probe.job, SOLVES, CALLBACKS, channel)
+    assert not steps.adopts_callback(probe.job, COLD_DEFAULT, CALLBACKS, UP)
+    assert not steps.adopts_callback(probe.job, SOLVES, POLICY, UP)  # callbacks off
+
+
 def test_once_callbacks_stopped_or_when_off_captchas_are_polled_at_the_usual_pace() -> None:
     for channel in (UP, DEGRADED, DOWN):
         down = sent(SOLVES, DOWN)  # registered while down: it waits for no callback
