@@ -9,11 +9,13 @@ here), never the captcha worker (``Received unregistered task``), with no
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery import Celery, chain, chord
+from celery import _state as celery_state
 from celery.contrib.testing.worker import start_worker
 
 from captcha_tasks import errors, solve
@@ -60,10 +62,22 @@ def myapp(redis_url: str, isolated_module: str) -> Iterator[Celery]:
         failed = user.AsyncResult(task_id)
         record("error", {"type": type(failed.result).__name__, "code": failed.result.code})
 
-    with start_worker(
-        user, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=10
-    ):
-        yield user
+    # Celery's test worker sets the process up as a worker would: its app becomes the
+    # current and default one, and the root logger is configured at its log level (ERROR:
+    # later modules in this process then never hear a warning).  All put back after.
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    current, default = celery_state.get_current_app(), celery_state.default_app
+    try:
+        with start_worker(
+            user, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=10
+        ):
+            yield user
+    finally:
+        root.setLevel(level)
+        root.handlers[:] = handlers
+        current.set_current()
+        celery_state.set_default_app(default)
 
 
 @pytest.fixture
