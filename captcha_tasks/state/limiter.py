@@ -523,16 +523,29 @@ class ThreadLimiter:
         key, r = self.keys.threads_check_lock(), self.db.redis
         return bool(self._guarded(lambda: r.set(key, "1", nx=True, px=ms(every_s))))
 
-    def see_provider(self, working_threads: int, hold_s: float) -> Drift:
+    def held_slots(self) -> list[str]:
+        """The slots we hold now (not another client's): what :meth:`see_provider` counts
+        as ours is what was held both before the provider was asked and after."""
+        r = self.db.redis
+        members = self._guarded(lambda: r.zrange(self.keys.slots(), 0, -1))
+        return [m for m in map(text, members) if not m.startswith("external:")]
+
+    def see_provider(
+        self, working_threads: int, hold_s: float, held_before: list[str] | None = None
+    ) -> Drift:
         """Take the provider's count of working threads: any beyond the slots we hold are
         another client's, and our usable threads shrink by them for ``hold_s`` (or until
-        the next look)."""
+        the next look).  ``held_before``: :meth:`held_slots` from before the provider was
+        asked; a slot taken since (its captcha maybe not at the provider when it counted)
+        is not counted as ours, so another client's threads are never undercounted."""
         keys = self.lua_keys()
-        args = {
+        args: dict[str, Any] = {
             "working": working_threads,
             "hold_ms": ms(hold_s),
             "most": max(0, self.config.capacity - 1),
         }
+        if held_before is not None:
+            args["held_before"] = held_before
         before, now, ours = self._guarded(lambda: self._external(keys, args))
         return Drift(int(before), int(now), int(ours))
 

@@ -172,6 +172,7 @@ def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
     limiter = at.limiter
     if limiter.poll_wait(1) > 0:  # the res.php budget, or an HTTP 429, holds the account
         return None
+    held_before = limiter.held_slots()
     try:
         info = runner.api(at.name).threads_info()
     except errors.RateLimited as exc:
@@ -179,7 +180,7 @@ def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
         return None
     if info is None or "working_threads" not in info:
         return None
-    drift = limiter.see_provider(info["working_threads"], VIEW_HOLDS_CHECKS * every)
+    drift = limiter.see_provider(info["working_threads"], VIEW_HOLDS_CHECKS * every, held_before)
     if drift.now and not drift.before:
         log.warning(
             "another client is using the API key of provider %s: it counts %d working"

@@ -495,6 +495,23 @@ def test_threads_another_client_holds_take_slots_until_it_stops(
     assert lim.see_provider(working_threads=50, hold_s=30).now == 4 - 1
 
 
+def test_a_slot_taken_while_the_provider_counts_is_not_counted_as_ours(
+    redis_conn: Any, keys: Keys
+) -> None:
+    lim = make(redis_conn, keys, capacity=6)
+    assert admit(lim, "mine", 1) == "go"
+    held = lim.held_slots()
+    assert held == ["mine"]
+    # the provider counts 3 working: ours, and 2 of another client's; meanwhile we took
+    # one more slot, whose captcha it did not count yet
+    assert admit(lim, "new", 2) == "go"
+    seen = lim.see_provider(working_threads=3, hold_s=30, held_before=held)
+    assert (seen.now, seen.ours) == (2, 1)  # without held_before: (1, 2), one too few
+    assert lim.external() == 2
+    finish(lim, "mine")  # a slot given back meanwhile is not ours either: more left alone
+    assert lim.see_provider(working_threads=3, hold_s=30, held_before=held).now == 3
+
+
 def test_the_providers_view_expires_with_its_hold(redis_conn: Any, keys: Keys) -> None:
     lim = make(redis_conn, keys, capacity=4)
     lim.see_provider(working_threads=2, hold_s=0.2)
