@@ -106,12 +106,13 @@ class SolveTask(Task):
             kwargs["_secrets"] = stashed
         if batch is not None:
             kwargs["_batch"] = batch
+        # What follows the solve is sent by a captcha worker: routed now, by the caller's app
+        # (before Redis notes the message: a router that raises leaves nothing owed).
+        route_followups(options, app)
         runtime.state.pools.ensure_declared()  # this process's CAPTCHAAI_POOLS, before it solves
         # Until a worker starts it, the message is remembered in Redis: one lost between
         # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
         runtime.state.owed.expect(solve_id, json.dumps(kwargs, separators=(",", ":")))
-        # What follows the solve is sent by a captcha worker: routed now, by the caller's app.
-        route_followups(options, app)
         return super().apply_async((), kwargs, **options)
 
 
