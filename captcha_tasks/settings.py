@@ -124,7 +124,9 @@ class Settings:
     #: CAPTCHAAI_PROXY_COOLOFF: seconds a proxy the API reported bad stays quarantined.
     proxy_cooloff: float = 300.0
     #: CAPTCHAAI_VISIBILITY_TIMEOUT: seconds before a dead worker's unacknowledged
-    #: messages are delivered again (every countdown stays below half of it).
+    #: messages are delivered again (every countdown stays below half of it); a solve
+    #: message that never starts is sent again 10 s after it, counted from the setting of
+    #: the process that sent it (give callers the workers' value).
     visibility_timeout: float = 60.0
     #: CAPTCHAAI_SUBMIT_RATE: ``in.php`` requests the primary takes per 3 s, account wide
     #: (unset: its kind's budget, none for captchaai, 60 for 2captcha; 0: none).

@@ -22,19 +22,21 @@ from captcha_tasks.worker.app import app
 pytestmark = pytest.mark.e2e
 
 PAGE = "https://example.com/batch"
-VISIBILITY = "6"
+# A killed worker's messages come back within seconds; the sandbox answers at once, so
+# short HTTP timeouts (which the visibility timeout must exceed) cost nothing.  The
+# settings of the whole module, this process's too: how long a solve message may take to
+# start before housekeeping sends it again follows the visibility timeout of the process
+# that sent it (a message a worker took off the queue and died with before noting it).
+MODULE_ENV = {
+    "CAPTCHAAI_VISIBILITY_TIMEOUT": "6",
+    "CAPTCHAAI_CONNECT_TIMEOUT": "1",
+    "CAPTCHAAI_READ_TIMEOUT": "3",
+}
 
 
 @pytest.fixture
 def two_workers(start_worker: Any, clean_state: None) -> list[Any]:
-    # A killed worker's messages come back within seconds; the sandbox answers at once, so
-    # short HTTP timeouts (which the visibility timeout must exceed) cost nothing.
-    env = {
-        "CAPTCHAAI_VISIBILITY_TIMEOUT": VISIBILITY,
-        "CAPTCHAAI_CONNECT_TIMEOUT": "1",
-        "CAPTCHAAI_READ_TIMEOUT": "3",
-    }
-    return [start_worker(env, concurrency=16, name=f"batch-w{n}") for n in range(2)]
+    return [start_worker(concurrency=16, name=f"batch-w{n}") for n in range(2)]
 
 
 def task(**extra: Any) -> dict[str, Any]:

@@ -21,13 +21,35 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 PAGE = "https://example.com/crash"
 THREADS = 3
 #: Short HTTP timeouts allow a short visibility timeout: the dead worker's unacknowledged
-#: messages come back within seconds.
-FAST = {
+#: messages come back within seconds.  This process's settings too: a solve message that
+#: never starts is sent again after the visibility timeout of the process that sent it.
+MODULE_ENV = FAST = {
     "CAPTCHAAI_THREADS": str(THREADS),
     "CAPTCHAAI_CONNECT_TIMEOUT": "2",
     "CAPTCHAAI_READ_TIMEOUT": "5",
     "CAPTCHAAI_VISIBILITY_TIMEOUT": "10",
 }
+
+
+def test_a_solve_message_a_worker_took_and_died_with_before_noting_it_is_sent_again(
+    sandbox: Any, start_worker: Any
+) -> None:
+    """kombu takes a message off its queue (BRPOP) and only then notes it as unacknowledged
+    (a second command): a worker SIGKILLed between the two takes the message with it, and
+    kombu's visibility timeout cannot bring back what it never noted.  The test is that
+    worker for the first half (its BRPOP; killing a real one inside kombu's two commands
+    cannot be aimed), then housekeeping must send the message again, once."""
+    sandbox.configure(solve_time=0.2)
+    settings = app.runtime().settings
+    result = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
+    redis = app.runtime().state.redis
+    taken = [m for m in (redis.rpop(q) for q in settings.solve_queues) if m is not None]
+    assert len(taken) == 1  # the message, gone from the broker and noted nowhere but owed
+
+    start_worker(FAST, name="crash-after-brpop")
+    outcome = result.get(timeout=settings.visibility_timeout + 10 + 30)
+    assert outcome["status"] == "solved", outcome
+    assert sandbox.stats()["submits"] == 1
 
 
 def test_a_worker_killed_between_handout_and_publish_loses_nothing(
