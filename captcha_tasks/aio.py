@@ -385,7 +385,7 @@ class _Hub:
             if not waiter.record.done():
                 waiter.record.set_exception(closed)
         with contextlib.suppress(RedisError, OSError):
-            await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+            await self.pubsub.aclose()  # type: ignore[no-untyped-call,unused-ignore]
         with contextlib.suppress(RedisError, OSError):
             await self.redis.aclose()
 

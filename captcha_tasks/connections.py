@@ -323,7 +323,7 @@ def redis_client(settings: Settings) -> redis.Redis:
     where = settings.redis_sentinel
     if where is None:
         return redis.Redis.from_url(settings.redis_url, **_STATE_OPTIONS)
-    client: redis.Redis = sentinels(settings).master_for(  # type: ignore[no-untyped-call]
+    client: redis.Redis = sentinels(settings).master_for(  # type: ignore[no-untyped-call,unused-ignore]
         where.master,
         redis_class=redis.Redis,
         connection_class=following_connection(where.tls),
@@ -347,7 +347,7 @@ def async_redis_client(settings: Settings, **options: Any) -> aioredis.Redis:
     where = settings.redis_sentinel
     if where is None:
         return aioredis.Redis.from_url(settings.redis_url, **kwargs)
-    manager = AsyncSentinel(  # type: ignore[no-untyped-call]
+    manager = AsyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         where.sentinels, sentinel_kwargs=_sentinel_kwargs(where), **_server_kwargs(where)
     )
     connection_class = (
@@ -371,7 +371,7 @@ def sentinels(settings: Settings) -> Sentinel:
     where = settings.redis_sentinel
     if where is None:
         raise ValueError("REDIS_URL names no sentinels")
-    return Sentinel(  # type: ignore[no-untyped-call]
+    return Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         where.sentinels, sentinel_kwargs=_sentinel_kwargs(where), **_server_kwargs(where)
     )
 

@@ -14,6 +14,7 @@ import pytest
 
 from captcha_tasks import solve
 from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.state import owed_config
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
@@ -47,7 +48,7 @@ def test_a_solve_message_a_worker_took_and_died_with_before_noting_it_is_sent_ag
     assert len(taken) == 1  # the message, gone from the broker and noted nowhere but owed
 
     start_worker(FAST, name="crash-after-brpop")
-    outcome = result.get(timeout=settings.visibility_timeout + 10 + 30)
+    outcome = result.get(timeout=owed_config(settings).message_grace_s + 30)
     assert outcome["status"] == "solved", outcome
     assert sandbox.stats()["submits"] == 1
 
