@@ -44,6 +44,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.connection import SSLConnection as AsyncSSLConnection
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelManagedConnection
 from redis.backoff import NoBackoff
@@ -348,7 +349,9 @@ def async_redis_client(settings: Settings, **options: Any) -> aioredis.Redis:
     if where is None:
         return aioredis.Redis.from_url(settings.redis_url, **kwargs)
     manager = AsyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
-        where.sentinels, sentinel_kwargs=_sentinel_kwargs(where), **_server_kwargs(where)
+        where.sentinels,
+        sentinel_kwargs=_sentinel_kwargs(where, asyncio=True),
+        **_server_kwargs(where),
     )
     connection_class = (
         AsyncMasterFollowingSSLConnection if where.tls else AsyncMasterFollowingConnection
@@ -471,15 +474,17 @@ def _server_kwargs(where: RedisSentinel) -> dict[str, Any]:
     return kwargs
 
 
-def _sentinel_kwargs(where: RedisSentinel) -> dict[str, Any]:
+def _sentinel_kwargs(where: RedisSentinel, asyncio: bool = False) -> dict[str, Any]:
     """How to talk to the sentinels: their own password, short timeouts, and TLS (kombu,
-    Celery and redis-py all leave the sentinels in plain text unless it is here)."""
+    Celery and redis-py all leave the sentinels in plain text unless it is here).  An
+    asyncio client gets asyncio's retry policy (redis-py 8.2 warns on a synchronous one)."""
+    retry_class = AsyncRetry if asyncio else Retry
     kwargs: dict[str, Any] = {
         "socket_connect_timeout": SENTINEL_TIMEOUT_S,
         "socket_timeout": SENTINEL_TIMEOUT_S,
         # No retries: discovery asks the next sentinel at once (redis-py's default, ten
         # with back-off, holds it up for most of a minute on one silent sentinel).
-        "retry": Retry(NoBackoff(), 0),
+        "retry": retry_class(NoBackoff(), 0),
         **_tls(where),
     }
     if where.sentinel_password is not None:

@@ -26,6 +26,7 @@ Jobs are opaque JSON strings here; the worker knows what is in them.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -369,6 +370,13 @@ class Board:
         same = last is not None and text(last) == captcha_id
         here = provider is None or text(provider) == self.limiter.provider
         return entry, done is not None and same and here
+
+    def at_provider(self) -> dict[str, str]:
+        """The captchas on the board (the provider answered their ``in.php``): captcha id
+        → the solve (its thread slot's lease id)."""
+        r = self.db.redis
+        board = self._guarded(lambda: r.hgetall(self.keys.board()))
+        return {text(cid): str(json.loads(text(job))["solve_id"]) for cid, job in board.items()}
 
     def in_flight_count(self) -> int:
         r = self.db.redis

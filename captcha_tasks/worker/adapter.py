@@ -176,7 +176,7 @@ class Runner:
             record = pools.take(spec.name)
         except errors.PoolNotFound:  # removed since this process last read the definitions
             return False
-        self.app.send_task(names.PREWARM, args=(spec.name,))
+        self.app.send_task(names.PREWARM, args=(spec.name,), ignore_result=True)
         if record is None:
             return False
         now = time.time()

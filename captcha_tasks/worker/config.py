@@ -82,7 +82,8 @@ beat_schedule = {
     "captcha-tasks-prewarm": {
         "task": PREWARM,
         "schedule": _settings.prewarm_every,
-        "options": {"expires": _settings.prewarm_every},
+        # Nobody reads a tick's result: storing it would keep a record for an hour.
+        "options": {"expires": _settings.prewarm_every, "ignore_result": True},
     },
 }
 

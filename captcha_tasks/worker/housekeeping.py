@@ -24,7 +24,9 @@ from typing import Any
 from celery import bootsteps
 
 from .. import errors
+from ..client import BULK_MAX_IDS
 from ..core import health, routing
+from ..core.answers import NOT_READY
 from ..core.job import Job
 from ..core.lanes import BACKGROUND
 from ..methods import SolveRequest, build_request
@@ -41,6 +43,9 @@ log = logging.getLogger(__name__)
 TICK_S = 1.0
 #: Checks a view of the provider's threads outlives (a missed check or two keeps it).
 VIEW_HOLDS_CHECKS = 3
+#: The least seconds a view of another client's threads holds (a late check on a busy
+#: worker must not let it lapse and hand its threads to us).
+VIEW_HOLD_MIN_S = 10.0
 
 
 def tick(runner: Runner) -> bool:
@@ -173,14 +178,20 @@ def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
     if limiter.poll_wait(1) > 0:  # the res.php budget, or an HTTP 429, holds the account
         return None
     held_before = limiter.held_slots()
+    at_provider = at.board.at_provider()
+    api = runner.api(at.name)
     try:
-        info = runner.api(at.name).threads_info()
+        info = api.threads_info()
+        # A captcha the provider finished before we polled it holds our slot but none of
+        # its threads: asked right after the count, "not ready" proves it was counted.
+        finished = _finished(api, at_provider)
     except errors.RateLimited as exc:
         limiter.pause(health.account_hold(exc) or 0.0)
         return None
     if info is None or "working_threads" not in info:
         return None
-    drift = limiter.see_provider(info["working_threads"], VIEW_HOLDS_CHECKS * every, held_before)
+    ours = [slot for slot in held_before if slot not in finished]
+    drift = limiter.see_provider(info["working_threads"], view_hold_s(every), ours)
     if drift.now and not drift.before:
         log.warning(
             "another client is using the API key of provider %s: it counts %d working"
@@ -196,6 +207,26 @@ def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
             at.name,
         )
     return drift
+
+
+def view_hold_s(every: float) -> float:
+    """How long a view of another client's threads holds: until a later check replaces it,
+    a few checks on (a check comes at most once a tick, and may be late), never less than
+    :data:`VIEW_HOLD_MIN_S`."""
+    return max(VIEW_HOLDS_CHECKS * max(every, TICK_S), VIEW_HOLD_MIN_S)
+
+
+def _finished(api: Any, at_provider: dict[str, str]) -> set[str]:
+    """The solves (lease ids) whose captcha the provider has finished, in one bulk
+    ``res.php``; empty when it does not answer in bulk (every slot then counts as ours)."""
+    ids = list(at_provider)[:BULK_MAX_IDS]
+    try:
+        answers = api.get_many(ids) if ids else None
+    except errors.CaptchaTasksError:
+        return set()
+    if answers is None:
+        return set()
+    return {at_provider[cid] for cid, value in answers.items() if value is not NOT_READY}
 
 
 class Housekeeping(bootsteps.StartStopStep):

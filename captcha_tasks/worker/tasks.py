@@ -30,6 +30,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Task
+from celery.exceptions import Reject
 from celery.signals import task_revoked
 from celery.worker.request import Request
 
@@ -78,7 +79,27 @@ class SolveRequest(Request):
             super().send_event(type, **fields)
 
 
-class SolveTask(Task):
+class OutageTask(Task):
+    """A task that waits out a Redis outage by retrying (``autoretry_for=OUTAGES``), and
+    never loses its message doing so.
+
+    Celery's ``Task.retry`` publishes the retry first and, when that fails, rejects the
+    message without requeueing it (``Reject(requeue=False)``): during an outage of the
+    Redis that is also the broker, a solve past its admission would be gone.  Here the
+    message is rejected *with* requeue instead: put back at once if the broker answers
+    again, else left unacknowledged in the broker, which hands it out again after the
+    visibility timeout (the same message: its admission knows it)."""
+
+    def retry(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().retry(*args, **kwargs)
+        except Reject as exc:
+            if exc.requeue:
+                raise
+            raise Reject(exc.reason, requeue=True) from exc
+
+
+class SolveTask(OutageTask):
     """``solve`` validates its arguments at the call site, before anything is queued."""
 
     resultrepr_maxsize = RESULT_REPR_MAX
@@ -219,6 +240,7 @@ def _revoked(sender: Any = None, request: Any = None, expired: bool = False, **_
 
 @app.task(
     bind=True,
+    base=OutageTask,
     name=names.SUBMIT,
     ignore_result=True,
     autoretry_for=OUTAGES,
@@ -283,14 +305,14 @@ def prewarm(pool: str | None = None) -> dict[str, int]:
     return {spec.name: housekeeping.top_up(run, spec) for spec in specs}
 
 
-@app.task(name=names.CHECK_THREADS, shared=False)
+@app.task(name=names.CHECK_THREADS, ignore_result=True, shared=False)
 def check_threads() -> dict[str, Any]:
     """Housekeeping: every provider's balance and view of our threads (see
     ``housekeeping.check_providers``)."""
     return housekeeping.check_providers(runner())
 
 
-@app.task(name=names.PROBE, shared=False)
+@app.task(name=names.PROBE, ignore_result=True, shared=False)
 def probe(provider: str) -> bool | None:
     """Housekeeping: probe a provider out of rotation (see ``housekeeping.probe``)."""
     return housekeeping.probe(runner(), provider)
@@ -333,7 +355,8 @@ def take_token(pool: str, min_remaining: float | None = None) -> dict[str, Any] 
     """
     started = time.monotonic()
     record = app.runtime().state.pools.take(pool, min_remaining)
-    prewarm.delay(pool)
+    # Nobody reads this refill's result: storing it would keep a record for an hour.
+    prewarm.apply_async((pool,), ignore_result=True)
     if record is None:
         return None
     outcome = from_pool(record, time.monotonic() - started, time.time()).to_dict()
