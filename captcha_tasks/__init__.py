@@ -86,8 +86,6 @@ def __getattr__(name: str) -> typing.Any:
         from importlib.metadata import version
 
         return version("captcha-tasks")
-    if name == "store":
-        return _deprecated_store()
     source = _SOURCES.get(name)
     if source is not None and source[1] is None:
         # A submodule (errors): alone.  Inside the package `from . import errors` lands
@@ -114,20 +112,6 @@ def _load() -> None:
         globals().update(found)
     finally:
         _loading = False
-
-
-def _deprecated_store() -> types.ModuleType:
-    # ``captcha_tasks.store`` (handles fetched from globals) goes away in the next release;
-    # the state is one value now (captcha_tasks.state.State).
-    import warnings
-
-    warnings.warn(
-        "captcha_tasks.store is deprecated: build captcha_tasks.state.State from the "
-        "settings, or use captcha_tasks.toolkit",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    return importlib.import_module(".state.store", __name__)
 
 
 def __dir__() -> list[str]:

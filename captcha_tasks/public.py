@@ -4,8 +4,7 @@ is for.  A removal or rename of any of them is a breaking change.
 * The top-level names are the package's ``__all__`` (``from captcha_tasks import solve``),
   kept there as a literal list so that type checkers see them.
 * :data:`DOCUMENTED`: the deeper paths the documentation tells users to use.
-* :data:`MOVED`: old paths that still work for one release, with a ``DeprecationWarning``
-  that says what to use instead.
+* :data:`REMOVED`: the paths 0.1.0 deprecated, gone since 0.2.0, with what to use instead.
 
 Anything else is internal and may change between versions.  The documentation's Python
 API page is written from this module (``docs/gen_reference.py``), and
@@ -35,9 +34,8 @@ DOCUMENTED: dict[str, str] = {
     "captcha_tasks.dev.devstack.SandboxProcess": "a sandbox provider to kill and restart",
 }
 
-#: Old import paths (of the last release) that moved: each still works until the next
-#: release, with a ``DeprecationWarning`` saying what to use instead (the value).
-MOVED: dict[str, str] = {
+#: Import paths 0.1.0 deprecated and 0.2.0 removed, with what to use instead (the value).
+REMOVED: dict[str, str] = {
     "captcha_tasks.sessions": "captcha_tasks.toolkit.sessions",
     "captcha_tasks.state.sessions": "captcha_tasks.toolkit.sessions",
     "captcha_tasks.state.proxies.ProxyPool": "captcha_tasks.toolkit.proxies.ProxyPool",

@@ -160,7 +160,7 @@ def api_page() -> str:
         top.append((f"captcha_tasks.{name}", target))
     table = "\n".join(f"| `{path}` | `{target}` |" for path, target in top)
     deeper = "\n".join(f"| `{path}` | {what} |" for path, what in public.DOCUMENTED.items())
-    moved = "\n".join(f"| `{old}` | `{new}` |" for old, new in public.MOVED.items())
+    removed = "\n".join(f"| `{old}` | `{new}` |" for old, new in public.REMOVED.items())
     blocks = "\n".join(f"::: {target}\n    options:\n      heading_level: 3\n" for _, target in top)
     blocks += "\n".join(
         f"::: {path}\n    options:\n      heading_level: 3\n" for path in public.DOCUMENTED
@@ -185,14 +185,14 @@ may change between versions.
 |---|---|
 {deeper}
 
-## Moved
+## Removed
 
-Paths of the last release that moved. Each still works until the next release, with a
-`DeprecationWarning` that says what to use instead.
+Paths that 0.1.0 deprecated (each worked there with a `DeprecationWarning`) and 0.2.0
+removed, with what to use instead.
 
 | old path | use instead |
 |---|---|
-{moved}
+{removed}
 
 ## Reference
 

@@ -198,20 +198,3 @@ class ProxyLeases:
         if failed is not None:
             self._quarantine_parsed(parse(failed), cool_ms)
         return self._acquire_for(owner)
-
-
-def __getattr__(name: str) -> object:
-    # Deprecated: the whole pool for your own code moved to captcha_tasks.toolkit.proxies.
-    if name == "ProxyPool":
-        import warnings
-
-        from ..toolkit.proxies import ProxyPool
-
-        warnings.warn(
-            "captcha_tasks.state.proxies.ProxyPool moved to captcha_tasks.toolkit.proxies; "
-            "the old path goes away in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return ProxyPool
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

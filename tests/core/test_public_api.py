@@ -10,9 +10,7 @@ import inspect
 import re
 import sys
 import types
-import warnings
 from pathlib import Path
-from typing import Any
 
 import pytest
 from celery import Celery, Task
@@ -68,8 +66,8 @@ DOCUMENTED = {
     "captcha_tasks.dev.devstack.SandboxProcess",
 }
 
-#: Paths of the last release that moved, and what their warning says to use instead.
-MOVED = {
+#: Paths 0.1.0 deprecated and 0.2.0 removed, and what to use instead.
+REMOVED = {
     "captcha_tasks.sessions": "captcha_tasks.toolkit.sessions",
     "captcha_tasks.state.sessions": "captcha_tasks.toolkit.sessions",
     "captcha_tasks.state.proxies.ProxyPool": "captcha_tasks.toolkit.proxies.ProxyPool",
@@ -84,7 +82,7 @@ MOVED = {
 def test_the_public_list_is_what_is_pinned() -> None:
     assert set(public.DOCUMENTED) == DOCUMENTED
     assert all(what.strip() for what in public.DOCUMENTED.values())
-    assert public.MOVED == MOVED
+    assert public.REMOVED == REMOVED
     assert public.paths() == [f"captcha_tasks.{n}" for n in captcha_tasks.__all__] + list(
         public.DOCUMENTED
     )
@@ -195,20 +193,13 @@ def test_task_names() -> None:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize(("old", "instead"), sorted(MOVED.items()))
-def test_moved_paths_keep_working_with_a_warning_for_one_release(old: str, instead: str) -> None:
-    sys.modules.pop(old, None)  # a moved module warns when it is first imported
-    with pytest.warns(DeprecationWarning) as caught:
-        found = _resolve(old)
-        if old.startswith("captcha_tasks.store."):
-            found = found()  # type: ignore[operator]  # the old handles warn when called
-    said = " ".join(str(w.message) for w in caught)
-    assert _module_of(instead) in said, said  # the warning says where to go
-    if isinstance(found, types.ModuleType) and old != "captcha_tasks.store":
-        new = importlib.import_module(instead)
-        assert found.__all__ and all(getattr(found, n) is getattr(new, n) for n in found.__all__)
-    elif old == "captcha_tasks.state.proxies.ProxyPool":
-        assert found is _resolve(instead)  # the very class, not a copy
+@pytest.mark.parametrize("old", sorted(REMOVED))
+def test_removed_paths_are_gone(old: str) -> None:
+    sys.modules.pop(old, None)
+    with pytest.raises((ImportError, AttributeError)):
+        _resolve(old)
+    # what the docs say to use instead is there
+    assert _module_of(REMOVED[old])
 
 
 def _module_of(path: str) -> str:
@@ -221,26 +212,6 @@ def _module_of(path: str) -> str:
             continue
         return ".".join(parts[:end])
     raise AssertionError(path)
-
-
-@pytest.mark.redis
-def test_the_last_releases_examples_still_run_with_warnings(app: Any) -> None:
-    """The session and proxy examples of the last release's README, as written there."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from captcha_tasks import store
-        from captcha_tasks.state.proxies import ProxyPool
-        from captcha_tasks.state.sessions import CookieStore
-
-        cookies = CookieStore(store.redis_client(), store.keys())
-        jar = cookies.load("example.com")
-        pool = store.proxies()
-    assert jar.version == 0 and not jar
-    assert isinstance(pool, ProxyPool)
-    assert {w.category for w in caught} == {DeprecationWarning}
-    assert len(caught) >= 5  # store, ProxyPool, state.sessions, redis_client, keys, proxies
-    with pytest.raises(AttributeError, match=r"store\.limiter\(\) was removed.*State\.build"):
-        _ = store.limiter
 
 
 @pytest.mark.unit

@@ -102,11 +102,11 @@ def test_every_command_is_in_the_cli_reference(site: Path) -> None:
 
 def test_the_api_page_lists_exactly_the_public_import_paths(site: Path) -> None:
     api = page(site, "reference/api")
-    tables, rest = api.split('id="moved"', 1)
-    moved = rest.split('id="reference"', 1)[0]
+    tables, rest = api.split('id="removed"', 1)
+    removed = rest.split('id="reference"', 1)[0]
     row = r"<tr>\s*<td><code>(captcha_tasks[\w.]*)</code>"
     assert sorted(re.findall(row, tables)) == sorted(public.paths())
-    assert sorted(re.findall(row, moved)) == sorted(public.MOVED)
+    assert sorted(re.findall(row, removed)) == sorted(public.REMOVED)
 
 
 # -- a reader in a real browser ---------------------------------------------------------------
