@@ -26,13 +26,13 @@ Jobs are opaque JSON strings here; the worker knows what is in them.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..connections import FENCE_WAIT_MS
 from ..core.admission import NO_HANDOUT, Handout
+from ..core.job import Job
 from ..core.rounds import Again, Entry, RoundDue
 from ..errors import StoreUnavailable
 from .batches import batch_keys
@@ -371,12 +371,12 @@ class Board:
         here = provider is None or text(provider) == self.limiter.provider
         return entry, done is not None and same and here
 
-    def at_provider(self) -> dict[str, str]:
+    def at_provider(self) -> dict[str, Job]:
         """The captchas on the board (the provider answered their ``in.php``): captcha id
-        → the solve (its thread slot's lease id)."""
+        → its job."""
         r = self.db.redis
         board = self._guarded(lambda: r.hgetall(self.keys.board()))
-        return {text(cid): str(json.loads(text(job))["solve_id"]) for cid, job in board.items()}
+        return {text(cid): Job.from_json(text(job)) for cid, job in board.items()}
 
     def in_flight_count(self) -> int:
         r = self.db.redis

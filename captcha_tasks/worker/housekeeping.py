@@ -182,13 +182,17 @@ def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
     api = runner.api(at.name)
     try:
         info = api.threads_info()
+        if info is None or "working_threads" not in info:
+            return None
         # A captcha the provider finished before we polled it holds our slot but none of
         # its threads: asked right after the count, "not ready" proves it was counted.
-        finished = _finished(api, at_provider)
+        # Asked only while another client shows or was seen (alone on the key, nothing
+        # to count: no res.php that pingback would have saved).
+        held_any = set(held_before) | set(limiter.held_slots())  # ours at the count
+        shows = info["working_threads"] > len(held_any) or limiter.external() > 0
+        finished = _finished(api, at_provider) if shows else set()
     except errors.RateLimited as exc:
         limiter.pause(health.account_hold(exc) or 0.0)
-        return None
-    if info is None or "working_threads" not in info:
         return None
     ours = [slot for slot in held_before if slot not in finished]
     drift = limiter.see_provider(info["working_threads"], view_hold_s(every), ours)
@@ -216,17 +220,19 @@ def view_hold_s(every: float) -> float:
     return max(VIEW_HOLDS_CHECKS * max(every, TICK_S), VIEW_HOLD_MIN_S)
 
 
-def _finished(api: Any, at_provider: dict[str, str]) -> set[str]:
+def _finished(api: Any, at_provider: dict[str, Job]) -> set[str]:
     """The solves (lease ids) whose captcha the provider has finished, in one bulk
-    ``res.php``; empty when it does not answer in bulk (every slot then counts as ours)."""
-    ids = list(at_provider)[:BULK_MAX_IDS]
+    ``res.php`` about the captchas whose answer fits one (as the poll rounds ask); empty
+    when it does not answer in bulk (every slot then counts as ours)."""
+    solves = {cid: job.solve_id for cid, job in at_provider.items() if job.request.pipe_safe}
+    ids = list(solves)[:BULK_MAX_IDS]
     try:
         answers = api.get_many(ids) if ids else None
     except errors.CaptchaTasksError:
         return set()
     if answers is None:
         return set()
-    return {at_provider[cid] for cid, value in answers.items() if value is not NOT_READY}
+    return {solves[cid] for cid, value in answers.items() if value is not NOT_READY}
 
 
 class Housekeeping(bootsteps.StartStopStep):
