@@ -143,6 +143,7 @@ def browser() -> Iterator[Any]:
 def test_a_reader_follows_the_navigation_and_searches_for_a_setting(
     served: str, browser: Any, output_dir: Path
 ) -> None:
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support import expected_conditions as seen
@@ -165,9 +166,24 @@ def test_a_reader_follows_the_navigation_and_searches_for_a_setting(
     box = wait.until(seen.element_to_be_clickable((By.CSS_SELECTOR, "input.md-search__input")))
     box.click()  # the header's search field (a wide window shows it)
     box.send_keys(variable)
-    first = wait.until(seen.element_to_be_clickable((By.CSS_SELECTOR, ".md-search-result__item a")))
-    browser.save_screenshot(str(output_dir / "docs-search.png"))
-    first.send_keys(Keys.ENTER)
+
+    def open_the_first_result(driver: Any) -> bool:
+        # The list is drawn again as the search answers each keystroke: a result found a
+        # moment ago may be gone (stale); the wait looks again until the whole query's
+        # first result (the settings page) takes the key.
+        try:
+            first = driver.find_element(By.CSS_SELECTOR, ".md-search-result__item a")
+            if not first.is_displayed() or "/reference/settings/" not in (
+                first.get_attribute("href") or ""
+            ):
+                return False
+            driver.save_screenshot(str(output_dir / "docs-search.png"))
+            first.send_keys(Keys.ENTER)
+            return True
+        except StaleElementReferenceException:
+            return False
+
+    wait.until(open_the_first_result)
     wait.until(lambda d: "/reference/settings/" in d.current_url)
     # (the search highlights the words it found: the variable's cell holds more than text)
     row = browser.find_element(By.XPATH, f"//tr[td[1][normalize-space()='{variable}']]")
