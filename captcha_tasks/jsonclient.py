@@ -19,7 +19,7 @@ from typing import Any
 import urllib3
 
 from . import errors
-from .client import Timeout, _pool_manager, retry_after
+from .client import Timeout, pool_manager, retry_after
 from .core.answers import NOT_READY, Answer, NotReady
 from .core.dialects import Dialect, build_task
 from .methods import SolveRequest
@@ -92,7 +92,7 @@ class JSONClient:
         self.soft_id = soft_id
         self.timeout = timeout or Timeout()
         self._clock = clock
-        self._http = _pool_manager(self.base_url, pool_size)
+        self._http = pool_manager(self.base_url, pool_size)
         #: Task id -> (polls so far, time of the last poll): the dialect's poll budgets.
         self._polls: dict[str, tuple[int, float]] = {}
         #: Answers that came with ``createTask`` (synchronous methods).
@@ -154,7 +154,9 @@ class JSONClient:
         """Tell the provider whether an answer worked, where its dialect can."""
         image = self._methods.get(captcha_id) == "base64"
         d = self.dialect
-        endpoint = d.report_good_token if good else (d.report_bad_image if image else d.report_bad_token)
+        endpoint = (
+            d.report_good_token if good else (d.report_bad_image if image else d.report_bad_token)
+        )
         if endpoint is None or (good and image):
             return
         payload: dict[str, Any] = {"taskId": self._task_id(captcha_id)}
