@@ -71,7 +71,7 @@ class CaptchaAIClient:
         #: Sent as ``soft_id`` with every submit (the provider's developer program).
         self.soft_id = soft_id
         self.timeout = timeout or Timeout()
-        self._http = _pool_manager(self.base_url, pool_size)
+        self._http = pool_manager(self.base_url, pool_size)
 
     def __repr__(self) -> str:
         return f"CaptchaAIClient(base_url={self.base_url!r}, api_key=***)"
@@ -308,7 +308,7 @@ def _threads(value: Any) -> dict[str, int] | None:
     return info if "threads" in info else None
 
 
-def _pool_manager(base_url: str, pool_size: int) -> urllib3.PoolManager:
+def pool_manager(base_url: str, pool_size: int) -> urllib3.PoolManager:
     """One connection pool per host; the proxy variables (``HTTPS_PROXY``, ``NO_PROXY``)
     are read once here."""
     headers = {"User-Agent": "captcha-tasks/0.1"}

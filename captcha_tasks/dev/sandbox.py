@@ -61,7 +61,9 @@ from urllib.parse import parse_qs
 
 from cheroot import wsgi
 
+from ..core.dialects import DIALECTS, Dialect
 from .callbacks import Caller
+from .jsonface import JSON_ENDPOINTS, json_call
 
 __all__ = [
     "DEFAULT_TOKEN_TTL",
@@ -104,6 +106,8 @@ MAX_BULK_IDS = 100
 #: What an outage window does: close the listener (connections refused), answer protocol
 #: requests with HTTP 503, or hang them (never processed; HTTP 504 once the window is over).
 OUTAGE_MODES = ("refuse", "503", "hang")
+#: The protocols the sandbox speaks (``SandboxConfig.kind``).
+SANDBOX_KINDS = ("captchaai", "2captcha", *DIALECTS)
 
 _TOKEN_PREFIX = {
     "userrecaptcha": "03A",
@@ -247,6 +251,9 @@ class SandboxConfig:
     outage_in: float = 0.0
     #: One of :data:`OUTAGE_MODES`.
     outage_mode: str = "refuse"
+    #: The protocol it speaks: "captchaai" / "2captcha" (in.php) or a JSON dialect's kind
+    #: ("anticaptcha", "capsolver", "capmonster"; see :mod:`.jsonface`).
+    kind: str = "captchaai"
 
     def __post_init__(self) -> None:
         # Values also arrive as JSON from POST /sandbox/config, so check types, not just ranges.
@@ -286,6 +293,8 @@ class SandboxConfig:
             self.balance_captchas = _check_int("balance_captchas", self.balance_captchas, 0)
         self.outage_s = _check_number("outage_s", self.outage_s, 0.0)
         self.outage_in = _check_number("outage_in", self.outage_in, 0.0)
+        if self.kind not in SANDBOX_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(SANDBOX_KINDS)}, got {self.kind!r}")
         if self.outage_mode not in OUTAGE_MODES:
             modes = ", ".join(OUTAGE_MODES)
             raise ValueError(f"outage_mode must be one of {modes}, got {self.outage_mode!r}")
@@ -912,6 +921,12 @@ class _State:
             return "ERROR_BAD_PARAMETERS"
         return validator(params, self._config)
 
+    def method_of(self, captcha_id: str) -> str | None:
+        """The method a captcha was submitted with (None: no such captcha)."""
+        with self._lock:
+            captcha = self._captchas.get(captcha_id)
+            return captcha.method if captcha is not None else None
+
     def _refused(self, reason: str) -> None:
         self._refusals[reason] = self._refusals.get(reason, 0) + 1
 
@@ -1378,8 +1393,22 @@ def _read_body(environ: Mapping[str, Any], limit: int) -> bytes | None:
     return bytes(environ["wsgi.input"].read(length)) if length else b""
 
 
+def _json_route(state: _State, dialect: Dialect, endpoint: str, body: bytes) -> _Reply:
+    fault = state.transport_fault(submit=endpoint == "createTask")
+    if isinstance(fault, _Reply):
+        return fault
+    if fault is not None:
+        fault.gate.wait(fault.seconds)  # the client has given up by then
+        if fault.then is not None:
+            return fault.then
+    return _json_reply(json_call(state, dialect, endpoint, body))
+
+
 def _route(state: _State, environ: Mapping[str, Any], body: bytes) -> _Reply:
     verb, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+    dialect = DIALECTS.get(state.config().kind)
+    if dialect is not None and verb == "POST" and path.lstrip("/") in JSON_ENDPOINTS:
+        return _json_route(state, dialect, path.lstrip("/"), body)
     protocol = _PROTOCOL_ROUTES.get(path)
     if protocol is not None and path != "/siteverify":
         fault = state.transport_fault(submit=path == "/in.php")

@@ -1,0 +1,222 @@
+"""The sandbox's JSON face: ``createTask`` / ``getTaskResult`` / ``getBalance`` and the
+report endpoints of one :class:`~captcha_tasks.core.dialects.Dialect`.
+
+Each request is checked the way the provider checks it (a missing ``clientKey`` or ``task``,
+a task type the dialect does not know: ``ERROR_TASK_NOT_SUPPORTED``; integer ids where the
+provider issues integers) and then answered by the sandbox's in.php logic, so threads,
+balance, unsolvable captchas, injected errors and outages behave as on the in.php face.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from ..core.dialects import Dialect
+
+#: The endpoints a JSON provider answers (without the leading slash).
+JSON_ENDPOINTS = frozenset(
+    {
+        "createTask",
+        "getTaskResult",
+        "getBalance",
+        "reportIncorrectRecaptcha",
+        "reportIncorrectImageCaptcha",
+        "reportCorrectRecaptcha",
+        "feedbackTask",
+    }
+)
+
+#: in.php codes -> the family's codes.
+_CODES = {
+    "ERROR_WRONG_USER_KEY": "ERROR_KEY_DOES_NOT_EXIST",
+    "ERROR_WRONG_CAPTCHA_ID": "ERROR_NO_SUCH_CAPCHA_ID",
+    "ERROR_GOOGLEKEY": "ERROR_RECAPTCHA_INVALID_SITEKEY",
+    "ERROR_PAGEURL": "ERROR_RECAPTCHA_INVALID_DOMAIN",
+    "ERROR_PROXY_CONNECTION_FAILED": "ERROR_PROXY_CONNECT_REFUSED",
+    "ERROR_BAD_PARAMETERS": "ERROR_TASK_ABSENT",
+}
+#: Where each method's answer goes in ``solution``.
+_SOLUTION_FIELD = {"userrecaptcha": "gRecaptchaResponse", "turnstile": "token", "base64": "text"}
+#: Task fields -> in.php parameters.
+_PARAMS = {
+    "websiteURL": "pageurl",
+    "userAgent": "userAgent",
+    "cookies": "cookies",
+    "pageAction": "action",
+    "minScore": "min_score",
+    "challenge": "challenge",
+    "body": "body",
+}
+
+
+class _Reply(Protocol):
+    status: int
+    body: bytes
+
+
+class _State(Protocol):
+    def in_php(self, params: Mapping[str, str]) -> Any: ...
+    def res_php(self, params: Mapping[str, str]) -> Any: ...
+    def method_of(self, captcha_id: str) -> str | None: ...
+
+
+def _error(code: str) -> dict[str, Any]:
+    code = _CODES.get(code, code)
+    return {"errorId": 1, "errorCode": code, "errorDescription": code}
+
+
+def _reply_data(reply: _Reply) -> dict[str, Any] | None:
+    try:
+        data = json.loads(reply.body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def json_call(state: _State, dialect: Dialect, endpoint: str, body: bytes) -> dict[str, Any]:
+    """One JSON request's reply object."""
+    try:
+        data = json.loads(body or b"{}")
+    except ValueError:
+        return _error("ERROR_TASK_ABSENT")
+    if not isinstance(data, dict):
+        return _error("ERROR_TASK_ABSENT")
+    key = data.get("clientKey")
+    if not isinstance(key, str) or not key:
+        return _error("ERROR_KEY_DOES_NOT_EXIST")
+    if endpoint == "createTask":
+        return _create(state, dialect, key, data.get("task"))
+    if endpoint == "getTaskResult":
+        return _result(state, dialect, key, data.get("taskId"))
+    if endpoint == "getBalance":
+        reply = _reply_data(state.res_php({"key": key, "action": "getbalance", "json": "1"}))
+        if reply is None or reply.get("status") != 1:
+            return _error(str((reply or {}).get("request", "ERROR_SERVER_ERROR")))
+        return {"errorId": 0, "balance": float(reply["request"])}
+    return _report(state, dialect, key, endpoint, data)
+
+
+def _task_params(dialect: Dialect, task: Any) -> dict[str, str] | dict[str, Any]:
+    if not isinstance(task, dict) or not isinstance(task.get("type"), str):
+        return _error("ERROR_TASK_ABSENT")
+    method = dialect.method_of(task["type"])
+    if method is None:
+        return _error("ERROR_TASK_NOT_SUPPORTED")
+    types = dialect.task_types[method]
+    proxied = task["type"] == types.proxied and types.proxied != types.proxyless
+    if proxied and not task.get("proxyAddress"):
+        return _error("ERROR_TASK_ABSENT")
+    params = {"method": method}
+    for name, param in _PARAMS.items():
+        if name in task:
+            params[param] = str(task[name])
+    if method in ("userrecaptcha", "turnstile"):
+        params["googlekey" if method == "userrecaptcha" else "sitekey"] = str(
+            task.get("websiteKey", "")
+        )
+    if method == "geetest":
+        params["gt"] = str(task.get("gt", ""))
+    if task.get("proxyAddress"):
+        login = (
+            f"{task['proxyLogin']}:{task.get('proxyPassword', '')}@"
+            if task.get("proxyLogin")
+            else ""
+        )
+        params["proxy"] = f"{login}{task['proxyAddress']}:{task.get('proxyPort', '')}"
+        params["proxytype"] = str(task.get("proxyType", "http")).upper()
+    return params
+
+
+def _create(state: _State, dialect: Dialect, key: str, task: Any) -> dict[str, Any]:
+    params = _task_params(dialect, task)
+    if "errorId" in params:
+        return params
+    reply = _reply_data(state.in_php({**params, "key": key, "json": "1"}))
+    if reply is None:
+        return _error("ERROR_SERVER_ERROR")
+    if reply.get("status") != 1:
+        return _error(str(reply.get("request")))
+    captcha_id = str(reply["request"])
+    task_id: int | str = int(captcha_id) if dialect.id_type == "int" else _uuid_of(captcha_id)
+    created: dict[str, Any] = {"errorId": 0, "taskId": task_id}
+    if params["method"] in dialect.synchronous:
+        # CapSolver answers images inside createTask (the sandbox solves them at once
+        # only if solve_time is 0; otherwise the answer comes on the first poll).
+        result = _result(state, dialect, key, task_id)
+        if result.get("status") == "ready":
+            created.update(status="ready", solution=result["solution"])
+    return created
+
+
+#: CapSolver issues uuids: the sandbox's numeric id is kept in the uuid's last field.
+def _uuid_of(captcha_id: str) -> str:
+    return str(uuid.UUID(int=int(captcha_id)))
+
+
+def _captcha_id(dialect: Dialect, task_id: Any) -> str | None:
+    if dialect.id_type == "int":
+        return str(task_id) if isinstance(task_id, int) and not isinstance(task_id, bool) else None
+    if not isinstance(task_id, str):
+        return None
+    try:
+        return str(uuid.UUID(task_id).int)
+    except ValueError:
+        return None
+
+
+def _result(state: _State, dialect: Dialect, key: str, task_id: Any) -> dict[str, Any]:
+    captcha_id = _captcha_id(dialect, task_id)
+    if captcha_id is None:
+        return _error("ERROR_WRONG_CAPTCHA_ID")
+    reply = _reply_data(state.res_php({"key": key, "action": "get", "id": captcha_id, "json": "1"}))
+    if reply is None:
+        return _error("ERROR_SERVER_ERROR")
+    if reply.get("status") != 1:
+        code = str(reply.get("request"))
+        if code == "CAPCHA_NOT_READY":
+            return {"errorId": 0, "status": "processing"}
+        return _error(code)
+    return {"errorId": 0, "status": "ready", "solution": _solution(state, captcha_id, reply)}
+
+
+def _solution(state: _State, captcha_id: str, reply: Mapping[str, Any]) -> dict[str, Any]:
+    answer = reply.get("result") or reply.get("request")
+    method = state.method_of(captcha_id) or ""
+    solution: dict[str, Any] = (
+        dict(answer) if isinstance(answer, dict) else {_SOLUTION_FIELD.get(method, "token"): answer}
+    )
+    agent = reply.get("user_agent")
+    if isinstance(agent, str):
+        solution["userAgent"] = agent
+    return solution
+
+
+def _report(
+    state: _State, dialect: Dialect, key: str, endpoint: str, data: Mapping[str, Any]
+) -> dict[str, Any]:
+    if endpoint not in (
+        dialect.report_bad_token,
+        dialect.report_bad_image,
+        dialect.report_good_token,
+    ):
+        return _error("ERROR_TASK_NOT_SUPPORTED")
+    captcha_id = _captcha_id(dialect, data.get("taskId"))
+    if captcha_id is None:
+        return _error("ERROR_WRONG_CAPTCHA_ID")
+    good = endpoint == "reportCorrectRecaptcha" or (
+        endpoint == "feedbackTask" and not _invalid(data.get("result"))
+    )
+    action = "reportgood" if good else "reportbad"
+    reply = _reply_data(
+        state.res_php({"key": key, "action": action, "id": captcha_id, "json": "1"})
+    )
+    if reply is None or reply.get("status") != 1:
+        return _error(str((reply or {}).get("request", "ERROR_SERVER_ERROR")))
+    return {"errorId": 0, "status": "success"}
+
+
+def _invalid(result: Any) -> bool:
+    return isinstance(result, Mapping) and bool(result.get("invalid"))
