@@ -53,6 +53,7 @@ SANDBOX_DEFAULTS = {
     "queue_silently": False,
     "balance_captchas": None,
     "outage_s": 0.0,
+    "hold": False,
     # the real token lives (tests that shorten them must not leak into later tests)
     "token_ttl": {"userrecaptcha": 120.0, "turnstile": 300.0, "geetest": 120.0, "base64": 600.0},
 }

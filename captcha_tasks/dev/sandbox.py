@@ -254,6 +254,11 @@ class SandboxConfig:
     #: The protocol it speaks: "captchaai" / "2captcha" (in.php) or a JSON dialect's kind
     #: ("anticaptcha", "capsolver", "capmonster"; see :mod:`.jsonface`).
     kind: str = "captchaai"
+    #: A test's latch: while true the sandbox's clock stands still, so no captcha becomes
+    #: ready, no thread frees and no token ages; set false, time runs on from where it
+    #: stopped.  An ordering test holds the answers until the state it tests is reached
+    #: (every captcha parked, say) instead of counting on slow solves.
+    hold: bool = False
 
     def __post_init__(self) -> None:
         # Values also arrive as JSON from POST /sandbox/config, so check types, not just ranges.
@@ -280,6 +285,7 @@ class SandboxConfig:
         self.retry_after = _check_int("retry_after", self.retry_after, minimum=0)
         self.queue_silently = _check_bool("queue_silently", self.queue_silently)
         self.solve_times_by_task = _check_bool("solve_times_by_task", self.solve_times_by_task)
+        self.hold = _check_bool("hold", self.hold)
         self.pingback_drop_rate = _check_number(
             "pingback_drop_rate", self.pingback_drop_rate, 0.0, 1.0
         )
@@ -754,6 +760,26 @@ _OUTAGE_FIELDS = frozenset({"outage_s", "outage_in", "outage_mode"})
 # -- state -------------------------------------------------------------------------------
 
 
+class _Latch:
+    """The sandbox's clock: the injected one, less the time it was held still."""
+
+    def __init__(self, clock: Callable[[], float], held: bool = False) -> None:
+        self._clock = clock
+        # (when the hold began or None, seconds held before it): one value, read whole.
+        self._state: tuple[float | None, float] = (clock() if held else None, 0.0)
+
+    def __call__(self) -> float:
+        since, lag = self._state
+        return (self._clock() if since is None else since) - lag
+
+    def hold(self, held: bool) -> None:
+        since, lag = self._state
+        if held and since is None:
+            self._state = (self._clock(), lag)
+        elif not held and since is not None:
+            self._state = (None, lag + self._clock() - since)
+
+
 class _State:
     """Everything the sandbox knows, behind one lock; independent of HTTP."""
 
@@ -761,7 +787,7 @@ class _State:
         self, config: SandboxConfig, clock: Callable[[], float], journal: Path | None = None
     ) -> None:
         self._lock = threading.Lock()
-        self._clock = clock
+        self._clock = _Latch(clock, held=config.hold)
         self._config = dataclasses.replace(config)
         self._rng = random.Random(config.seed)
         # Callbacks are dropped by a random stream of their own: a seeded sandbox gives the
@@ -782,11 +808,11 @@ class _State:
         # When the last 429's Retry-After window opened and until when it asks clients to
         # stay away.
         self._retry_window = (-math.inf, -math.inf)
-        self.caller = Caller(clock)
+        self.caller = Caller(self._clock)
         # Submits that created no captcha, by reason (an error code, HTTP_503, ...).
         self._refusals: dict[str, int] = {}
         self._captchas_left = config.balance_captchas
-        self._outage = _outage_from(config, clock())
+        self._outage = _outage_from(config, self._clock())
         # Hangs end when their gate opens: ``_drop`` when the listener closes or the server
         # stops; ``_hang_gate`` (requests hung by a "hang" window) also when the window ends.
         self._drop = threading.Event()
@@ -822,6 +848,7 @@ class _State:
                 # Changing it could reissue ids already given out.
                 raise ValueError("first_id can only be set at start")
             self._config = config
+            self._clock.hold(config.hold)
             if "seed" in changes:
                 self._rng.seed(config.seed)
                 self._drops.seed(_drop_seed(config.seed))

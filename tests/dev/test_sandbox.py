@@ -177,6 +177,21 @@ def test_ready_exactly_at_solve_time_without_jitter(make_api: Callable[..., Api]
     assert api.get(captcha_id)["status"] == 1
 
 
+def test_hold_keeps_every_answer_and_thread_until_released(make_api: Callable[..., Api]) -> None:
+    api = make_api(solve_time=2.0, jitter=0.0, threads=1)
+    before = api.submit(TURNSTILE)
+    api.clock.advance(1.5)
+    api.server.update_config(hold=True)
+    api.clock.advance(60)  # however long it is held, nothing becomes ready
+    assert api.get(before) == {"status": 0, "request": "CAPCHA_NOT_READY"}
+    assert api.stats()["in_flight"] == 1
+    assert api.in_php(TURNSTILE, json=True)["request"] == "ERROR_NO_SLOT_AVAILABLE"
+    api.server.update_config(hold=False)
+    assert api.get(before)["status"] == 0  # time runs on from where it stopped
+    api.clock.advance(0.5)
+    assert api.get(before)["status"] == 1 and api.stats()["in_flight"] == 0
+
+
 def test_json_replies_and_unique_increasing_ids(api: Api) -> None:
     ids = [api.submit(TURNSTILE) for _ in range(5)]
     assert [int(i) for i in ids] == sorted(int(i) for i in ids)

@@ -98,13 +98,16 @@ def test_an_interactive_solve_takes_the_next_thread_ahead_of_a_bulk_backlog(
 
 
 def test_freed_threads_follow_the_tenants_weights(sandbox: Any, two_workers: list[Any]) -> None:
-    sandbox.configure(solve_time=0.3, jitter=0.1)
+    # The sandbox holds every answer (its latch) until both tenants have all their work
+    # parked: from then on each freed thread is a choice between the two, whatever order a
+    # loaded machine let the workers take the messages in.
+    sandbox.configure(solve_time=0.3, jitter=0.1, hold=True)
+    limiter = app.runtime().state.limiter
+    capacity = app.runtime().settings.capacity
     arrivals: list[tuple[str, Any]] = []
     n = 150
     batches = [
         # a task may name its tenant, or the whole stream() may
-        # Each batch queues all its work at once (window=n): both tenants have work parked
-        # from the start, however late a loaded machine lets one batch's client refill.
         Batch(
             [task(sitekey=f"shop-{i}", tenant="shop") for i in range(n)], arrivals, "shop", window=n
         ),
@@ -118,19 +121,22 @@ def test_freed_threads_follow_the_tenants_weights(sandbox: Any, two_workers: lis
     ]
     for batch in batches:
         batch.start()
+
+    def parked() -> int:
+        lanes = limiter.lanes()
+        return sum(use.parked for key, use in lanes.items() if key[1] in ("shop", "crawler"))
+
+    wait_until(lambda: parked() == 2 * n - capacity, 60, what="every captcha parked or held")
+    sandbox.configure(hold=False)
     for batch in batches:
         outcomes = batch.finish()
         assert len(outcomes) == n and all(o["status"] == "solved" for o in outcomes)
-    # The first threads go to whichever batch asked first (nobody else was waiting); from
-    # then on, while both have work parked, two of every three freed threads are the shop's.
     # The order threads were handed out in is the order of the captcha ids (the sandbox
     # numbers what it takes), not the order outcomes reached the client (a loaded machine
-    # reorders those); the count starts once each tenant has had a thread (a batch that
-    # starts late has nothing parked before then).
+    # reorders those).  The first `capacity` were taken before anything was parked; of the
+    # next ones, while both have work parked, two of every three are the shop's.
     handed = [tag for _, tag in sorted((int(o["captcha_id"]), tag) for tag, o in arrivals)]
-    capacity = app.runtime().settings.capacity
-    start = max(capacity, handed.index("shop"), handed.index("crawler"))
-    shared = Counter(handed[start : start + 2 * n * 2 // 5])
+    shared = Counter(handed[capacity : capacity + 2 * n * 2 // 5])
     assert 1.7 <= shared["shop"] / shared["crawler"] <= 2.3, shared
     solved = app.runtime().state.stats.lane_outcomes()
     assert solved[("solved", "bulk", "shop")] == solved[("solved", "bulk", "crawler")] == n
