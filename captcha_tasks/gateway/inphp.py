@@ -84,6 +84,8 @@ def submit_fields(fields: Mapping[str, str], files: Mapping[str, bytes]) -> dict
     method = fields.get("method", "").strip()
     if not method:
         raise Refused("ERROR_BAD_PARAMETERS", "method is required")
+    if "tenant" in fields:
+        raise Refused("ERROR_BAD_PARAMETERS", "the key names the tenant: leave out tenant")
     kwargs: dict[str, Any] = {
         RENAMED.get(k, k): v for k, v in fields.items() if k not in PROTOCOL_FIELDS
     }
