@@ -308,3 +308,19 @@ def test_threadsinfo_is_the_tenants_view(gateway: GatewayServer) -> None:
     body = res(gateway, action="threadsinfo", json=1).json()
     assert body["status"] == 1 and body["threads"] == 4  # the shop's max_threads
     assert body["working_threads"] + body["free_threads"] == 4
+
+
+def test_requests_errors_and_answer_times_are_metrics(
+    gateway: GatewayServer, metrics_url: str
+) -> None:
+    for _ in range(3):
+        assert res(gateway, action="getbalance").status_code == 200
+    call(gateway, "getBalance", "POST", json={"clientKey": "z" * 32})
+    gateway.gateway.state.gateway_stats.flush()  # a gateway writes its counts once a second
+    text = requests.get(metrics_url, timeout=5).text
+    where = 'endpoint="res.php:getbalance",protocol="2captcha",tenant="shop"'
+    assert f"captcha_tasks_gateway_requests_total{{{where}}} 3.0" in text
+    assert f"captcha_tasks_gateway_request_seconds_count{{{where}}} 3.0" in text
+    wrong = 'code="ERROR_KEY_DOES_NOT_EXIST",endpoint="getBalance",protocol="json",tenant="-"'
+    assert f"captcha_tasks_gateway_errors_total{{{wrong}}} 1.0" in text
+    assert SHOP_KEY not in text and "z" * 32 not in text
