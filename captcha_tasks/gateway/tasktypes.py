@@ -24,8 +24,8 @@ PROXY_FIELDS = ("proxyType", "proxyAddress", "proxyPort", "proxyLogin", "proxyPa
 @dataclass(frozen=True)
 class TaskType:
     method: str
-    #: task field -> solve parameter
-    fields: Mapping[str, str]
+    #: task field -> solve parameter (None: taken, and of no use to a solve)
+    fields: Mapping[str, str | None]
     #: What the type itself says (``version``, ``enterprise``).
     implied: Mapping[str, Any] = field(default_factory=dict)
 
@@ -43,15 +43,27 @@ _RECAPTCHA = {
     "cookies": "cookies",
 }
 _V3 = {**_SITE, "minScore": "min_score", "pageAction": "action", "isEnterprise": "enterprise"}
-_TURNSTILE = {**_SITE, "action": "action", "cData": "data", "chlPageData": "pagedata"}
-_GEETEST = {
+_TURNSTILE = {
+    **_SITE,
+    "action": "action",
+    "pageAction": "action",
+    "cData": "data",
+    "data": "data",
+    "chlPageData": "pagedata",
+    "pageData": "pagedata",
+}
+_GEETEST: dict[str, str | None] = {
+    "version": None,  # CapMonster sends 3 (GeeTest v3 is what the method solves)
     "websiteURL": "pageurl",
     "gt": "sitekey",
     "challenge": "challenge",
     "geetestApiServerSubdomain": "api_server",
     "userAgent": "userAgent",
 }
-_IMAGE = {
+_IMAGE: dict[str, str | None] = {
+    "recognizingThreshold": None,  # CapMonster's own hints
+    "CapMonsterModule": None,
+    "Case": "regsense",
     "body": "body",
     "numeric": "numeric",
     "minLength": "min_len",
@@ -153,9 +165,11 @@ def solve_kwargs(task: Any) -> dict[str, Any]:
             "ERROR_INVALID_TASK_DATA",
             f"{name} takes no field(s) {', '.join(u[:40] for u in unknown[:5])}",
         )
+    if kind.method == "geetest" and str(task.get("version", 3)) != "3":
+        raise BadTask("ERROR_INVALID_TASK_DATA", "only GeeTest v3 is solved here (version 3)")
     kwargs: dict[str, Any] = {"method": kind.method, **kind.implied}
     for source, target in kind.fields.items():
-        if task.get(source) is not None:
+        if target is not None and task.get(source) is not None:
             kwargs[target] = _value(task[source])
     kwargs.update(_proxy(task))
     return kwargs

@@ -355,3 +355,31 @@ def test_tickets_and_counters_layout() -> None:
     assert where == ("shop", "2captcha", "in.php")
     assert (row.requests, dict(row.errors), row.seconds) == (3, {"ERROR_PAGEURL": 1}, 1.5)
     assert row.buckets[0] == 2 and row.buckets[-1] == 1
+
+
+def test_capmonster_clients_tasks_as_its_sdk_sends_them() -> None:
+    turnstile = tasktypes.solve_kwargs(
+        {"type": "TurnstileTask", "websiteURL": PAGE, "websiteKey": "0x4", "pageAction": "login"}
+    )
+    assert turnstile == {
+        "method": "turnstile",
+        "pageurl": PAGE,
+        "sitekey": "0x4",
+        "action": "login",
+    }
+    geetest = tasktypes.solve_kwargs(
+        {"type": "GeeTestTask", "websiteURL": PAGE, "gt": "g", "version": 3, "challenge": "c"}
+    )
+    assert geetest == {"method": "geetest", "pageurl": PAGE, "sitekey": "g", "challenge": "c"}
+    with pytest.raises(tasktypes.BadTask, match="v3"):
+        tasktypes.solve_kwargs({"type": "GeeTestTask", "websiteURL": PAGE, "gt": "g", "version": 4})
+    image = tasktypes.solve_kwargs(
+        {
+            "type": "ImageToTextTask",
+            "body": "QUJD",
+            "Case": True,
+            "recognizingThreshold": 70,
+            "math": False,
+        }
+    )
+    assert image == {"method": "base64", "body": "QUJD", "regsense": 1, "calc": 0}
