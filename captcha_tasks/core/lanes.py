@@ -23,10 +23,10 @@ tenant holds; ``daily_captchas`` is its budget of submitted captchas per UTC day
 without a tenant belongs to :data:`DEFAULT_TENANT`, which exists without being declared
 (weight 1, no cap, no budget, unless ``CAPTCHAAI_TENANTS`` declares it).
 
-Three fields concern the gateway (``captcha-tasks gateway``) only: ``key_env`` names the
+Two fields concern the gateway (``captcha-tasks gateway``) only: ``key_env`` names the
 environment variable holding the tenant's gateway key (the variable's name is in the
-settings, never the key), ``requests_per_s`` caps the tenant's requests to one gateway
-process, and ``callback_hosts`` lists the hosts a client's own callback URL may name.
+settings, never the key), and ``requests_per_s`` caps the tenant's requests to one gateway
+process.
 """
 
 from __future__ import annotations
@@ -69,13 +69,11 @@ _FIELDS = (
     "daily_captchas",
     "key_env",
     "requests_per_s",
-    "callback_hosts",
 )
 #: Requests per second a tenant may send one gateway process, unless it says otherwise:
 #: far above what a well-behaved SDK sends (a poll every 5 s per captcha in flight).
 DEFAULT_REQUESTS_PER_S = 100.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_HOST = re.compile(r"[a-z0-9][a-z0-9.\-]{0,252}")
 
 
 @dataclass(frozen=True)
@@ -93,9 +91,6 @@ class Tenant:
     key_env: str | None = None
     #: Requests per second it may send one gateway process.
     requests_per_s: float = DEFAULT_REQUESTS_PER_S
-    #: Hosts a client's own callback URL (``pingback``, ``callbackUrl``) may name
-    #: (``*.example.com`` takes its subdomains); empty: no client callbacks.
-    callback_hosts: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"weight": self.weight}
@@ -107,8 +102,6 @@ class Tenant:
             data["key_env"] = self.key_env
         if self.requests_per_s != DEFAULT_REQUESTS_PER_S:
             data["requests_per_s"] = self.requests_per_s
-        if self.callback_hosts:
-            data["callback_hosts"] = list(self.callback_hosts)
         return data
 
 
@@ -147,7 +140,6 @@ def _tenant(name: str, spec: Any) -> Tenant:
         _count(name, "daily_captchas", spec.get("daily_captchas"), least=0),
         _key_env(name, spec.get("key_env")),
         _rate(name, spec.get("requests_per_s", DEFAULT_REQUESTS_PER_S)),
-        _hosts(name, spec.get("callback_hosts", [])),
     )
 
 
@@ -168,18 +160,6 @@ def _rate(name: str, value: Any) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"tenant {name!r}: requests_per_s must be > 0")
     return float(value)
-
-
-def _hosts(name: str, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(h, str) for h in value):
-        raise ValueError(f"tenant {name!r}: callback_hosts must be a list of host names")
-    hosts = tuple(h.strip().lower() for h in value)
-    for host in hosts:
-        if not _HOST.fullmatch(host.removeprefix("*.")):
-            raise ValueError(
-                f"tenant {name!r}: callback host {host!r} must be a host name, or *.domain"
-            )
-    return hosts
 
 
 def _count(name: str, field: str, value: Any, least: int) -> int | None:

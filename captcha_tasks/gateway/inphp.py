@@ -222,6 +222,6 @@ def _threads(gateway: Gateway, tenant: Tenant, as_json: bool) -> Reply:
             "working_threads": view.working,
             "free_threads": view.free,
         }
-        return Reply(Response(200, json.dumps(data).encode(), _JSON))
+        return Reply(Response(200, json.dumps(data, separators=(",", ":")).encode(), _JSON))
     text = f"threads={view.threads}|working_threads={view.working}|free_threads={view.free}"
     return Reply(Response.text(200, text))
