@@ -8,8 +8,6 @@ SDK fails at import, never skips.
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -19,15 +17,12 @@ from typing import Any
 import captchaai
 import captchaai.client
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from image_files import png
 from twocaptcha import TwoCaptcha
 from twocaptcha.api import ApiException
 
 from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.dev.tls import self_signed
 from captcha_tasks.gateway import GatewayServer
 from captcha_tasks.gateway.server import tls_context
 
@@ -42,38 +37,6 @@ PAGE = "https://example.com/sdk"
 #: The captchaai SDK waits as against the real API (15 s before a first poll); against a
 #: sandbox that solves in 0.3 s its waits run this much faster.
 TIME_SCALE = 0.02
-
-
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 and its key, as PEM files."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gateway.test")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    certfile, keyfile = folder / "gateway.pem", folder / "gateway.key"
-    certfile.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    keyfile.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return certfile, keyfile
 
 
 @pytest.fixture(scope="module")
