@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -34,6 +34,10 @@ T = TypeVar("T")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 #: Seconds a gateway keeps its counts in memory before writing them.
 FLUSH_EVERY_S = 1.0
+#: What an id stands for never changes: a gateway keeps the tickets it read for this long
+#: (at most this many), so that a client's polls cost one Redis round trip, not two.
+TICKETS_KEPT_S = 60.0
+TICKETS_KEPT = 100_000
 
 
 @dataclass(frozen=True)
@@ -62,11 +66,14 @@ class Ticket:
 
 
 class GatewayTickets:
-    """Ids and what they stand for."""
+    """Ids and what they stand for (thread-safe)."""
 
-    def __init__(self, db: Db) -> None:
+    def __init__(self, db: Db, clock: Callable[[], float] = time.monotonic) -> None:
         self.db = db
         self.keys = db.keys
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._kept: OrderedDict[str, tuple[float, Ticket]] = OrderedDict()
 
     def issue(self, ticket: Ticket, ttl_s: int) -> str:
         """A new id standing for ``ticket`` (for ``ttl_s`` seconds)."""
@@ -74,15 +81,38 @@ class GatewayTickets:
         captcha_id = str(self._guarded(lambda: r.incr(self.keys.gateway_ids())))
         key = self.keys.gateway_captcha(captcha_id)
         self._guarded(lambda: r.set(key, ticket.to_json(), ex=ttl_s))
+        self._keep(captcha_id, ticket)
         return captcha_id
 
     def look_up(self, captcha_ids: Sequence[str]) -> list[Ticket | None]:
         """What each of ``captcha_ids`` stands for (None: an id never issued, or forgotten)."""
-        if not captcha_ids:
-            return []
-        keys = [self.keys.gateway_captcha(i) for i in captcha_ids]
-        raws = self._guarded(lambda: self.db.redis.mget(keys))
-        return [None if raw is None else Ticket.from_json(text(raw)) for raw in raws]
+        found = self._kept_ones(captcha_ids)
+        missing = [i for i in captcha_ids if i not in found]
+        if missing:
+            keys = [self.keys.gateway_captcha(i) for i in missing]
+            raws = self._guarded(lambda: self.db.redis.mget(keys))
+            for captcha_id, raw in zip(missing, raws, strict=True):
+                if raw is not None:
+                    found[captcha_id] = self._keep(captcha_id, Ticket.from_json(text(raw)))
+        return [found.get(i) for i in captcha_ids]
+
+    def _kept_ones(self, captcha_ids: Sequence[str]) -> dict[str, Ticket]:
+        now = self._clock()
+        found = {}
+        with self._lock:
+            for captcha_id in captcha_ids:
+                kept = self._kept.get(captcha_id)
+                if kept is not None and kept[0] > now:
+                    found[captcha_id] = kept[1]
+        return found
+
+    def _keep(self, captcha_id: str, ticket: Ticket) -> Ticket:
+        with self._lock:
+            self._kept[captcha_id] = (self._clock() + TICKETS_KEPT_S, ticket)
+            self._kept.move_to_end(captcha_id)
+            while len(self._kept) > TICKETS_KEPT:
+                self._kept.popitem(last=False)
+        return ticket
 
     def records(self, keys: Sequence[str]) -> list[str | None]:
         """The values of ``keys`` (the result backend's records of solves), in one round
