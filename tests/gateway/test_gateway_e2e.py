@@ -20,6 +20,8 @@ import requests
 from conftest import API_KEY
 from image_files import png
 
+from captcha_tasks import create_pool
+from captcha_tasks.core.outcome import Solved
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.gateway import MAX_BODY, GatewayServer
 
@@ -324,3 +326,22 @@ def test_requests_errors_and_answer_times_are_metrics(
     wrong = 'code="ERROR_KEY_DOES_NOT_EXIST",endpoint="getBalance",protocol="json",tenant="-"'
     assert f"captcha_tasks_gateway_errors_total{{{wrong}}} 1.0" in text
     assert SHOP_KEY not in text and "z" * 32 not in text
+
+
+def test_a_request_a_pool_fits_is_answered_from_the_pool_at_once(
+    gateway: GatewayServer, state: Any
+) -> None:
+    spec = create_pool("gw-pool", "turnstile", "0x4-pooled", PAGE, size=2, ttl=100)
+    now = time.time()
+    pooled = Solved("pooled-token", "7001", "turnstile", "api", 9.5, now - 10, now + 90)
+    assert state.pools.add(spec.name, pooled.to_dict(), 90)
+    sent = call(
+        gateway,
+        "in.php",
+        "POST",
+        data={"key": SHOP_KEY, "method": "turnstile", "sitekey": "0x4-pooled", "pageurl": PAGE},
+    ).text
+    assert sent.startswith("OK|")
+    # answered at the first poll with the pooled token (the sandbox never made this one)
+    assert res(gateway, action="get", id=sent[3:]).text == "OK|pooled-token"
+    assert state.pools.live(spec.name) == 0
