@@ -344,4 +344,3 @@ def test_a_request_a_pool_fits_is_answered_from_the_pool_at_once(
     assert sent.startswith("OK|")
     # answered at the first poll with the pooled token (the sandbox never made this one)
     assert res(gateway, action="get", id=sent[3:]).text == "OK|pooled-token"
-    assert state.pools.live(spec.name) == 0
