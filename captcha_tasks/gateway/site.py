@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -45,8 +46,10 @@ MAX_UNREAD = 2 * 1024 * 1024
 #: Seconds a rate-limited client is asked to wait.
 RETRY_AFTER_S = 1
 IN_PHP, RES_PHP = "/in.php", "/res.php"
-#: The 2captcha face's endpoints by path (``res.php``'s by its action).
+#: The 2captcha face's endpoints by path (``res.php``'s by its action: the metrics name
+#: these, and ``other`` for anything a client makes up).
 TWOCAPTCHA_PATHS = (IN_PHP, RES_PHP)
+RES_PHP_ACTIONS = frozenset({"get", "getbalance", "reportbad", "reportgood", "threadsinfo"})
 UNKNOWN_TENANT = "-"
 
 
@@ -107,7 +110,16 @@ class GatewaySite:
             log.warning("gateway %s %s: Redis is unavailable", protocol, endpoint)
             reply = _unavailable(protocol)
         except Exception as exc:  # a bug must still answer, and say nothing of the request
-            log.exception("gateway %s %s failed: %s", protocol, endpoint, type(exc).__name__)
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            # the type and the place only: a message could hold a field, even a key
+            log.error(
+                "gateway %s %s failed: %s at %s:%s",
+                protocol,
+                endpoint,
+                type(exc).__name__,
+                where.filename,
+                where.lineno,
+            )
             reply = _unavailable(protocol)
         name = tenant.name if tenant is not None else UNKNOWN_TENANT
         self.stats.count(name, protocol, endpoint, reply.error, time.monotonic() - started)
@@ -134,7 +146,8 @@ class GatewaySite:
                 return inphp.in_php(self.gateway, tenant, fields.text, fields.files)
 
         else:
-            endpoint = f"res.php:{fields.text.get('action', '')[:20] or 'none'}"
+            action = fields.text.get("action", "")
+            endpoint = f"res.php:{action if action in RES_PHP_ACTIONS else 'other'}"
 
             def answer(tenant: Tenant) -> Reply:
                 return inphp.res_php(self.gateway, tenant, fields.text)

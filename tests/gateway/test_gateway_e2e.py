@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import socket
 import time
 from collections.abc import Iterator
@@ -179,7 +180,8 @@ def test_bad_fields_are_answered_as_the_provider_would(gateway: GatewayServer) -
     assert callback["request"] == "ERROR_BAD_PARAMETERS" and "call" in callback["error_text"]
 
 
-def test_wrong_keys_on_both_faces(gateway: GatewayServer) -> None:
+def test_wrong_keys_on_both_faces(gateway: GatewayServer, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     text = call(gateway, "in.php", "POST", data={"key": "x" * 32, "method": "turnstile"})
     assert (text.status_code, text.text) == (200, "ERROR_KEY_DOES_NOT_EXIST")
     in_json = call(gateway, "res.php", params={"key": API_KEY, "action": "getbalance", "json": 1})
@@ -188,6 +190,9 @@ def test_wrong_keys_on_both_faces(gateway: GatewayServer) -> None:
     assert (body["errorId"], body["errorCode"]) == (1, "ERROR_KEY_DOES_NOT_EXIST")
     missing = call(gateway, "getBalance", "POST", json={}).json()
     assert missing["errorCode"] == "ERROR_KEY_DOES_NOT_EXIST"
+    assert res(gateway, action="getbalance").status_code == 200
+    for key in ("x" * 32, "y" * 32, API_KEY, SHOP_KEY):
+        assert key not in caplog.text  # no key, right or wrong, is logged
 
 
 def test_the_json_face_end_to_end(gateway: GatewayServer, sandbox: Any) -> None:
