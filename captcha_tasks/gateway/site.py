@@ -140,7 +140,7 @@ class GatewaySite:
         except Unreadable as exc:
             return _refuse(protocol, "ERROR_BAD_PARAMETERS", str(exc), 400)
         as_json = inphp.wants_json(fields.text)
-        if request.path == IN_PHP:
+        if endpoint == "in.php":
 
             def answer(tenant: Tenant) -> Reply:
                 return inphp.in_php(self.gateway, tenant, fields.text, fields.files)
