@@ -323,6 +323,22 @@ class Keys:
         """Hash: a bridge group's counters (dispatched, waited, takeovers, republished, ...)."""
         return self._k("kafka", group, "stats")
 
+    # -- gateway ------------------------------------------------------------------
+    def gateway_ids(self) -> str:
+        """String: the last captcha id the gateway issued (a counter: ids are unique per
+        deployment)."""
+        return self._k("gateway", "ids")
+
+    def gateway_captcha(self, captcha_id: str) -> str:
+        """String with a TTL: what a gateway captcha id stands for (JSON: the tenant, and
+        the solve's task id or the pooled outcome)."""
+        return self._k("gateway", "captcha", captcha_id)
+
+    def gateway_stats(self) -> str:
+        """Hash: the gateway's requests, errors and answer times, by tenant, protocol and
+        endpoint (see :mod:`captcha_tasks.state.gateway`)."""
+        return self._k("stats", "gateway")
+
     def redbeat_prefix(self) -> str:
         """Prefix of celery-redbeat's schedule and lock keys (optional HA beat)."""
         return self._k("redbeat") + ":"

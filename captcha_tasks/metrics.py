@@ -49,6 +49,9 @@ Exposed (``captcha_tasks_`` prefix):
 * per tenant: ``tenant_weight``, ``tenant_max_threads``, ``tenant_submitted_today``
   (captchas since 00:00 UTC) against ``tenant_daily_budget`` and
   ``tenant_budget_used_ratio`` (tenants with a budget)
+* the gateway (``captcha-tasks gateway``): ``gateway_requests_total`` and
+  ``gateway_errors_total{code}`` by ``tenant``, ``protocol`` (``2captcha``, ``json``) and
+  ``endpoint``, and ``gateway_request_seconds``: a histogram of the time an answer took
 * ``queue_messages{queue,priority}``: messages waiting in each Celery queue of the
   deployment, and in each of its priority sub-lists (kombu keeps a message sent with a
   priority in ``<queue>\x06\x16<priority>``; without one, in the queue itself)
@@ -83,6 +86,7 @@ from .errors import PoolNotFound, StoreUnavailable
 from .methods import METHODS
 from .settings import Settings, get_settings
 from .state import State
+from .state.gateway import LATENCY_BUCKETS
 from .state.limiter import WAIT_BUCKETS_S, LaneUse
 
 log = logging.getLogger(__name__)
@@ -146,6 +150,7 @@ class StoreCollector(Collector):
         yield from self._failovers()
         yield from self._lanes()
         yield from self._tenants()
+        yield from self._gateway()
         yield from self._queues()
 
     def describe(self) -> Iterable[Metric]:
@@ -451,6 +456,33 @@ class StoreCollector(Collector):
                 used.add_metric([name], min(1.0, ratio))
         yield from (weight, cap, submitted, budget, used)
 
+    def _gateway(self) -> Iterator[Metric]:
+        labels = ["tenant", "protocol", "endpoint"]
+        requests = CounterMetricFamily(
+            _name("gateway_requests"),
+            "Requests to the gateway, by tenant (- before a key was known), protocol and endpoint.",
+            labels=labels,
+        )
+        failed = CounterMetricFamily(
+            _name("gateway_errors"),
+            "Requests the gateway answered with an error, by tenant, protocol, endpoint and code.",
+            labels=[*labels, "code"],
+        )
+        seconds = HistogramMetricFamily(
+            _name("gateway_request_seconds"),
+            "Time the gateway took to answer a request, by tenant, protocol and endpoint.",
+            labels=labels,
+        )
+        for where, counts in self.state.gateway_stats.read().items():
+            requests.add_metric(list(where), float(counts.requests))
+            for code, n in sorted(counts.errors.items()):
+                failed.add_metric([*where, code], float(n))
+            buckets = _cumulative(counts.buckets, LATENCY_BUCKETS)
+            seconds.add_metric(list(where), buckets, counts.seconds)
+        yield requests
+        yield failed
+        yield seconds
+
     def _queues(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
             _name("queue_messages"),
@@ -471,11 +503,13 @@ class StoreCollector(Collector):
         yield family
 
 
-def _cumulative(buckets: tuple[int, ...]) -> list[tuple[str, float]]:
-    """Per-bucket counts of :data:`WAIT_BUCKETS_S` (and one longer) as cumulative
-    ``(le, count)`` pairs, ``+Inf`` last."""
+def _cumulative(
+    buckets: tuple[int, ...], bounds_s: tuple[float, ...] = WAIT_BUCKETS_S
+) -> list[tuple[str, float]]:
+    """Per-bucket counts of ``bounds_s`` (and one longer) as cumulative ``(le, count)``
+    pairs, ``+Inf`` last."""
     out, total = [], 0
-    bounds = [*(repr(b) for b in WAIT_BUCKETS_S), "+Inf"]
+    bounds = [*(repr(b) for b in bounds_s), "+Inf"]
     for bound, count in zip(bounds, buckets, strict=True):
         total += count
         out.append((bound, float(total)))

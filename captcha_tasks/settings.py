@@ -115,9 +115,11 @@ class Settings:
     #: ttl, min_remaining, ...extra solve parameters}``.
     pools: tuple[Any, ...] = ()
     #: CAPTCHAAI_TENANTS: the tenants sharing the account, a JSON object of name ->
-    #: ``{weight, max_threads, daily_captchas}`` (each optional): freed threads go to them in
-    #: proportion to ``weight``, ``max_threads`` caps one, ``daily_captchas`` is its budget
-    #: per UTC day; ``default`` exists undeclared.
+    #: ``{weight, max_threads, daily_captchas, key_env, requests_per_s}`` (each optional):
+    #: freed threads go to them in proportion to ``weight``, ``max_threads`` caps one,
+    #: ``daily_captchas`` is its budget per UTC day; for the gateway, ``key_env`` names the
+    #: variable holding its key and ``requests_per_s`` caps its requests to one gateway
+    #: process (default 100); ``default`` exists undeclared.
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     #: CAPTCHAAI_PROXIES: proxies for the shared pool, comma or newline separated.
     proxies: tuple[str, ...] = field(default=(), repr=False)
@@ -173,6 +175,13 @@ class Settings:
     #: CAPTCHAAI_PINGBACK_ALLOW: networks (CIDRs) the receiver takes requests from (empty:
     #: any); a connection from elsewhere is closed before anything is read.
     pingback_allow: tuple[Network, ...] = ()
+    #: CAPTCHAAI_GATEWAY_TRUSTED_PROXIES: networks (CIDRs) of the reverse proxies in front
+    #: of the gateway (``captcha-tasks gateway``); a request from one of them is judged by
+    #: the client address its ``X-Forwarded-For`` names.
+    gateway_trusted_proxies: tuple[Network, ...] = ()
+    #: CAPTCHAAI_GATEWAY_ALLOW: networks (CIDRs) the gateway takes connections from (empty:
+    #: any); a connection from elsewhere is closed before anything is read.
+    gateway_allow: tuple[Network, ...] = ()
     #: KAFKA_BOOTSTRAP_SERVERS: the Kafka brokers of the bridge and the producer helper.
     kafka_bootstrap_servers: str = "localhost:9092"
     #: KAFKA_TASKS_TOPIC: tasks to solve (JSON with task_id, method, sitekey, pageurl, ...).
@@ -355,6 +364,8 @@ class Settings:
         for var, networks in (
             ("CAPTCHAAI_PINGBACK_TRUSTED_PROXIES", self.pingback_trusted_proxies),
             ("CAPTCHAAI_PINGBACK_ALLOW", self.pingback_allow),
+            ("CAPTCHAAI_GATEWAY_TRUSTED_PROXIES", self.gateway_trusted_proxies),
+            ("CAPTCHAAI_GATEWAY_ALLOW", self.gateway_allow),
         ):
             _check(
                 var,
@@ -717,6 +728,8 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "pingback_fallback_poll": ("CAPTCHAAI_PINGBACK_FALLBACK_POLL", float),
     "pingback_trusted_proxies": ("CAPTCHAAI_PINGBACK_TRUSTED_PROXIES", _networks),
     "pingback_allow": ("CAPTCHAAI_PINGBACK_ALLOW", _networks),
+    "gateway_trusted_proxies": ("CAPTCHAAI_GATEWAY_TRUSTED_PROXIES", _networks),
+    "gateway_allow": ("CAPTCHAAI_GATEWAY_ALLOW", _networks),
     "kafka_bootstrap_servers": ("KAFKA_BOOTSTRAP_SERVERS", str),
     "kafka_tasks_topic": ("KAFKA_TASKS_TOPIC", str),
     "kafka_results_topic": ("KAFKA_RESULTS_TOPIC", str),

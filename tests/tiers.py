@@ -30,9 +30,10 @@ TIERS = ("unit", "redis", "e2e", "system")
 #: Fixtures that start worker, beat or receiver processes: no unit or redis test uses them.
 PROCESS_FIXTURES = frozenset({"worker", "start_worker", "cluster", "kafka_broker"})
 
-#: Words in a command line that make it a worker, beat or receiver process (or Flower):
+#: Words in a command line that make it a worker, beat, receiver or gateway process (or
+#: Flower):
 #: a redis-tier test starts none (a CLI command, Node or the Redis server itself is fine).
-PROCESS_WORDS = frozenset({"worker", "beat", "receiver", "flower", "celery"})
+PROCESS_WORDS = frozenset({"worker", "beat", "receiver", "gateway", "flower", "celery"})
 
 
 class TierViolation(AssertionError):

@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "captcha_tasks.cli.solving:batch",
         "Solve every row of INPUT (CSV or JSONL), writing each result as it arrives.",
     ),
+    "gateway": (
+        "captcha_tasks.gateway.cli:gateway",
+        "Serve the provider APIs (in.php/res.php, createTask/getTaskResult) to any SDK.",
+    ),
     "kafka": ("captcha_tasks.kafka.cli:kafka", "Kafka helpers: consumer lag and topics."),
     "kafka-bridge": (
         "captcha_tasks.kafka.cli:kafka_bridge",

@@ -22,6 +22,11 @@ Within a lane, freed threads go to the tenants with parked work in proportion to
 tenant holds; ``daily_captchas`` is its budget of submitted captchas per UTC day.  A solve
 without a tenant belongs to :data:`DEFAULT_TENANT`, which exists without being declared
 (weight 1, no cap, no budget, unless ``CAPTCHAAI_TENANTS`` declares it).
+
+Two fields concern the gateway (``captcha-tasks gateway``) only: ``key_env`` names the
+environment variable holding the tenant's gateway key (the variable's name is in the
+settings, never the key), and ``requests_per_s`` caps the tenant's requests to one gateway
+process.
 """
 
 from __future__ import annotations
@@ -58,7 +63,17 @@ LANES = (INTERACTIVE, BULK, BACKGROUND)
 DEFAULT_TENANT = "default"
 # Tenant names go into Redis hash fields joined by '|' and into metric labels.
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}")
-_FIELDS = ("weight", "max_threads", "daily_captchas")
+_FIELDS = (
+    "weight",
+    "max_threads",
+    "daily_captchas",
+    "key_env",
+    "requests_per_s",
+)
+#: Requests per second a tenant may send one gateway process, unless it says otherwise:
+#: far above what a well-behaved SDK sends (a poll every 5 s per captcha in flight).
+DEFAULT_REQUESTS_PER_S = 100.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,10 @@ class Tenant:
     max_threads: int | None = None
     #: Captchas it may submit per UTC day (None: no budget).
     daily_captchas: int | None = None
+    #: The environment variable holding its gateway key (None: not a gateway client).
+    key_env: str | None = None
+    #: Requests per second it may send one gateway process.
+    requests_per_s: float = DEFAULT_REQUESTS_PER_S
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"weight": self.weight}
@@ -79,6 +98,10 @@ class Tenant:
             data["max_threads"] = self.max_threads
         if self.daily_captchas is not None:
             data["daily_captchas"] = self.daily_captchas
+        if self.key_env is not None:
+            data["key_env"] = self.key_env
+        if self.requests_per_s != DEFAULT_REQUESTS_PER_S:
+            data["requests_per_s"] = self.requests_per_s
         return data
 
 
@@ -115,7 +138,28 @@ def _tenant(name: str, spec: Any) -> Tenant:
         float(weight),
         _count(name, "max_threads", spec.get("max_threads"), least=1),
         _count(name, "daily_captchas", spec.get("daily_captchas"), least=0),
+        _key_env(name, spec.get("key_env")),
+        _rate(name, spec.get("requests_per_s", DEFAULT_REQUESTS_PER_S)),
     )
+
+
+def _key_env(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _ENV_NAME.fullmatch(value):
+        raise ValueError(
+            f"tenant {name!r}: key_env must name an environment variable (letters, digits"
+            " and '_'), not hold the key"
+        )
+    return value
+
+
+def _rate(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"tenant {name!r}: requests_per_s must be a number")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"tenant {name!r}: requests_per_s must be > 0")
+    return float(value)
 
 
 def _count(name: str, field: str, value: Any, least: int) -> int | None:

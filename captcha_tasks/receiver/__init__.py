@@ -2,8 +2,8 @@
 :mod:`.callbacks`), served by :mod:`.server` (``captcha-tasks pingback-server``) or
 mounted in a Flask or Django app (:meth:`Receiver.handle_request`, :mod:`.wsgi`)."""
 
+from ..serving.limits import Limits
 from .callbacks import MAX_BODY, Receiver, Verdict, default_receiver
-from .limits import Limits
 from .server import PingbackServer, serve
 from .wsgi import make_wsgi_app
 

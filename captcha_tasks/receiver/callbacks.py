@@ -27,9 +27,7 @@ can call :meth:`Receiver.handle_request` (see the pingback guide, docs/guides/pi
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -40,9 +38,10 @@ from ..client import callback_answer
 from ..core import pingback, steps
 from ..core.answers import NOT_READY
 from ..core.job import Job
+from ..serving import addresses
+from ..serving.buckets import Buckets
 from ..worker.adapter import Runner
 from ..worker.app import app as worker_app
-from . import addresses
 
 log = logging.getLogger(__name__)
 
@@ -111,28 +110,15 @@ class Strikes:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.burst, self.per_s, self.remembered = burst, per_s, remembered
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()
-
-    def _level(self, address: str, now: float) -> float:
-        tokens, at = self._buckets.get(address, (float(self.burst), now))
-        return min(float(self.burst), tokens + (now - at) * self.per_s)
+        self._buckets = Buckets(remembered, clock)
 
     def blocked(self, address: str) -> bool:
         """Whether ``address`` has used up its rejections."""
-        with self._lock:
-            return address in self._buckets and self._level(address, self._clock()) < 1.0
+        return self._buckets.empty(address, self.per_s, self.burst)
 
     def strike(self, address: str) -> None:
         """Count one rejected callback from ``address``."""
-        with self._lock:
-            now = self._clock()
-            level = max(0.0, self._level(address, now) - 1.0)
-            self._buckets[address] = (level, now)
-            self._buckets.move_to_end(address)
-            while len(self._buckets) > self.remembered:
-                self._buckets.popitem(last=False)
+        self._buckets.spend(address, self.per_s, self.burst)
 
 
 class Receiver:
@@ -158,6 +144,10 @@ class Receiver:
     def allows(self, address: str) -> bool:
         """Whether ``CAPTCHAAI_PINGBACK_ALLOW`` lets ``address`` call (empty: anyone)."""
         return addresses.allowed(address, self.settings.pingback_allow)
+
+    def is_proxy(self, address: str) -> bool:
+        """Whether ``address`` is one of ``CAPTCHAAI_PINGBACK_TRUSTED_PROXIES``."""
+        return addresses.within(address, self.settings.pingback_trusted_proxies)
 
     def handle_request(
         self,

@@ -7,9 +7,9 @@ import logging
 import click
 
 from ..errors import ConfigurationError
+from ..serving.limits import Limits
 from ..worker.app import app
 from .callbacks import Receiver
-from .limits import Limits
 from .server import serve
 
 _DEFAULT = Limits()

@@ -1,502 +1,64 @@
-"""``captcha-tasks pingback-server``: the receiver on an asyncio server speaking HTTP/1.1
-through h11 (a sans-I/O protocol state machine; we do the I/O).
+"""``captcha-tasks pingback-server``: the receiver served by the HTTP server core that every
+process facing the internet shares (:mod:`captcha_tasks.serving.server`: deadlines, caps
+per address and in total, the allowlist before a byte is read, trusted proxies).
 
-A pingback receiver faces the internet by design, so it is built to hold against clients
-that connect and never finish, or flood it with connections:
-
-* a connection is a small protocol object on one event loop: a slow or idle client costs
-  a few KiB, never a thread;
-* a connection is let in or closed the moment it is accepted, before a byte is read
-  (:func:`.limits.admit`: the allowlist, a cap per address, a cap overall; when full, the
-  connection that has waited longest for its request makes room).  The server accepts
-  connections itself, so a refused one costs an ``accept()`` and a ``close()``, not an
-  asyncio transport: a flood of them cannot crowd out the rest of the loop's work;
-* a request has a deadline for its headers and one for its body, however slowly it drips;
-* ``/health`` is answered on the loop at once;
-* the judge (:meth:`.Receiver.handle_request`: Redis calls and a Celery publish) runs on a
-  bounded pool of threads; requests beyond its queue are answered 503 at once.
-
-The paths are the WSGI app's (:mod:`.wsgi`): any path ending in a ticket is a callback.
+The paths are the WSGI app's (:mod:`.wsgi`): any path ending in a ticket is a callback;
+``/health`` is answered by the server core.
 """
 
 from __future__ import annotations
 
-import asyncio
-import errno
-import logging
-import signal
-import socket
-import struct
-import threading
-from collections import Counter, OrderedDict
-from collections.abc import Callable, Coroutine
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import replace
-from functools import partial
-from http import HTTPStatus
-from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit
+import ssl
+from collections.abc import Sequence
 
-import h11
-
-from . import addresses
+from ..serving import HttpServer, Limits, Request, Response, run
 from .callbacks import MAX_BODY, Receiver, Verdict, last_segment, request_fields
-from .limits import Admit, Limits, admit
 
-log = logging.getLogger(__name__)
-T = TypeVar("T")
-
-#: Open files kept beyond the connections: Redis and broker connections, logs, the listener.
-FD_RESERVE = 128
-#: Seconds between the warnings that sum up refused and timed-out connections.
-TALLY_EVERY = 60.0
-#: Seconds a stopping server waits for the callbacks being judged to be answered.
-DRAIN_S = 5.0
-#: Connections accepted per turn of the event loop (the rest wait for the next turn, so a
-#: flood shares the loop with requests in progress).
-ACCEPT_BATCH = 64
-#: Seconds the server stops accepting when the process is out of open files.
-ACCEPT_PAUSE_S = 0.5
-#: ``SO_LINGER`` on, zero seconds: ``close()`` resets the connection at once, so a refused
-#: flood leaves no sockets closing in the kernel.
-_RESET = struct.pack("ii", 1, 0)
-#: Tally counts that mean someone misbehaved (worth a warning); the rest are routine.
-HOSTILE = (
-    "refused_not_allowed",
-    "refused_per_address",
-    "refused_full",
-    "evicted",
-    "header_timeout",
-    "body_timeout",
-    "bad_request",
-    "busy",
-    "unread_responses",
-    "accept_errors",
-)
+#: Bytes of answers a provider may leave unread (ours are a few bytes each).
+MAX_UNREAD = 64 * 1024
 
 
-class _Hub:
-    """What the connections share; touched on the event loop only."""
+class PingbackSite:
+    """The receiver as a :class:`~captcha_tasks.serving.Site`: each request is a callback
+    for :meth:`.Receiver.handle_request`, answered with its verdict as plain text."""
 
-    def __init__(self, receiver: Receiver, limits: Limits, loop: asyncio.AbstractEventLoop):
-        self.receiver, self.limits, self.loop = receiver, limits, loop
-        self.executor = ThreadPoolExecutor(limits.judge_threads, "pingback-judge")
-        #: Connections set up (``held``, ``by_address``: those accepted, set up or not).
-        self.connections: set[_Connection] = set()
-        self.held = 0
-        self.closing = False
-        self.by_address: Counter[str] = Counter()
-        #: Connections waiting for (the rest of) a request, longest waiting first.
-        self.waiting: OrderedDict[_Connection, None] = OrderedDict()
-        self.pending = 0
-        self.drained = asyncio.Event()
-        self.drained.set()
-        self.tally: Counter[str] = Counter()
-        self._logged: Counter[str] = Counter()
-        self._tally_timer: asyncio.TimerHandle | None = None
-        self._setting_up: set[asyncio.Task[None]] = set()
+    name = "pingback"
+    max_body = MAX_BODY
+    max_unread = MAX_UNREAD
+
+    def __init__(self, receiver: Receiver) -> None:
+        self.receiver = receiver
+
+    def allows(self, address: str) -> bool:
+        return self.receiver.allows(address)
 
     def is_proxy(self, address: str) -> bool:
-        return addresses.within(address, self.receiver.settings.pingback_trusted_proxies)
+        return self.receiver.is_proxy(address)
 
-    def accept(self, listener: socket.socket) -> None:
-        """Accept what is waiting on ``listener`` (a batch per turn of the loop)."""
-        for _ in range(ACCEPT_BATCH):
-            try:
-                sock, peername = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                self._accept_failed(listener, exc)
-                return
-            peer = addresses.normalized(str(peername[0]) if isinstance(peername, tuple) else "")
-            if self.enter(peer):
-                sock.setblocking(False)
-                task = self.loop.create_task(self._set_up(sock, peer))
-                self._setting_up.add(task)  # the loop keeps only a weak reference
-                task.add_done_callback(self._setting_up.discard)
-            else:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
-                sock.close()  # nothing read
+    def client_address(self, peer: str, forwarded_for: Sequence[str]) -> str:
+        return self.receiver.client_address(peer, forwarded_for)
 
-    def _accept_failed(self, listener: socket.socket, exc: OSError) -> None:
-        if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-            return  # the client gave up before we accepted (ECONNABORTED and kin)
-        self.tally["accept_errors"] += 1
-        log.warning("pingback server cannot accept: %s; pausing %.1f s", exc, ACCEPT_PAUSE_S)
-        self.loop.remove_reader(listener)
-        self.loop.call_later(ACCEPT_PAUSE_S, self._resume, listener)
-
-    def _resume(self, listener: socket.socket) -> None:
-        if not self.closing:
-            self.loop.add_reader(listener, self.accept, listener)
-
-    async def _set_up(self, sock: socket.socket, peer: str) -> None:
-        try:
-            await self.loop.connect_accepted_socket(lambda: _Connection(self, peer), sock)
-        except OSError:
-            self.release(peer)
-            sock.close()
-
-    def enter(self, peer: str) -> bool:
-        """Count a connection from ``peer`` in, or refuse it (see :func:`.limits.admit`)."""
-        decision = admit(
-            self.limits,
-            allowed=self.receiver.allows(peer),
-            proxy=self.is_proxy(peer),
-            from_address=self.by_address[peer],
-            total=self.held,
-            evictable=len(self.waiting),
+    def respond(self, request: Request) -> Response:
+        verdict = self.receiver.handle_request(
+            request.method,
+            last_segment(request.path),
+            request_fields(request.query, request.body),
+            request.address,
+            request.body_size,
         )
-        if not isinstance(decision, Admit):
-            self.tally[f"refused_{decision}"] += 1
-            log.debug("connection from %s refused: %s", peer, decision)
-            return False
-        if decision.evict:
-            oldest = next(iter(self.waiting))
-            self.tally["evicted"] += 1
-            log.debug("connection from %s closed to make room", oldest.peer)
-            oldest.drop()
-        self.held += 1
-        self.by_address[peer] += 1
-        return True
+        return _text(verdict)
 
-    def release(self, peer: str) -> None:
-        self.held -= 1
-        self.by_address[peer] -= 1
-        if self.by_address[peer] <= 0:
-            del self.by_address[peer]
-
-    def leave(self, conn: _Connection) -> None:
-        if conn not in self.connections:
-            return
-        self.connections.discard(conn)
-        self.waiting.pop(conn, None)
-        self.release(conn.peer)
-
-    def judging(self, started: bool) -> None:
-        self.pending += 1 if started else -1
-        if self.pending:
-            self.drained.clear()
-        else:
-            self.drained.set()
-
-    def stats(self) -> dict[str, Any]:
-        return {
-            "open": self.held,
-            "by_address": dict(self.by_address),
-            "waiting": len(self.waiting),
-            "pending": self.pending,
-            "tally": dict(self.tally),
-        }
-
-    def log_tally(self) -> None:
-        """A warning every TALLY_EVERY seconds in which clients misbehaved."""
-        fresh = {k: self.tally[k] - self._logged[k] for k in HOSTILE}
-        fresh = {k: n for k, n in fresh.items() if n > 0}
-        self._logged = Counter(self.tally)
-        if fresh:
-            top = ", ".join(f"{a} ({n})" for a, n in self.by_address.most_common(3))
-            log.warning(
-                "pingback server, last %.0f s: %s; open now %d (most from %s)",
-                TALLY_EVERY,
-                ", ".join(f"{k} {v}" for k, v in fresh.items()),
-                self.held,
-                top or "nobody",
-            )
-        self._tally_timer = self.loop.call_later(TALLY_EVERY, self.log_tally)
-
-    def start(self) -> None:
-        self._tally_timer = self.loop.call_later(TALLY_EVERY, self.log_tally)
-
-    async def close(self) -> None:
-        """Drop idle connections, give those being judged DRAIN_S to be answered."""
-        self.closing = True
-        if self._tally_timer is not None:
-            self._tally_timer.cancel()
-        for conn in list(self.waiting):
-            conn.drop()
-        try:
-            async with asyncio.timeout(DRAIN_S):
-                await self.drained.wait()
-        except TimeoutError:
-            log.warning("stopping with %d callbacks still being judged", self.pending)
-        for conn in list(self.connections):
-            conn.drop()
-        self.executor.shutdown(wait=not self.pending, cancel_futures=True)
+    def refusal(self, status: int, reason: str) -> Response:
+        return _text(Verdict(status, reason))
 
 
-class _Connection(asyncio.Protocol):
-    """One client connection: bytes in, h11 events, one request judged at a time."""
-
-    def __init__(self, hub: _Hub, peer: str) -> None:
-        self.hub = hub
-        self.limits = hub.limits
-        self.transport: asyncio.Transport | None = None
-        self.peer = peer
-        self.address = peer  # the client's, once the headers name it behind a proxy
-        self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=hub.limits.max_header_bytes)
-        self.timer: asyncio.TimerHandle | None = None
-        self.request: h11.Request | None = None
-        self.body = bytearray()
-        self.body_size = 0
-        self.judging = False
-        self.closed = False
-        self.served = 0
-        self.heard = False  # bytes of the current request have arrived
-
-    # -- asyncio.Protocol ---------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-        self.hub.connections.add(self)  # counted in when accepted (Hub.enter)
-        if self.hub.closing:
-            self.drop()
-            return
-        self._await_request()
-
-    def data_received(self, data: bytes) -> None:
-        if self.closed:
-            return
-        self.heard = True
-        self.h11.receive_data(data)
-        self._advance()
-
-    def eof_received(self) -> bool:
-        if not self.closed:
-            self.h11.receive_data(b"")
-            self._advance()
-        return True  # half-closed: a request being judged still gets its answer
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._forget()
-
-    def pause_writing(self) -> None:
-        # our answers are a few bytes: a client that leaves 64 KiB of them unread is not
-        # a provider
-        self.hub.tally["unread_responses"] += 1
-        self.drop()
-
-    # -- requests ------------------------------------------------------------------------
-
-    def _advance(self) -> None:
-        while not self.closed and not self.judging:
-            try:
-                event = self.h11.next_event()
-            except h11.RemoteProtocolError as exc:
-                self._bad_request(exc.error_status_hint)
-                return
-            if event is h11.NEED_DATA or event is h11.PAUSED:
-                return
-            if isinstance(event, h11.Request):
-                self._on_request(event)
-            elif isinstance(event, h11.Data):
-                self._on_data(event.data)
-            elif isinstance(event, h11.EndOfMessage):
-                self._judge()
-            elif isinstance(event, h11.ConnectionClosed):
-                self.finish()
-
-    def _on_request(self, request: h11.Request) -> None:
-        self.request = request
-        if _head_size(request) > self.limits.max_header_bytes:
-            # h11 bounds a head that is still arriving; this bounds one that came at once
-            self._bad_request(431)
-            return
-        self._arm(self.limits.body_timeout, "body_timeout")
-        if self.hub.is_proxy(self.peer):
-            forwarded = [v.decode("latin-1") for k, v in request.headers if k == b"x-forwarded-for"]
-            self.address = self.hub.receiver.client_address(self.peer, forwarded)
-            if not self.hub.receiver.allows(self.address):
-                self.hub.tally["refused_not_allowed"] += 1
-                self._respond(Verdict(403, "not_allowed"), close=True)
-                return
-        declared = _content_length(request)
-        if declared > MAX_BODY:
-            self.body_size = declared
-            self._judge(close=True)  # refused unread
-        elif self.h11.client_is_waiting_for_100_continue:
-            self._write(self.h11.send(h11.InformationalResponse(status_code=100, headers=[])))
-
-    def _on_data(self, data: bytes) -> None:
-        self.body_size += len(data)
-        if self.body_size > MAX_BODY:
-            self._judge(close=True)
-        else:
-            self.body += data
-
-    def _judge(self, close: bool = False) -> None:
-        assert self.request is not None
-        self._disarm()
-        self.hub.waiting.pop(self, None)
-        target = urlsplit(self.request.target.decode("latin-1"))
-        path = unquote(target.path)
-        if path == "/health":  # for health checks: not a callback
-            self._respond(Verdict(200, "ok"), close)
-            return
-        if self.hub.pending >= self.limits.max_pending:
-            self.hub.tally["busy"] += 1
-            self._respond(Verdict(503, "busy"), close)
-            return
-        body = bytes(self.body) if self.body_size <= MAX_BODY else b""
-        job = partial(
-            self.hub.receiver.handle_request,
-            self.request.method.decode("latin-1"),
-            last_segment(path),
-            request_fields(target.query, body),
-            self.address,
-            self.body_size,
-        )
-        self.judging = True
-        self.hub.judging(started=True)
-        assert self.transport is not None
-        self.transport.pause_reading()  # one request at a time: pipelined ones wait
-        future = self.hub.loop.run_in_executor(self.hub.executor, job)
-        future.add_done_callback(partial(self._judged, close=close))
-
-    def _judged(self, future: asyncio.Future[Verdict], close: bool) -> None:
-        self.hub.judging(started=False)
-        self.judging = False
-        if self.closed:
-            return
-        try:
-            verdict = future.result()
-        except Exception:
-            log.exception("judging a callback from %s failed", self.address)
-            verdict = Verdict(503, "unavailable")
-        self._respond(verdict, close)
-        if not self.closed:
-            assert self.transport is not None
-            self.transport.resume_reading()
-            self._advance()  # a pipelined request may be waiting in h11's buffer
-
-    def _respond(self, verdict: Verdict, close: bool) -> None:
-        assert self.request is not None
-        body = verdict.reason.encode()
-        headers = [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))]
-        if close:
-            headers.append((b"connection", b"close"))
-        reason = HTTPStatus(verdict.status).phrase.encode()
-        head = h11.Response(status_code=verdict.status, headers=headers, reason=reason)
-        data = self.h11.send(head) or b""
-        if self.request.method != b"HEAD":
-            data += self.h11.send(h11.Data(data=body)) or b""
-        data += self.h11.send(h11.EndOfMessage()) or b""
-        self._write(data)
-        self.served += 1
-        if self.closed:  # dropped while writing (see pause_writing)
-            return
-        if self.h11.our_state is not h11.DONE or self.h11.their_state is not h11.DONE:
-            self.finish()  # closing (ours or theirs), or the body was left unread
-            return
-        self.h11.start_next_cycle()
-        self._await_request()
-
-    def _bad_request(self, status: int) -> None:
-        self.hub.tally["bad_request"] += 1
-        reason = "too_large" if status == 431 else "bad_request"
-        phrase = HTTPStatus(status).phrase
-        # h11 is in its error state: the answer is written by hand
-        self._write(
-            f"HTTP/1.1 {status} {phrase}\r\ncontent-type: text/plain\r\n"
-            f"content-length: {len(reason)}\r\nconnection: close\r\n\r\n{reason}".encode()
-        )
-        self.finish()
-
-    # -- timers and closing ----------------------------------------------------------------
-
-    def _await_request(self) -> None:
-        self.request, self.body, self.body_size, self.heard = None, bytearray(), 0, False
-        self.hub.waiting.pop(self, None)
-        self.hub.waiting[self] = None
-        self._arm(self.limits.header_timeout, "header_timeout")
-
-    def _arm(self, seconds: float, reason: str) -> None:
-        self._disarm()
-        self.timer = self.hub.loop.call_later(seconds, self._timed_out, reason)
-
-    def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-
-    def _timed_out(self, reason: str) -> None:
-        # a kept-alive connection with nothing more to ask is routine, not a slow client
-        idle = reason == "header_timeout" and self.served and not self.heard
-        self.hub.tally["idle" if idle else reason] += 1
-        self.drop()
-
-    def _write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
-            self.transport.write(data)
-
-    def finish(self) -> None:
-        """Close after what was written is sent."""
-        if self.transport is not None and not self.closed:
-            self.transport.close()
-        self._forget()
-
-    def drop(self) -> None:
-        """Close now, discarding whatever is unsent."""
-        if self.transport is not None and not self.closed:
-            self.transport.abort()
-        self._forget()
-
-    def _forget(self) -> None:
-        self.closed = True
-        self._disarm()
-        self.hub.leave(self)
+def _text(verdict: Verdict) -> Response:
+    return Response.text(verdict.status, verdict.reason)
 
 
-def _head_size(request: h11.Request) -> int:
-    return len(request.target) + sum(len(k) + len(v) + 4 for k, v in request.headers)
-
-
-def _content_length(request: h11.Request) -> int:
-    for name, value in request.headers:
-        if name == b"content-length":
-            return int(value)  # h11 has checked it is a number
-    return 0
-
-
-def fit_to_open_files(limits: Limits) -> Limits:
-    """``limits`` this process can keep: the soft limit of open files is raised for
-    ``max_connections`` (within the hard limit), or else ``max_connections`` lowered to fit,
-    with a warning; without the ``resource`` module (Windows) as they are."""
-    try:
-        import resource
-    except ImportError:
-        return limits
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = limits.max_connections + FD_RESERVE
-    if soft == resource.RLIM_INFINITY or soft >= needed:
-        return limits
-    target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-        soft = target
-    except (ValueError, OSError):
-        pass
-    if soft >= needed:
-        return limits
-    fitted = max(16, soft - FD_RESERVE)
-    log.warning(
-        "open files are limited to %d (ulimit -n): the pingback server takes %d connections,"
-        " not %d",
-        soft,
-        fitted,
-        limits.max_connections,
-    )
-    return replace(limits, max_connections=fitted)
-
-
-class PingbackServer:
-    """The receiver on ``host:port`` (0 picks a free port).
-
-    Run it on a loop of yours (``await server.open()`` ... ``await server.close()``), or in
-    a background thread of its own (:meth:`start` ... :meth:`stop`: tests, or an app that
-    embeds it)."""
+class PingbackServer(HttpServer):
+    """The receiver on ``host:port`` (0 picks a free port); see
+    :class:`~captcha_tasks.serving.HttpServer` for running it."""
 
     def __init__(
         self,
@@ -504,101 +66,12 @@ class PingbackServer:
         host: str = "127.0.0.1",
         port: int = 0,
         limits: Limits | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        self.receiver, self.host, self._port = receiver, host, port
-        self.limits = limits or Limits()
-        self._hub: _Hub | None = None
-        self._listener: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return self._port
-
-    async def open(self) -> None:
-        """Start listening (on the running loop)."""
-        loop = asyncio.get_running_loop()
-        self.limits = fit_to_open_files(self.limits)
-        hub = _Hub(self.receiver, self.limits, loop)
-        family, _, _, _, address = (
-            await loop.getaddrinfo(self.host, self._port, type=socket.SOCK_STREAM)
-        )[0]
-        listener = socket.create_server(address, family=family, backlog=self.limits.backlog)
-        listener.setblocking(False)
-        loop.add_reader(listener, hub.accept, listener)
-        self._port = int(listener.getsockname()[1])
-        self._hub, self._listener = hub, listener
-        hub.start()
-
-    async def close(self) -> None:
-        """Stop listening, answer the callbacks being judged, close every connection."""
-        if self._listener is not None:
-            asyncio.get_running_loop().remove_reader(self._listener)
-            self._listener.close()
-            self._listener = None
-        if self._hub is not None:
-            await self._hub.close()
-
-    def start(self) -> PingbackServer:
-        """Serve from a thread of its own until :meth:`stop`."""
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="pingback-server", daemon=True)
-        thread.start()
-        self._loop, self._thread = loop, thread
-        try:
-            self._call(self.open)
-        except BaseException:
-            self._end_thread()
-            raise
-        return self
-
-    def stop(self) -> None:
-        """End what :meth:`start` started."""
-        try:
-            self._call(self.close)
-        finally:
-            self._end_thread()
-
-    def stats(self) -> dict[str, Any]:
-        """What the server holds now (``open``, ``by_address``, ``waiting``, ``pending``) and
-        what it has refused or closed (``tally``), for tests and benchmarks; from
-        :meth:`start`'s thread-run server only."""
-        assert self._loop is not None and self._hub is not None
-        hub = self._hub
-
-        async def snapshot() -> dict[str, Any]:
-            return hub.stats()
-
-        return self._call(snapshot)
-
-    def _call(self, coroutine: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        assert self._loop is not None
-        future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine(), self._loop)
-        return future.result(timeout=DRAIN_S + 10)
-
-    def _end_thread(self) -> None:
-        if self._loop is None or self._thread is None:
-            return
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
-        self._loop.close()
-        self._loop = self._thread = None
+        super().__init__(PingbackSite(receiver), host, port, limits, tls)
+        self.receiver = receiver
 
 
 def serve(receiver: Receiver, host: str, port: int, limits: Limits | None = None) -> None:
     """Serve callbacks in the foreground until Ctrl-C or SIGTERM."""
-    asyncio.run(_serve(PingbackServer(receiver, host, port, limits)))
-
-
-async def _serve(server: PingbackServer) -> None:
-    await server.open()
-    print(f"pingback receiver on http://{server.host}:{server.port}/<ticket>", flush=True)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
-    try:
-        await stopping.wait()
-    finally:
-        await server.close()
+    run(PingbackServer(receiver, host, port, limits), "pingback receiver on {url}/<ticket>")

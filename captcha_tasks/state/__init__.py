@@ -29,6 +29,7 @@ from .circuits import Circuits
 from .db import Db
 from .failovers import Failovers
 from .followups import Followups
+from .gateway import GatewayStats, GatewayTickets
 from .limiter import LaneUse, LimiterConfig, ThreadLimiter, WaitTimes
 from .owed import OwedConfig, OwedMessages
 from .pools import PoolStore
@@ -82,6 +83,9 @@ class State:
     followups: Followups
     failovers: Failovers
     budgets: TenantBudgets
+    #: The gateway's ids and counters (``captcha-tasks gateway``).
+    gateway: GatewayTickets
+    gateway_stats: GatewayStats
 
     @property
     def keys(self) -> Keys:
@@ -171,6 +175,8 @@ class State:
             followups=Followups(db, board.followup_grace_s),
             failovers=Failovers(db),
             budgets=TenantBudgets(db),
+            gateway=GatewayTickets(db),
+            gateway_stats=GatewayStats(db),
         )
 
 

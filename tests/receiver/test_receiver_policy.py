@@ -8,8 +8,8 @@ from ipaddress import ip_network
 import pytest
 
 from captcha_tasks.errors import ConfigurationError
-from captcha_tasks.receiver.addresses import allowed, client_address, normalized, parse_address
-from captcha_tasks.receiver.limits import Admit, Limits, Refusal, admit
+from captcha_tasks.serving.addresses import allowed, client_address, normalized, parse_address
+from captcha_tasks.serving.limits import Admit, Limits, Refusal, admit
 
 pytestmark = pytest.mark.unit
 

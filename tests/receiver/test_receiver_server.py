@@ -28,7 +28,7 @@ from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.dev.slowloris import Attack
 from captcha_tasks.receiver import Limits, PingbackServer, Receiver, make_wsgi_app
 from captcha_tasks.receiver.callbacks import STRIKES_BURST
-from captcha_tasks.receiver.server import FD_RESERVE, fit_to_open_files
+from captcha_tasks.serving.server import FD_RESERVE, fit_to_open_files
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 

@@ -2,9 +2,10 @@
 
 A reverse proxy hides its clients: every request comes from the proxy's address, so a
 per-address budget would be shared by the provider and whoever attacks it.  A proxy we
-trust (``CAPTCHAAI_PINGBACK_TRUSTED_PROXIES``) appends the address it saw to
-``X-Forwarded-For``; everything to the left of that was written by the client and may be
-forged.  So the client is the right-most address that is *not* a trusted proxy::
+trust (``CAPTCHAAI_PINGBACK_TRUSTED_PROXIES``, ``CAPTCHAAI_GATEWAY_TRUSTED_PROXIES``)
+appends the address it saw to ``X-Forwarded-For``; everything to the left of that was
+written by the client and may be forged.  So the client is the right-most address that
+is *not* a trusted proxy::
 
     X-Forwarded-For: 6.6.6.6, 203.0.113.7, 10.0.0.2     (peer 10.0.0.3; 10.0.0.0/8 trusted)
                      forged   the client   a proxy
@@ -53,7 +54,7 @@ def within(text: str, networks: Sequence[Network]) -> bool:
 
 
 def allowed(text: str, allow: Sequence[Network]) -> bool:
-    """Whether ``CAPTCHAAI_PINGBACK_ALLOW`` lets ``text`` in (an empty list lets all in)."""
+    """Whether the allowlist ``allow`` lets ``text`` in (an empty list lets all in)."""
     return not allow or within(text, allow)
 
 
