@@ -24,6 +24,7 @@ from captcha_tasks.keys import Keys
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.lua import LIBRARY
 from captcha_tasks.state.pools import PoolStore
+from captcha_tasks.toolkit.proxies import ProxyPool
 from captcha_tasks.toolkit.sessions import CookieStore, SessionLock
 
 #: Arguments the key builders are called with when their names are compared.
@@ -154,6 +155,30 @@ def lock_hold(domain: str) -> bool:
     return lock.release()
 
 
+def _proxy_pool() -> ProxyPool:
+    return ProxyPool(_redis(), _keys())
+
+
+def proxies_add(*proxies: str) -> int:
+    return _proxy_pool().add(*proxies)
+
+
+def proxy_lease(owner: str) -> str | None:
+    return _proxy_pool().acquire(owner)
+
+
+def proxy_current(owner: str) -> str | None:
+    return _proxy_pool().current(owner)
+
+
+def proxy_release(owner: str) -> bool:
+    return _proxy_pool().release(owner)
+
+
+def proxy_quarantine(proxy: str) -> None:
+    _proxy_pool().quarantine(proxy, 60)
+
+
 COMMANDS: dict[str, Callable[..., Any]] = {
     "keys": key_names,
     "shas": shas,
@@ -166,6 +191,11 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "cookies-load": cookies_load,
     "lock-try": lock_try,
     "lock-hold": lock_hold,
+    "proxies-add": proxies_add,
+    "proxy-lease": proxy_lease,
+    "proxy-current": proxy_current,
+    "proxy-release": proxy_release,
+    "proxy-quarantine": proxy_quarantine,
 }
 
 
