@@ -1,7 +1,7 @@
 "use strict";
 // captcha-tasks for Node.js: the Python package's Redis state (token pools, shared
 // sessions, proxy leases) through its own Lua scripts, and solves through a gateway.
-const errors = require("./lib/errors");
+const { badArgument, ...errors } = require("./lib/errors");
 const { CaptchaTasks } = require("./lib/client");
 const { Keys } = require("./lib/keys");
 const { Library } = require("./lib/scripts");
@@ -19,7 +19,6 @@ module.exports = {
   ProxyLeases,
   SessionLock,
   domainMatches,
-  errors,
   fromPlaywright,
   proxyId,
   recaptchaProvider,

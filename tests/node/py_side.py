@@ -81,8 +81,15 @@ def error_tree() -> list[list[str]]:
 
 
 def declare(name: str) -> bool:
-    spec = {"name": name, "method": "turnstile", "sitekey": "0x4AAA-node", "pageurl": "https://shop.example/"}
-    return _pools().register(PoolSpec.from_dict({**spec, "size": 50, "ttl": 280, "min_remaining": 5}))
+    spec = {
+        "name": name,
+        "method": "turnstile",
+        "sitekey": "0x4AAA-node",
+        "pageurl": "https://shop.example/",
+    }
+    return _pools().register(
+        PoolSpec.from_dict({**spec, "size": 50, "ttl": 280, "min_remaining": 5})
+    )
 
 
 def fill(name: str, count: str, tag: str) -> int:
