@@ -53,7 +53,8 @@ test("while Node holds the lock Python cannot take it; after release it can", { 
   const p = prefix("lock-node");
   const ct = client(p);
   try {
-    const lock = ct.sessionLock("shop.example");
+    // A long TTL: the test is about exclusion, and Python takes a while to start.
+    const lock = ct.sessionLock("shop.example", { ttlMs: 60000 });
     assert.equal(await lock.acquire(), true);
     assert.equal(await py(p, ["lock-try", "shop.example"]), false);
     assert.equal(await lock.extend(), true);
