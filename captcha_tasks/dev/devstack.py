@@ -593,6 +593,10 @@ class SandboxProcess(ChildProcess):
         ]  # fmt: skip
 
     def start(self, timeout: float = 30) -> Self:
+        if self.restarts == 0:
+            # A new provider has been paid nothing: a journal left in the log directory by
+            # an earlier run is not its (its processes after a restart append to this one).
+            self.journal.unlink(missing_ok=True)
         self._spawn(self.argv(), self.env)
         wait_until(self._serving, timeout, what=f"the sandbox {self.name}")
         return self
