@@ -314,13 +314,18 @@ def test_try_reauthenticate_says_wait_while_another_worker_logs_in(store: Cookie
 def test_slow_login_keeps_its_lock(redis_conn: Any, keys: Keys, store: CookieStore) -> None:
     login = Login({"sid": SECRET}, delay_s=5)
 
+    # A short TTL so that several pass quickly, but not so short that the keeper thread's
+    # margin (two thirds of it, as at the default 3 s) is below what a loaded 2-core
+    # machine delays a thread by: at 150 ms (100 ms of margin) CI under load lost the lock.
+    ttl_ms = 600
+
     def short_locks(domain: str) -> SessionLock:
-        return SessionLock(redis_conn, keys, domain, ttl_ms=150)
+        return SessionLock(redis_conn, keys, domain, ttl_ms=ttl_ms)
 
     def others_wait() -> bool:
         other = try_reauthenticate(store, short_locks, DOMAIN, Login({}), seen_version=0)
         assert other.status is ReauthStatus.WAIT
-        return time.monotonic() - started > 0.6
+        return time.monotonic() - started > 4 * ttl_ms / 1000
 
     done: list[Cookies] = []
     thread = threading.Thread(
@@ -333,7 +338,7 @@ def test_slow_login_keeps_its_lock(redis_conn: Any, keys: Keys, store: CookieSto
         assert login.started.wait(5)
         started = time.monotonic()
         # Four lock TTLs pass during login: the lock is extended, so nobody else gets in.
-        wait_until(others_wait, 3, what="several lock TTLs")
+        wait_until(others_wait, 8 * ttl_ms / 1000, what="several lock TTLs")
     finally:
         login.go.set()
         thread.join()
