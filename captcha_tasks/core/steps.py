@@ -442,6 +442,14 @@ def on_callback(
     return _solved(job, answer, polled_before, now, policy)
 
 
+def on_answered_at_submit(
+    job: Job, captcha_id: str, answer: Answer, now: float, policy: Policy
+) -> Deliver | Fail | Resubmit:
+    """The submit of ``job`` came back as ``captcha_id`` with its ``answer`` already (the
+    JSON family's synchronous methods): the solve ends as if a poll had read it at once."""
+    return _solved(job.submitted(captcha_id, now), answer, None, now, policy)
+
+
 def on_poll_budget(job: Job, wait_s: float, poll_errors: int, now: float) -> Decision:
     """The account's ``res.php`` budget is spent for ``wait_s``: poll later (or fail)."""
     if now >= job.deadline:

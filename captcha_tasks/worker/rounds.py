@@ -96,6 +96,7 @@ class Rounds:
                 for due, pace in zip(entries, paces, strict=True)
             ]
         ended = self._end(provider, decisions, in_bulk)
+        self._count_costs(decisions, ended, replies)
         heard = [self._heard_by_poll(d, replies.get(d.captcha_id), asked_at) for d in ended]
         self.health.heard(heard, provider)
         self.edges.count(
@@ -124,6 +125,16 @@ class Rounds:
             if isinstance(decision, Resubmit) and self.retire(due.entry, due.job, decision, now):
                 ended.append(due)
         return ended
+
+    def _count_costs(
+        self, decisions: list[tuple[_Due, Decision]], ended: list[_Due], replies: Replies
+    ) -> None:
+        done = {d.captcha_id for d in ended}
+        for due, decision in decisions:
+            reply = replies.get(due.captcha_id)
+            delivered = isinstance(decision, Deliver) and due.captcha_id in done
+            if delivered and isinstance(reply, Answer):
+                self.edges.count_cost(due.job, reply)
 
     def _decide(self, due: _Due, replies: Replies, now: float, pace: steps.Pace) -> Decision:
         try:

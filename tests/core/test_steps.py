@@ -558,3 +558,12 @@ def test_a_solve_held_past_its_deadline_ends_in_a_timeout_naming_its_captcha() -
     ending = steps.held_past_deadline("7001")
     assert isinstance(ending.error, errors.SolveTimeout)
     assert ending.error.captcha_id == "7001" and "7001" in ending.error.message
+
+
+def test_an_answer_that_came_with_the_submit_ends_the_solve_at_once() -> None:
+    image = job("base64", body=png_b64())
+    decision = steps.on_answered_at_submit(image, "7002", Answer("W9H5K"), T0 + 1, POLICY)
+    assert isinstance(decision, Deliver)
+    outcome = decision.outcome
+    assert (outcome.token, outcome.captcha_id, outcome.elapsed_s) == ("W9H5K", "7002", 1.0)
+    assert decision.solve_time_s == 0.0  # answered as it was submitted
