@@ -222,6 +222,25 @@ def test_capsolver_answers_images_inside_the_submit(
     assert more("turnstile", "poll") > 0  # tokens are polled as usual
 
 
+def test_an_empty_json_provider_leaves_rotation_and_its_probe_brings_it_back(
+    sandboxes: dict[str, SandboxProcess], start_worker: Any
+) -> None:
+    anti = sandboxes["anti"]
+    start_worker()
+    sandboxes["main"].configure(balance_captchas=0)
+    anti.configure(balance_captchas=3)
+    outcomes = [r.get(timeout=GET_TIMEOUT) for r in mixed(12)]
+    spread = by_provider(outcomes)
+    assert spread.get("anti", 0) <= 3 and spread.get("solver", 0) >= 9, spread
+    circuits = app.runtime().state.circuits
+    circuit = circuits.read()["anti"]
+    assert (circuit.open, circuit.code) == (True, "ERROR_ZERO_BALANCE")
+    # money on it again: the probe (the family's getBalance) puts it back in rotation
+    anti.configure(balance_captchas=None)
+    wait_until(lambda: circuits.read()["anti"].up, 30, what="anti's probe")
+    assert by_provider([r.get(timeout=GET_TIMEOUT) for r in mixed(3)]) == {"anti": 3}
+
+
 def test_a_primary_killed_mid_batch_fails_over_to_the_json_family(
     sandboxes: dict[str, SandboxProcess], start_worker: Any
 ) -> None:
