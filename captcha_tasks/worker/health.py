@@ -92,6 +92,11 @@ class Health:
             self._bulk_checked[at.name] = (now, supported)
         return supported
 
+    def probes(self, provider: str | None = None) -> bool:
+        """Whether ``provider``'s cold captchas are probed on their own (the JSON family:
+        no bulk poll to probe them in, and no account budget on polls)."""
+        return self.state.provider(provider).spec.protocol == "json"
+
     def saw_bulk(self, provider: str, supported: bool) -> None:
         """A bulk request showed whether the provider's API honours ``ids=``."""
         stats = self.state.provider(provider).stats

@@ -87,8 +87,8 @@ class Rounds:
         elif entries:
             bulk = self.health.bulk(provider)
             replies, in_bulk = self._fetch(provider, entries, bulk)
-            channel = self.health.channel(provider)
-            paces = [self._pace(d.job, bulk, channel) for d in entries]
+            channel, probes = self.health.channel(provider), self.health.probes(provider)
+            paces = [self._pace(d.job, bulk, channel, probes) for d in entries]
             # Decided as of when they were asked: the pace runs from ask to ask, however
             # long the request and this round took.
             decisions = [
@@ -158,11 +158,10 @@ class Rounds:
         policy = self.edges.policy
         return steps.on_answer(job, reply, entry.polled_at, entry.errors, now, timing, policy, pace)
 
-    def _pace(self, job: Job, bulk: bool, channel: str) -> steps.Pace:
+    def _pace(self, job: Job, bulk: bool, channel: str, probes: bool) -> steps.Pace:
         timing, policy = self.edges.timing(job), self.edges.policy
-        pace = steps.pace(
-            policy, timing, bulk, steps.counts_on_callback(job, timing, policy, channel)
-        )
+        waits = steps.counts_on_callback(job, timing, policy, channel)
+        pace = steps.pace(policy, timing, bulk, waits, probes)
         if steps.adopts_callback(job, timing, policy, channel):
             pace = replace(pace, adopt_due=steps.callback_due(timing, policy))
         return pace

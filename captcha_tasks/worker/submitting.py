@@ -191,7 +191,8 @@ class Submitter:
         now, bulk = time.time(), self.health.bulk(job.provider)
         channel = self.health.channel(job.provider)
         policy = self.edges.policy
-        return steps.on_submitted(job, reply, now, timing, policy, bulk, down, channel)
+        probes = self.health.probes(job.provider)
+        return steps.on_submitted(job, reply, now, timing, policy, bulk, down, channel, probes)
 
     def _pingback(self, job: Job) -> str | None:
         """The callback URL of this attempt, when callbacks are on."""

@@ -72,8 +72,6 @@ MODULE_ENV = {
     "CAPTCHAAI_CONNECT_TIMEOUT": "1",
     "CAPTCHAAI_READ_TIMEOUT": "1.5",
     "CAPTCHAAI_POLL_INTERVAL": "1",
-    # without bulk polls (the family has none), a cold method is first polled after this
-    "CAPTCHAAI_INITIAL_WAIT": "0.5",
     "CAPTCHAAI_SOLVE_TIMEOUT": "90",
     "CAPTCHAAI_THREADS_CHECK_EVERY": "0",
 }
