@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import urllib3
 
@@ -53,6 +53,21 @@ def api_error(dialect: Dialect, data: dict[str, Any], task_id: str | None = None
     if not isinstance(code, str) or not code:
         return errors.UnknownAPIError(f"errorId {data.get('errorId')!r}", None, task_id)
     return errors.from_api_code(dialect.in_php_code(code), task_id)
+
+
+#: Tasks a client keeps per-task state for: the oldest goes first (a task moved to another
+#: provider, or polled from another process, is never answered here).
+TASKS_KEPT = 100_000
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _remember(kept: dict[K, V], key: K, value: V) -> None:
+    kept.pop(key, None)
+    kept[key] = value
+    while len(kept) > TASKS_KEPT:
+        del kept[next(iter(kept))]
 
 
 def api_for(
@@ -157,11 +172,11 @@ class JSONClient:
         task_id = str(data.get("taskId", ""))
         if not task_id:
             raise errors.TransportError("createTask: no taskId in the reply")
-        self._methods[task_id] = request.method
+        _remember(self._methods, task_id, request.method)
         if request.method in self.dialect.synchronous and data.get("status") == "ready":
             value = parse_task_reply(self.dialect, data, task_id)
             if isinstance(value, Answer):
-                self._ready[task_id] = value
+                _remember(self._ready, task_id, value)
         return task_id
 
     def answered(self, captcha_id: str) -> Answer | None:
@@ -229,7 +244,7 @@ class JSONClient:
         limit = self.dialect.polls_per_task
         if limit is not None and count >= limit:
             return errors.UnsolvableError("poll budget of the task spent", None, captcha_id)
-        self._polls[captcha_id] = (count + 1, now)
+        _remember(self._polls, captcha_id, (count + 1, now))
         try:
             data = self._call("getTaskResult", {"taskId": self._task_id(captcha_id)})
         except errors.CaptchaTasksError as exc:

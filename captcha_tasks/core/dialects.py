@@ -203,7 +203,8 @@ def proxy_fields(proxy: str, proxytype: str) -> dict[str, Any]:
     credentials, _, address = proxy.rpartition("@")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ValidationError(f"proxy must be host:port or login:password@host:port, got {proxy!r}")
+        # never the value: it may hold the proxy's password
+        raise ValidationError("proxy must be host:port or login:password@host:port")
     fields: dict[str, Any] = {
         "proxyType": proxytype.lower(),
         "proxyAddress": host,

@@ -260,3 +260,24 @@ def test_a_primary_killed_mid_batch_fails_over_to_the_json_family(
         assert all(held_by_provider(process, name, o) for o in ours), name
     paid = sum(len(p.paid()) - paid_before[name] for name, p in sandboxes.items())
     assert paid <= len(results) + 15, paid
+
+
+def test_the_primary_may_speak_the_json_family(
+    sandboxes: dict[str, SandboxProcess], start_worker: Any
+) -> None:
+    """CAPTCHAAI_PROVIDER_KIND=anticaptcha: the primary (still named ``main``) is the
+    Anti-Captcha sandbox, and the only provider."""
+    anti = sandboxes["anti"]
+    submits = anti.stats()["submits"]
+    start_worker(
+        {
+            "CAPTCHAAI_BASE_URL": anti.url,
+            "CAPTCHAAI_API_KEY": ANTI_KEY,
+            "CAPTCHAAI_PROVIDER_KIND": "anticaptcha",
+            "CAPTCHAAI_PROVIDERS": "[]",
+        }
+    )
+    outcomes = [r.get(timeout=GET_TIMEOUT) for r in mixed(6)]
+    assert by_provider(outcomes) == {"main": 6}
+    assert all(held_by_provider(anti, "anti", o) for o in outcomes)
+    assert anti.stats()["submits"] == submits + 6
