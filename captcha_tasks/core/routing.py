@@ -82,7 +82,8 @@ def route(
     the first probe when one may come back (it stopped answering), or fail at once when
     every one is empty or refuses its key (``ERROR_ZERO_BALANCE``)."""
     method = job.request.method
-    taking = [p for p in providers if p.supports(method)]
+    proxied = "proxy" in job.secrets or bool(job.request.params.get("proxy"))
+    taking = [p for p in providers if p.supports(method, proxied)]
     if not taking:
         return Fail(errors.ValidationError(f"no provider takes method {method!r}"))
     up = [p for p in taking if _up(circuits, p.name)]

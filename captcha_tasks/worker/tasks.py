@@ -269,10 +269,12 @@ def _message(task: Task) -> Message:
 
 
 @app.task(name=names.REPORT, shared=False)
-def report_task(captcha_id: str, good: bool, provider: str | None = None) -> None:
-    """Send ``reportgood`` / ``reportbad`` for a solved captcha to the provider that
-    solved it (None: the primary)."""
-    app.runtime().api(provider).report(captcha_id, good=good)
+def report_task(
+    captcha_id: str, good: bool, provider: str | None = None, method: str | None = None
+) -> None:
+    """Send ``reportgood`` / ``reportbad`` (or the JSON family's report of the captcha's
+    ``method``) for a solved captcha to the provider that solved it (None: the primary)."""
+    app.runtime().api(provider).report(captcha_id, good=good, method=method)
 
 
 def report(result: dict[str, Any], *, good: bool) -> Any:
@@ -292,7 +294,10 @@ def report(result: dict[str, Any], *, good: bool) -> Any:
                 f"report(): the result names provider {provider!r}, which is not configured"
                 f" (configured: {', '.join(known)})"
             )
-    return report_task.delay(str(captcha_id), bool(good), provider)
+    method = result.get("method")
+    return report_task.delay(
+        str(captcha_id), bool(good), provider, method if isinstance(method, str) else None
+    )
 
 
 @app.task(name=names.PREWARM, shared=False)

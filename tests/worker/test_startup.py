@@ -172,3 +172,64 @@ def test_a_worker_whose_second_provider_refuses_its_key_refuses_to_start(sandbox
     [line] = output_lines(done)
     assert "provider 'backup' refuses the key in BACKUP_KEY (ERROR_WRONG_USER_KEY)" in line
     assert "not-that-providers-key" not in line
+
+
+@pytest.fixture(scope="module")
+def json_sandbox() -> Any:
+    """A sandbox speaking Anti-Captcha's JSON dialect (createTask, getBalance...)."""
+    from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+
+    with SandboxServer(SandboxConfig(kind="anticaptcha", api_keys=("json-key",))) as server:
+        yield server
+
+
+def json_provider(url: str) -> str:
+    return PROVIDER.replace("http://127.0.0.1:9", url).replace(
+        '"threads": 5', '"threads": 5, "kind": "anticaptcha"'
+    )
+
+
+def test_a_worker_whose_json_providers_key_is_refused_refuses_to_start(
+    sandbox: Any, json_sandbox: Any
+) -> None:
+    env = without(
+        CAPTCHAAI_BASE_URL=sandbox.url,
+        CAPTCHAAI_PROVIDERS=f"[{json_provider(json_sandbox.url)}]",
+        BACKUP_KEY="not-that-json-providers-key",
+    )
+    balance_checks = json_sandbox.stats()["res_php_requests"]
+    done = celery(*ROLES["worker"], env=env)
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    [line] = output_lines(done)
+    assert line.startswith("celery worker: ConfigurationError: CAPTCHAAI_PROVIDERS")
+    assert "provider 'backup' refuses the key in BACKUP_KEY (ERROR_KEY_DOES_NOT_EXIST)" in line
+    assert "not-that-json-providers-key" not in line
+    # the key was asked about with the family's getBalance, once
+    assert json_sandbox.stats()["res_php_requests"] == balance_checks + 1
+
+
+def test_a_worker_whose_json_primarys_key_is_refused_refuses_to_start(json_sandbox: Any) -> None:
+    env = without(
+        CAPTCHAAI_BASE_URL=json_sandbox.url,
+        CAPTCHAAI_PROVIDER_KIND="anticaptcha",
+        CAPTCHAAI_API_KEY="not-the-json-key",
+    )
+    done = celery(*ROLES["worker"], env=env)
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    [line] = output_lines(done)
+    assert line.startswith("celery worker: ConfigurationError: CAPTCHAAI_API_KEY: provider")
+    assert "refuses the key in CAPTCHAAI_API_KEY (ERROR_KEY_DOES_NOT_EXIST)" in line
+    assert "not-the-json-key" not in line
+
+
+def test_a_worker_whose_json_providers_key_is_good_starts(sandbox: Any, json_sandbox: Any) -> None:
+    env = without(
+        CAPTCHAAI_BASE_URL=sandbox.url,
+        CAPTCHAAI_PROVIDERS=f"[{json_provider(json_sandbox.url)}]",
+        BACKUP_KEY="json-key",
+    )
+    argv = [*CELERY, *ROLES["worker"], "-Q", "startup-json", "-l", "INFO"]
+    with pytest.raises(subprocess.TimeoutExpired) as running:
+        subprocess.run(argv, env=env, capture_output=True, timeout=12)
+    logged = running.value.stderr or b""
+    assert b" ready." in (logged if isinstance(logged, bytes) else logged.encode()), logged
