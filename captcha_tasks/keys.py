@@ -51,6 +51,11 @@ class Keys:
         decayed) and where the site is routed now (``route``, ``why``)."""
         return self._k("acceptance", method, site)
 
+    def acceptance_site(self, name: str) -> tuple[str, str]:
+        """The method and site of an :meth:`acceptance` hash's ``name``."""
+        method, _, site = name.removeprefix(self._k("acceptance", "")).partition(":")
+        return method, site
+
     def acceptance_sites(self) -> str:
         """Sorted set: the :meth:`acceptance` hashes kept, score = reports (the fewest are
         trimmed)."""

@@ -40,7 +40,7 @@ class AcceptanceStore:
     def __init__(self, db: Db, sites: int, half_life_s: float) -> None:
         self.db = db
         self.keys = db.keys
-        self.sites = sites
+        self.max_sites = sites
         self.half_life_s = half_life_s
         self._report = db.bind(REPORT)
         self._read = db.bind(READ)
@@ -64,7 +64,7 @@ class AcceptanceStore:
             "method": method,
             "good": bool(good),
             "half_life_ms": ms(self.half_life_s),
-            "sites": self.sites,
+            "sites": self.max_sites,
         }
         if score is not None:
             args["score"] = float(score)
@@ -106,6 +106,14 @@ class AcceptanceStore:
             lambda: self.db.redis.zrevrange(self.keys.acceptance_sites(), 0, limit - 1, True)
         )
         return [(text(pair[0]), float(pair[1])) for pair in found]
+
+    def sites(self, limit: int) -> list[tuple[str, str, SiteView]]:
+        """The most reported sites: (method, site, what was said of each provider)."""
+        found = []
+        for name, _ in self.busiest(limit):
+            method, site = self.keys.acceptance_site(name)
+            found.append((method, site, self.read(method, site)))
+        return found
 
     def reports(self) -> dict[tuple[str, str, bool], int]:
         """Reports ever counted by (provider, method, good)."""
