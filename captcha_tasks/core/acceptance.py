@@ -35,6 +35,9 @@ Reason = Literal["order", "acceptance", "untried", "explore"]
 REASONS: tuple[Reason, ...] = ("order", "acceptance", "untried", "explore")
 #: The z of the lower confidence bound (a one-sided 95% bound).
 Z = 1.645
+#: Reports short of the minimum that still make it: the last ``min_reports`` reports,
+#: decayed by the seconds since, count as enough.
+SLACK = 0.05
 
 
 @dataclass(frozen=True)
@@ -160,7 +163,8 @@ def choose(
 
 def _poor(found: Acceptance, policy: AcceptancePolicy) -> bool:
     measure = found.measure
-    return found.reports >= policy.min_reports and measure is not None and measure < policy.min
+    enough = found.reports + SLACK >= policy.min_reports
+    return enough and measure is not None and measure < policy.min
 
 
 def _best(
@@ -171,7 +175,7 @@ def _best(
     (None: nobody clearly does better, the order stands)."""
     counted = {name: acceptance.get(name, NONE) for name in taking}
     for name in taking[1:]:
-        if counted[name].reports < policy.min_reports:
+        if counted[name].reports + SLACK < policy.min_reports:
             return Choice(name, "untried")
     first = counted[taking[0]].measure or 0.0
     # max() keeps the first of equals: the configured order breaks ties

@@ -71,6 +71,19 @@ def test_a_site_with_few_reports_stays_in_order() -> None:
     assert choose(ORDER, "turnstile", acceptance, NO_EXPLORE, POLICY) == Choice("primary", "order")
 
 
+def test_the_minimum_of_reports_made_a_moment_ago_is_enough() -> None:
+    # ten reports, seconds old: decayed a little below ten, still enough to judge
+    poor = counts(3, 7).decayed(T0 + 5, POLICY.half_life_s)
+    assert 9.95 < poor.reports < 10
+    assert choose(ORDER, "turnstile", {"primary": poor}, NO_EXPLORE, POLICY) == Choice(
+        "backup", "untried"
+    )
+    # nine are not
+    assert choose(ORDER, "turnstile", {"primary": counts(2, 7)}, NO_EXPLORE, POLICY) == Choice(
+        "primary", "order"
+    )
+
+
 def test_a_site_that_accepts_the_first_stays_there() -> None:
     acceptance = {"primary": counts(16, 4), "backup": counts(40, 0)}
     assert choose(ORDER, "turnstile", acceptance, NO_EXPLORE, POLICY) == Choice("primary", "order")
