@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 import requests
 
-from captcha_tasks import report, solve
-from captcha_tasks.dev.devstack import SandboxProcess, free_port
+from captcha_tasks import create_pool, report, solve, take_token
+from captcha_tasks.dev.devstack import SandboxProcess, free_port, wait_until
+from captcha_tasks.worker.app import app
+from captcha_tasks.worker.tasks import prewarm
 
 pytestmark = [pytest.mark.e2e]
 
@@ -122,3 +124,11 @@ def test_a_site_goes_to_the_provider_whose_tokens_it_accepts(
     # the route change was said once, by the worker that made it
     assert worker.log_text().count("site bad.example#0x4A (turnstile): its captchas go") >= 1
     assert "site good.example" not in worker.log_text()
+    # a pool of the bad site refills from the provider the site is routed to (an exploring
+    # share may still go to the primary)
+    create_pool("bad-site", "turnstile", "0x4A", BAD_SITE, size=6, ttl=120)
+    prewarm.delay("bad-site").get(timeout=GET_TIMEOUT)
+    pools = app.runtime().state.pools
+    wait_until(lambda: pools.live("bad-site") >= 6, 30, what="the pool's refills")
+    pooled = [take_token("bad-site") for _ in range(6)]
+    assert sum(t is not None and t["provider"] == "backup" for t in pooled) >= 4, pooled
