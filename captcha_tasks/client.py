@@ -24,7 +24,7 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 
 import urllib3
 
@@ -42,6 +42,34 @@ class Timeout:
 
     connect: float = 5.0
     read: float = 30.0
+
+
+class ProviderAPI(Protocol):
+    """What the worker asks of one provider's API, whichever protocol it speaks: this
+    module's :class:`CaptchaAIClient` (``in.php`` / ``res.php``) and
+    :class:`captcha_tasks.jsonclient.JSONClient` (``createTask`` / ``getTaskResult``)."""
+
+    def submit(self, request: SolveRequest, pingback: str | None = None) -> str: ...
+
+    def answered(self, captcha_id: str) -> Answer | None:
+        """The answer that came with the submit of ``captcha_id`` (taken once), if any."""
+        ...
+
+    def get(self, captcha_id: str) -> Answer | NotReady: ...
+
+    def get_many(
+        self, captcha_ids: Sequence[str]
+    ) -> dict[str, Answer | NotReady | Exception] | None: ...
+
+    def balance(self) -> float: ...
+
+    def report(self, captcha_id: str, *, good: bool, method: str | None = None) -> None: ...
+
+    def threads_info(self) -> dict[str, int] | None: ...
+
+    def add_pingback(self, url: str) -> None: ...
+
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -93,6 +121,10 @@ class CaptchaAIClient:
             raise _error(reply.request)
         return str(reply.request)
 
+    def answered(self, captcha_id: str) -> Answer | None:
+        """``in.php`` never answers at submit: None."""
+        return None
+
     def get(self, captcha_id: str) -> Answer | NotReady:
         """One captcha's answer, or :data:`NOT_READY`."""
         reply = self._call("res.php", {"action": "get", "id": captcha_id})
@@ -134,8 +166,9 @@ class CaptchaAIClient:
         except (TypeError, ValueError):
             raise errors.TransportError(f"unexpected balance reply {reply.request!r}") from None
 
-    def report(self, captcha_id: str, *, good: bool) -> None:
-        """Tell the API whether a solved answer worked (``reportgood`` / ``reportbad``)."""
+    def report(self, captcha_id: str, *, good: bool, method: str | None = None) -> None:
+        """Tell the API whether a solved answer worked (``reportgood`` / ``reportbad``;
+        ``method`` changes nothing here)."""
         action = "reportgood" if good else "reportbad"
         reply = self._call("res.php", {"action": action, "id": captcha_id})
         if not reply.ok and reply.request != "OK_REPORT_RECORDED":

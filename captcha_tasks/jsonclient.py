@@ -2,11 +2,16 @@
 Anti-Captcha, CapSolver, CapMonster Cloud; each spoken through its
 :class:`~captcha_tasks.core.dialects.Dialect`.
 
-The same interface as :class:`captcha_tasks.client.CaptchaAIClient` (``submit`` -> id,
-``get`` / ``get_many`` -> answer, :data:`NOT_READY` or a typed error, ``balance``,
-``report``).  :func:`parse_task_reply` is pure: "not ready" is a value, an ``errorId > 0``
-becomes the exception of :mod:`captcha_tasks.errors` its code maps to.  The key travels in
-the JSON body only.
+The same interface as :class:`captcha_tasks.client.CaptchaAIClient`
+(:class:`~captcha_tasks.client.ProviderAPI`: ``submit`` -> id, ``answered`` -> the answer
+that came with it, ``get`` / ``get_many`` -> answer, :data:`NOT_READY` or a typed error,
+``balance``, ``report``); :func:`api_for` builds the one a provider's kind speaks.
+:func:`parse_task_reply` is pure: "not ready" is a value, an ``errorId > 0`` becomes the
+exception of :mod:`captcha_tasks.errors` its code maps to.  The key travels in the JSON
+body only.
+
+Per-task state (the poll budgets, the answers ``createTask`` held, each task's method) is
+this process's: the worker polls a task from any process, and the budgets hold per process.
 """
 
 from __future__ import annotations
@@ -14,14 +19,15 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import urllib3
 
 from . import errors
-from .client import Timeout, pool_manager, retry_after
+from .client import CaptchaAIClient, ProviderAPI, Timeout, pool_manager, retry_after
 from .core.answers import NOT_READY, Answer, NotReady
-from .core.dialects import Dialect, build_task
+from .core.dialects import DIALECTS, Dialect, build_task
+from .core.providers import ProviderSpec
 from .methods import SolveRequest
 
 #: The ``solution`` fields that hold a token or text, in the order they are looked for.
@@ -49,10 +55,54 @@ def api_error(dialect: Dialect, data: dict[str, Any], task_id: str | None = None
     return errors.from_api_code(dialect.in_php_code(code), task_id)
 
 
+#: Tasks a client keeps per-task state for: the oldest goes first (a task moved to another
+#: provider, or polled from another process, is never answered here).
+TASKS_KEPT = 100_000
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def _remember(kept: dict[K, V], key: K, value: V) -> None:
+    kept.pop(key, None)
+    kept[key] = value
+    while len(kept) > TASKS_KEPT:
+        del kept[next(iter(kept))]
+
+
+def api_for(
+    spec: ProviderSpec,
+    *,
+    timeout: Timeout | None = None,
+    pool_size: int = 32,
+    soft_id: str | None = None,
+) -> ProviderAPI:
+    """The API client of ``spec``: its kind's protocol, its ``base_url`` and key."""
+    dialect = DIALECTS.get(spec.kind)
+    if dialect is None:
+        return CaptchaAIClient(
+            spec.base_url, spec.api_key, timeout=timeout, pool_size=pool_size, soft_id=soft_id
+        )
+    return JSONClient(
+        spec.base_url, spec.api_key, dialect, timeout=timeout, pool_size=pool_size, soft_id=soft_id
+    )
+
+
+def _cost(data: dict[str, Any]) -> float | None:
+    cost = data.get("cost")
+    if isinstance(cost, bool) or not isinstance(cost, str | int | float):
+        return None
+    try:
+        return float(cost)
+    except ValueError:
+        return None
+
+
 def parse_task_reply(
     dialect: Dialect, data: dict[str, Any], task_id: str | None = None
 ) -> Answer | NotReady | Exception:
-    """A ``getTaskResult`` (or synchronous ``createTask``) reply as a value."""
+    """A ``getTaskResult`` (or synchronous ``createTask``) reply as a value (its ``cost``
+    in the answer, where the provider gives one)."""
     if data.get("errorId"):
         return api_error(dialect, data, task_id)
     status = data.get("status")
@@ -65,11 +115,12 @@ def parse_task_reply(
         return errors.TransportError("ready without a solution", None, task_id)
     agent = solution.get("userAgent")
     agent = agent if isinstance(agent, str) and agent else None
+    cost = _cost(data)
     for name in _SOLUTION_FIELDS:
         value = solution.get(name)
         if isinstance(value, str) and value:
-            return Answer(value, agent)
-    return Answer({k: v for k, v in solution.items() if k != "userAgent"}, agent)
+            return Answer(value, agent, cost)
+    return Answer({k: v for k, v in solution.items() if k != "userAgent"}, agent, cost)
 
 
 class JSONClient:
@@ -121,12 +172,19 @@ class JSONClient:
         task_id = str(data.get("taskId", ""))
         if not task_id:
             raise errors.TransportError("createTask: no taskId in the reply")
-        self._methods[task_id] = request.method
+        _remember(self._methods, task_id, request.method)
         if request.method in self.dialect.synchronous and data.get("status") == "ready":
             value = parse_task_reply(self.dialect, data, task_id)
             if isinstance(value, Answer):
-                self._ready[task_id] = value
+                _remember(self._ready, task_id, value)
         return task_id
+
+    def answered(self, captcha_id: str) -> Answer | None:
+        """The answer ``createTask`` held for ``captcha_id`` (a synchronous method), once."""
+        answer = self._ready.pop(captcha_id, None)
+        if answer is not None:
+            self._methods.pop(captcha_id, None)
+        return answer
 
     def get(self, captcha_id: str) -> Answer | NotReady:
         """One task's answer, or :data:`NOT_READY` (also while its poll gap runs)."""
@@ -150,9 +208,11 @@ class JSONClient:
         except (KeyError, TypeError, ValueError):
             raise errors.TransportError("getBalance: no balance in the reply") from None
 
-    def report(self, captcha_id: str, *, good: bool) -> None:
-        """Tell the provider whether an answer worked, where its dialect can."""
-        image = self._methods.get(captcha_id) == "base64"
+    def report(self, captcha_id: str, *, good: bool, method: str | None = None) -> None:
+        """Tell the provider whether an answer worked, where its dialect can (``method``:
+        the captcha's, when this process did not submit it: images have their own
+        endpoint)."""
+        image = (method or self._methods.get(captcha_id)) == "base64"
         d = self.dialect
         endpoint = (
             d.report_good_token if good else (d.report_bad_image if image else d.report_bad_token)
@@ -169,6 +229,9 @@ class JSONClient:
     def threads_info(self) -> dict[str, int] | None:
         return None
 
+    def add_pingback(self, url: str) -> None:
+        """Nothing to register: the family takes a ``callbackUrl`` with each task."""
+
     # -- plumbing --------------------------------------------------------------------
     def _poll(self, captcha_id: str) -> Answer | NotReady | Exception:
         ready = self._ready.pop(captcha_id, None)
@@ -181,7 +244,7 @@ class JSONClient:
         limit = self.dialect.polls_per_task
         if limit is not None and count >= limit:
             return errors.UnsolvableError("poll budget of the task spent", None, captcha_id)
-        self._polls[captcha_id] = (count + 1, now)
+        _remember(self._polls, captcha_id, (count + 1, now))
         try:
             data = self._call("getTaskResult", {"taskId": self._task_id(captcha_id)})
         except errors.CaptchaTasksError as exc:
@@ -189,9 +252,10 @@ class JSONClient:
         value = parse_task_reply(self.dialect, data, captcha_id)
         if not isinstance(value, NotReady):
             self._polls.pop(captcha_id, None)
-            cost = data.get("cost")
-            if isinstance(cost, str | int | float):
-                self.last_cost = float(cost)
+            self._methods.pop(captcha_id, None)
+            cost = _cost(data)
+            if cost is not None:
+                self.last_cost = cost
         return value
 
     def _task_id(self, captcha_id: str) -> int | str:

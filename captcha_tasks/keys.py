@@ -171,6 +171,11 @@ class Keys:
         """Hash: "<UTC day number>|<tenant>" -> captchas the tenant submitted that day."""
         return self._k("tenants", "submitted")
 
+    def costs(self) -> str:
+        """Hash (scoped): tenant -> what the provider said its answers cost (the JSON
+        family's ``cost``), summed."""
+        return self._p("stats", "cost")
+
     def solved_counter(self, method: str) -> str:
         """Hash: solves of a method, by source."""
         return self._p("stats", "solved", method)

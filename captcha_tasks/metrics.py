@@ -20,7 +20,9 @@ Exposed (``captcha_tasks_`` prefix):
   ``pool_takes_per_second``, and the counters ``pool_tokens_added_total``,
   ``pool_tokens_taken_total``, ``pool_tokens_expired_total``, ``pool_misses_total``
 * ``api_errors_total{code,provider}``, ``solved_total{method,source,provider}`` (source:
-  ``pingback``, ``bulk_poll``, ``poll`` or ``pool``), ``resubmits_total{reason}`` (new
+  ``pingback``, ``bulk_poll``, ``poll``, ``pool`` or ``submit``: answered inside the
+  submit), ``provider_cost_total{provider,tenant}`` (what answers cost, where the provider
+  says: the JSON family's ``cost``), ``resubmits_total{reason}`` (new
   captchas for solves whose captcha failed: ``unsolvable``, ``expired``, ``bad_proxy``,
   ``provider_down``)
 * per provider: ``provider_up``, ``provider_circuit_state{state}`` (1 for the state it is
@@ -150,6 +152,7 @@ class StoreCollector(Collector):
         yield from self._api_errors()
         yield from self._solves()
         yield from self._acceptance()
+        yield from self._costs()
         yield from self._callbacks()
         yield from self._channel()
         yield from self._providers()
@@ -230,7 +233,8 @@ class StoreCollector(Collector):
     def _solves(self) -> Iterator[Metric]:
         solved = CounterMetricFamily(
             _name("solved"),
-            "Captchas solved, by method, source (pingback / bulk_poll / poll / pool) and provider.",
+            "Captchas solved, by method, source (pingback / bulk_poll / poll / pool / submit)"
+            " and provider.",
             labels=["method", "source", "provider"],
         )
         times = GaugeHistogramMetricFamily(
@@ -277,6 +281,17 @@ class StoreCollector(Collector):
         for reason, count in sorted(by_reason.items()):
             reroutes.add_metric([reason], float(count))
         yield from (reports, ratio, reroutes)
+
+    def _costs(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            _name("provider_cost"),
+            "What answers cost, as the provider said (the JSON family's cost), by tenant.",
+            labels=["provider", "tenant"],
+        )
+        for name, at in self.state.providers.items():
+            for tenant, cost in sorted(at.stats.costs().items()):
+                family.add_metric([name, tenant], cost)
+        yield family
 
     def _callbacks(self) -> Iterator[Metric]:
         counts = self.state.stats.callback_counts()

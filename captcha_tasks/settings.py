@@ -22,7 +22,14 @@ from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 from .core.acceptance import AcceptancePolicy
 from .core.lanes import DEFAULT_TENANT, INTERACTIVE, LANES, Tenant, parse_tenants, tenant_of
 from .core.poolspec import parse_pools
-from .core.providers import KINDS, NAME_RE, ProviderSpec, parse_budgets, parse_providers
+from .core.providers import (
+    KINDS,
+    NAME_RE,
+    ProviderSpec,
+    base_url_problem,
+    parse_budgets,
+    parse_providers,
+)
 from .core.proxyspec import mask, split
 from .errors import ConfigurationError
 
@@ -136,16 +143,19 @@ class Settings:
     submit_rate: int | None = None
     #: CAPTCHAAI_PROVIDER_NAME: the primary's name in metrics, outcomes and logs.
     provider_name: str = "captchaai"
-    #: CAPTCHAAI_PROVIDER_KIND: the primary's kind, whose request budgets it gets:
-    #: "captchaai" (threads only) or "2captcha" (60 in.php per 3 s, 3 NO_SLOT errors per
-    #: captcha, 20 res.php per captcha + 1,200 an hour).
+    #: CAPTCHAAI_PROVIDER_KIND: the primary's kind, which decides its protocol and the
+    #: request budgets it gets: "captchaai" (in.php, threads only), "2captcha" (in.php, 60
+    #: in.php per 3 s, 3 NO_SLOT errors per captcha, 20 res.php per captcha + 1,200 an
+    #: hour), or a JSON kind, "anticaptcha", "capsolver" or "capmonster" (createTask /
+    #: getTaskResult, CAPTCHAAI_BASE_URL its API root; its dialect's per-task budgets).
     provider_kind: str = "captchaai"
     #: CAPTCHAAI_BUDGETS: JSON object overriding the primary's budgets (``submit_rate``,
     #: ``no_slot_ratio``, ``res_per_captcha``, ``res_base``; null: none).
     budgets: Mapping[str, Any] = field(default_factory=dict)
     #: CAPTCHAAI_PROVIDERS: further providers, a JSON list of ``{name, base_url, key_env,
     #: threads, methods, role, kind, ...budgets}``; each key is read from the variable
-    #: ``key_env`` names.
+    #: ``key_env`` names; ``kind`` (default "2captcha") is one of CAPTCHAAI_PROVIDER_KIND's,
+    #: and a JSON kind's ``base_url`` is its API root (``https://api.anti-captcha.com``).
     providers: tuple[ProviderSpec, ...] = ()
     #: CAPTCHAAI_OVERFLOW_AFTER: seconds a captcha may be expected to wait for the primary's
     #: threads before an ``overflow`` provider takes it (unset: never).
@@ -297,7 +307,13 @@ class Settings:
             bool(NAME_RE.fullmatch(self.provider_name)),
             "must be 1-32 letters, digits, '_' or '-'",
         )
-        _check("CAPTCHAAI_PROVIDER_KIND", self.provider_kind in KINDS, f"must be one of {KINDS}")
+        _check(
+            "CAPTCHAAI_PROVIDER_KIND",
+            self.provider_kind in KINDS,
+            f"is {self.provider_kind!r}, not one of {', '.join(KINDS)}",
+        )
+        problem = base_url_problem(self.base_url, self.provider_kind)
+        _check("CAPTCHAAI_BASE_URL", problem is None, problem or "")
         _check(
             "CAPTCHAAI_OVERFLOW_AFTER",
             self.overflow_after is None or self.overflow_after > 0,

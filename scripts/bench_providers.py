@@ -15,10 +15,15 @@ port, with its own key, issuing the same captcha ids) and two worker processes:
 * **throughput**: one CaptchaAI-kind provider, a 300-thread plan, 0.5 s solves, default
   settings, 1,500 captchas queued at once.  Printed: captchas per second and task messages
   per captcha.
+* **JSON family** (issue 31): the failover run's primary dies for good at 150 solved, once
+  with a ``2captcha``-kind (``in.php``) fallback and once with an ``anticaptcha``-kind (JSON)
+  one, the same sandbox timings.  Printed per fallback: the longest gap without results
+  after the kill, captchas paid twice, and the fallback's captchas per second once it had
+  the work.
 
 Not a timed test: targets are printed as MET / MISSED.
 
-    python scripts/bench_providers.py [--only failover|balance|throughput] [--plot DIR]
+    python scripts/bench_providers.py [--only failover|balance|throughput|json] [--plot DIR]
 
 ``--plot DIR`` also draws the solved captchas per second by provider of the failover run
 (the kill and the restart marked: ``providers-failover.svg``) and of the balance run (the
@@ -82,10 +87,14 @@ class Arrivals:
 
 @contextmanager
 def deployment(
-    log_dir: Path, providers: list[tuple[str, list[str]]], extra_env: dict[str, str]
+    log_dir: Path,
+    providers: list[tuple[str, list[str]]],
+    extra_env: dict[str, str],
+    kinds: dict[str, str] | None = None,
 ) -> Iterator[tuple[dict[str, str], dict[str, Any]]]:
     """Redis, one sandbox process per provider (the first is the primary) and two workers;
-    yields the environment and the sandbox processes by name."""
+    yields the environment and the sandbox processes by name.  ``kinds``: a further
+    provider's kind (default ``2captcha``), which its sandbox speaks too."""
     from captcha_tasks.dev.devstack import RedisServer, SandboxProcess
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -93,7 +102,10 @@ def deployment(
         redis_server = stack.enter_context(RedisServer(log_dir=log_dir))
         redis_server.start()
         boxes: dict[str, Any] = {}
+        kinds = kinds or {}
         for name, options in providers:
+            if name in kinds:
+                options = [*options, "--kind", kinds[name]]
             box = SandboxProcess(name, f"{name}-key", options=options, log_dir=log_dir)
             boxes[name] = stack.enter_context(box.start())
         primary, *others = providers
@@ -118,6 +130,7 @@ def deployment(
                         "key_env": f"BENCH_KEY_{n}",
                         "threads": int(env.get("CAPTCHAAI_THREADS", "10")),
                         "role": "fallback",
+                        "kind": kinds.get(name, "2captcha"),
                     }
                 )
             env["CAPTCHAAI_PROVIDERS"] = json.dumps(entries)
@@ -370,9 +383,81 @@ def throughput(log_dir: Path, count: int) -> list[tuple[str, bool]]:
     ]
 
 
+#: The JSON-family run: the fallback kinds compared, and when the primary dies (solved).
+JSON_FALLBACKS, JSON_KILL_AT = ("2captcha", "anticaptcha"), 150
+
+
+def json_failover(log_dir: Path, count: int, kind: str) -> dict[str, Any]:
+    """The primary dies for good at :data:`JSON_KILL_AT` solved; a fallback of ``kind``."""
+    options = ["--threads", "15", "--solve-time", "1", "--jitter", "0.1"]
+    providers = [("main", options), ("backup", options)]
+    extra = {"CAPTCHAAI_THREADS": "15"}
+    with deployment(log_dir, providers, extra, {"backup": kind}) as (env, boxes):
+        main, backup = boxes["main"], boxes["backup"]
+        started = time.monotonic()
+        proc, arrivals = run_batch(env, log_dir, count, f"json-{kind}")
+        while arrivals.read() < JSON_KILL_AT and proc.poll() is None:
+            time.sleep(0.02)
+        killed_at = time.monotonic()
+        main.kill()
+        wait_batch(proc, arrivals, count, 600)
+        paid = len(main.paid()) + len(backup.paid())
+        stats = backup.stats()
+    lines = arrivals.lines
+    tokens = [line["token"] for line in lines if line.get("status") == "solved"]
+    at_backup = [
+        at
+        for line, at in zip(lines, arrivals.times, strict=True)
+        if line.get("provider") == "backup" and line.get("status") == "solved"
+    ]
+    span = (max(at_backup) - min(at_backup)) if len(at_backup) > 1 else 0.0
+    return {
+        "kind": kind,
+        "wall": time.monotonic() - started,
+        "solved": len(tokens),
+        "indexes": solved_indexes(lines) == set(range(count)),
+        "unique": len(set(tokens)) == len(tokens),
+        "backup": len(at_backup),
+        "gap": longest_gap(arrivals.times, killed_at),
+        "paid": paid,
+        "twice": paid - len(tokens),
+        "rate": len(at_backup) / span if span else 0.0,
+        "polls": stats.get("res_php_get_requests", 0),
+    }
+
+
+def json_family(log_dir: Path, count: int) -> list[tuple[str, bool]]:
+    rows = [json_failover(log_dir / kind, count, kind) for kind in JSON_FALLBACKS]
+    print(
+        f"\nJSON family: {count} captchas, the primary (captchaai) SIGKILLed at {JSON_KILL_AT}"
+        " solved and left dead; the fallback 15 threads, 1 s solves"
+    )
+    print(f"{'fallback kind':<13} {'protocol':<8} {'wall s':>7} {'solved':>6} {'at fallback':>11} "
+          f"{'longest gap s':>13} {'paid':>5} {'paid twice':>10} {'fallback/s':>10} "
+          f"{'its polls':>9}")  # fmt: skip
+    for row in rows:
+        protocol = "in.php" if row["kind"] == "2captcha" else "json"
+        print(f"{row['kind']:<13} {protocol:<8} {row['wall']:>7.1f} {row['solved']:>6} "
+              f"{row['backup']:>11} {row['gap']:>13.2f} {row['paid']:>5} {row['twice']:>10} "
+              f"{row['rate']:>10.1f} {row['polls']:>9}")  # fmt: skip
+    print("(its polls: res.php get requests the fallback's sandbox counted, bulk ones as one;")
+    print(" a JSON provider is asked one getTaskResult per task)")
+    checks: list[tuple[str, bool]] = []
+    for row in rows:
+        kind = row["kind"]
+        checks += [
+            (
+                f"{kind} fallback: every index solved, no token twice",
+                row["indexes"] and row["unique"],
+            ),
+            (f"{kind} fallback: at most N + 15 captchas paid", row["paid"] <= count + 15),
+        ]
+    return checks
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--only", choices=("failover", "balance", "throughput"))
+    parser.add_argument("--only", choices=("failover", "balance", "throughput", "json"))
     parser.add_argument("--count", type=int, default=600, help="captchas of the failover run")
     parser.add_argument("--down", type=float, default=15.0, help="seconds the primary is down")
     parser.add_argument("--throughput-kind", help=argparse.SUPPRESS)
@@ -394,6 +479,8 @@ def main() -> int:
         checks += balance(log_dir / "balance", BALANCE_COUNT, BALANCE_CAPTCHAS, args)
     if args.only in (None, "throughput"):
         checks += throughput(log_dir / "throughput", args.count if args.only else 1500)
+    if args.only in (None, "json"):
+        checks += json_family(log_dir / "json", args.count)
     print(f"(logs in {log_dir})", flush=True)
     return report(checks)
 

@@ -104,6 +104,22 @@ def redis_url() -> str:
     return str(_redis_server().url)
 
 
+@pytest.fixture(scope="session")
+def capmonster_python(output_dir: Path) -> Path:
+    """The interpreter of a venv holding ``capmonstercloudclient`` alone (it pins aiohttp,
+    pydantic and others to exact versions, so it stays out of ours): built on first use
+    by pip and cached (``tests/pip_cache.py``).  Without it a test skips; on CI it fails."""
+    import subprocess
+
+    from pip_cache import CAPMONSTER, isolated_python
+    from system_parts import missing
+
+    try:
+        return isolated_python(CAPMONSTER, output_dir / "pip-capmonster.log")
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        missing("capmonstercloudclient", f"cannot build its virtual environment: {exc}")
+
+
 @pytest.fixture(scope="module")
 def sandbox_server() -> Iterator[Any]:
     """The module's sandbox (in this process, over HTTP): a provider of its own, so that

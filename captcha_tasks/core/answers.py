@@ -32,11 +32,13 @@ Token = str | dict[str, Any] | list[Any]
 
 @dataclass(frozen=True)
 class Answer:
-    """A solved captcha's answer as the API sent it (``result``, else ``request``), and the
-    user agent the API says it must be used with (None when it names none)."""
+    """A solved captcha's answer as the API sent it (``result``, else ``request``), the
+    user agent the API says it must be used with (None when it names none), and what it
+    cost where the API says (the JSON family's ``cost``)."""
 
     value: Token
     user_agent: str | None = None
+    cost: float | None = None
 
 
 #: What a poll or a callback read about a captcha: its answer, not ready, or the error

@@ -93,8 +93,10 @@ class Dialect:
     report_bad_image: str | None = None
     report_good_token: str | None = None
 
-    def supports(self, method: str) -> bool:
-        return method in self.task_types
+    def supports(self, method: str, proxied: bool = False) -> bool:
+        """Whether it has a task type for ``method`` (with a proxy, when ``proxied``)."""
+        types = self.task_types.get(method)
+        return types is not None and bool(types.proxied if proxied else types.proxyless)
 
     def method_of(self, task_type: str) -> str | None:
         """Our method for one of this dialect's task types (the gateway's JSON face)."""
@@ -201,7 +203,8 @@ def proxy_fields(proxy: str, proxytype: str) -> dict[str, Any]:
     credentials, _, address = proxy.rpartition("@")
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ValidationError(f"proxy must be host:port or login:password@host:port, got {proxy!r}")
+        # never the value: it may hold the proxy's password
+        raise ValidationError("proxy must be host:port or login:password@host:port")
     fields: dict[str, Any] = {
         "proxyType": proxytype.lower(),
         "proxyAddress": host,

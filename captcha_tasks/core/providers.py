@@ -1,14 +1,22 @@
 """The providers a deployment solves with: the primary (``CAPTCHAAI_*``) and the further
 ones of ``CAPTCHAAI_PROVIDERS``, each an account of its own on an API that speaks
-``in.php`` / ``res.php``.
+``in.php`` / ``res.php`` (kinds ``captchaai``, ``2captcha``) or the JSON family's
+``createTask`` / ``getTaskResult`` (kinds ``anticaptcha``, ``capsolver``, ``capmonster``:
+one :class:`~.dialects.Dialect` each).
 
 A :class:`ProviderSpec` is one provider as configured: where it is, its key (read from the
 environment variable the configuration names, never from the JSON), its threads, the
 methods it takes, its *role* and its *kind*.  The kind brings the provider's request
 budgets (:data:`KIND_BUDGETS`): CaptchaAI sells threads and publishes no per-second limit;
 2captcha bans clients above 60 ``in.php`` requests per 3 s, above 3 NO_SLOT errors per
-captcha, and above 20 ``res.php`` requests per captcha (+ 1,200) an hour.  Every budget can
-be overridden per provider.
+captcha, and above 20 ``res.php`` requests per captcha (+ 1,200) an hour.  A JSON kind's
+budgets are per task and live in its dialect (CapMonster: 2 s between polls, 120 polls;
+CapSolver: 120 polls).  Every account budget can be overridden per provider.
+
+The kind is the protocol: a JSON kind's ``base_url`` is the API root
+(``https://api.anti-captcha.com``), and a provider whose dialect has no task type for a
+method does not take it (:meth:`ProviderSpec.supports`), as one whose ``methods`` leave it
+out.
 
 Roles, in the order the providers are listed (the primary first):
 
@@ -33,22 +41,31 @@ from urllib.parse import urlsplit
 
 from ..errors import ConfigurationError
 from ..methods import METHODS
+from .dialects import DIALECTS
 
 __all__ = [
+    "IN_PHP_KINDS",
     "KIND_BUDGETS",
     "KINDS",
     "ROLES",
     "Budgets",
     "ProviderSpec",
+    "base_url_problem",
     "parse_budgets",
     "parse_providers",
 ]
 
 ENV_VAR = "CAPTCHAAI_PROVIDERS"
 Role = Literal["primary", "fallback", "overflow"]
-Kind = Literal["captchaai", "2captcha"]
+Kind = Literal["captchaai", "2captcha", "anticaptcha", "capsolver", "capmonster"]
+Wire = Literal["in.php", "json"]
 ROLES: tuple[Role, ...] = ("primary", "fallback", "overflow")
-KINDS: tuple[Kind, ...] = ("captchaai", "2captcha")
+KINDS: tuple[Kind, ...] = ("captchaai", "2captcha", "anticaptcha", "capsolver", "capmonster")
+#: The kinds that speak in.php / res.php; every other kind is a JSON dialect.
+IN_PHP_KINDS = frozenset({"captchaai", "2captcha"})
+#: Endpoints of either protocol: a ``base_url`` ending in one names an endpoint, not the
+#: API root the client appends them to.
+_ENDPOINTS = frozenset({"in.php", "res.php", "createtask", "gettaskresult", "getbalance"})
 #: Provider names go into Redis key names, metric labels and logs.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,31}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -72,6 +89,10 @@ class Budgets:
 KIND_BUDGETS: dict[str, Budgets] = {
     "captchaai": Budgets(),
     "2captcha": Budgets(submit_rate=60, no_slot_ratio=3.0, res_per_captcha=20, res_base=1200),
+    # The JSON family's published limits are per task (the dialect's poll gap and polls).
+    "anticaptcha": Budgets(),
+    "capsolver": Budgets(),
+    "capmonster": Budgets(),
 }
 #: The budget fields ``CAPTCHAAI_BUDGETS`` and a provider entry may override (null: none).
 BUDGET_FIELDS = ("submit_rate", "no_slot_ratio", "res_per_captcha", "res_base")
@@ -105,8 +126,18 @@ class ProviderSpec:
     def primary(self) -> bool:
         return self.role == "primary"
 
-    def supports(self, method: str) -> bool:
-        return self.methods is None or method in self.methods
+    @property
+    def protocol(self) -> Wire:
+        """``in.php`` (``in.php`` / ``res.php``) or ``json`` (``createTask`` ...)."""
+        return "in.php" if self.kind in IN_PHP_KINDS else "json"
+
+    def supports(self, method: str, proxied: bool = False) -> bool:
+        """Whether it takes ``method`` (with a proxy, when ``proxied``): its ``methods``
+        list it (or are all), and its dialect has a task type for it (a JSON kind)."""
+        if self.methods is not None and method not in self.methods:
+            return False
+        dialect = DIALECTS.get(self.kind)
+        return dialect is None or dialect.supports(method, proxied)
 
     def describe(self) -> dict[str, Any]:
         """What ``captcha-tasks providers`` and the docs show (no key)."""
@@ -114,6 +145,7 @@ class ProviderSpec:
             "name": self.name,
             "role": self.role,
             "kind": self.kind,
+            "protocol": self.protocol,
             "base_url": self.base_url,
             "threads": self.threads,
             "methods": sorted(self.methods) if self.methods is not None else None,
@@ -204,10 +236,17 @@ def _provider(entry: Any, index: int, environ: Mapping[str, str]) -> ProviderSpe
             f"{label}: name must be 1-32 letters, digits, '_' or '-' (starting with a letter"
             " or digit)"
         )
+    kind = entry.get("kind", "2captcha")
+    if kind not in KINDS:
+        raise ConfigurationError(
+            f"{label}: kind {kind!r} is not one of {', '.join(KINDS)}"
+            if isinstance(kind, str)
+            else f"{label}: kind must be one of {', '.join(KINDS)}"
+        )
     base_url = entry["base_url"]
-    parts = urlsplit(base_url) if isinstance(base_url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigurationError(f"{label}: base_url must be an http:// or https:// URL")
+    problem = base_url_problem(base_url, kind)
+    if problem:
+        raise ConfigurationError(f"{label}: base_url {problem}")
     key_env = entry["key_env"]
     if not isinstance(key_env, str) or not _ENV_NAME.fullmatch(key_env):
         raise ConfigurationError(f"{label}: key_env must name an environment variable")
@@ -220,9 +259,6 @@ def _provider(entry: Any, index: int, environ: Mapping[str, str]) -> ProviderSpe
     role = entry.get("role", "fallback")
     if role not in ("fallback", "overflow"):
         raise ConfigurationError(f'{label}: role must be "fallback" or "overflow"')
-    kind = entry.get("kind", "2captcha")
-    if kind not in KINDS:
-        raise ConfigurationError(f"{label}: kind must be one of {', '.join(KINDS)}")
     budgets = {k: entry[k] for k in BUDGET_FIELDS if k in entry}
     return ProviderSpec(
         name=name,
@@ -235,6 +271,28 @@ def _provider(entry: Any, index: int, environ: Mapping[str, str]) -> ProviderSpe
         budgets=parse_budgets(budgets or None, kind, label),
         key_env=key_env,
     )
+
+
+def base_url_problem(base_url: Any, kind: str) -> str | None:
+    """What is wrong with ``base_url`` for a provider of ``kind`` (None: nothing): an
+    http(s) URL of the API root, to which the client appends the endpoints."""
+    parts = urlsplit(base_url) if isinstance(base_url, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        return "must be an http:// or https:// URL"
+    if parts.query or parts.fragment:
+        return "must not carry a query string or fragment (it is the API root)"
+    last = parts.path.rstrip("/").rpartition("/")[2]
+    if last.lower() in _ENDPOINTS:
+        example = (
+            "https://api.anti-captcha.com"
+            if kind not in IN_PHP_KINDS
+            else "https://ocr.captchaai.com"
+        )
+        return (
+            f"must be the API root, without the endpoint /{last} (for a {kind} provider,"
+            f" e.g. {example}; the endpoints are appended)"
+        )
+    return None
 
 
 def _methods(raw: Any, label: str) -> frozenset[str] | None:

@@ -98,7 +98,8 @@ def route(
     the first probe when one may come back (it stopped answering), or fail at once when
     every one is empty or refuses its key (``ERROR_ZERO_BALANCE``)."""
     method = job.request.method
-    taking = [p for p in providers if p.supports(method)]
+    proxied = "proxy" in job.secrets or bool(job.request.params.get("proxy"))
+    taking = [p for p in providers if p.supports(method, proxied)]
     if not taking:
         return Fail(errors.ValidationError(f"no provider takes method {method!r}"))
     up = [p for p in taking if _up(circuits, p.name)]
@@ -107,7 +108,7 @@ def route(
     if homes:
         home, why = homes[0].name, "order"
         if pick is not None:
-            chosen = choose(homes, method, pick.acceptance, pick.draw, pick.policy)
+            chosen = choose(homes, method, pick.acceptance, pick.draw, pick.policy, proxied)
             home, why = chosen.provider, chosen.reason
         spill = tuple(p.name for p in up if p.role == "overflow" and p.name != home)
         return Destination(home, spill, why)

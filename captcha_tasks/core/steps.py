@@ -71,6 +71,8 @@ MIN_BULK_EVERY = 0.1
 #: asked about in bulk after this share of the method's default wait, then at the bulk
 #: pace: the first answers teach the method's real times.
 COLD_PROBE = 0.1
+#: Least seconds between two polls of a captcha asked about on its own (see :func:`pace`).
+MIN_WAIT_ALONE = 0.5
 #: ... and one counting on its callback is probed again every this share of that wait: it
 #: is polled in case its callback was lost, but its answers must still teach the times.
 COLD_CALLBACK_PACE = 0.05
@@ -91,7 +93,9 @@ class Pace:
     adopt_due: float | None = None
 
 
-def pace(policy: Policy, timing: Timing, bulk: bool, waits: bool = False) -> Pace:
+def pace(
+    policy: Policy, timing: Timing, bulk: bool, waits: bool = False, probes: bool = False
+) -> Pace:
     """A captcha likely done is asked about :data:`BULK_POLLS_PER_SPREAD` times within
     the window its method's captchas finish in (their 5th to 95th percentile): fast for a
     provider with steady times, so an answer waits a fraction of that window, and a
@@ -102,9 +106,16 @@ def pace(policy: Policy, timing: Timing, bulk: bool, waits: bool = False) -> Pac
     case its callback was lost: :data:`CALLBACK_POLLS_PER_SPREAD` times within that
     window but never faster than the bulk window (cold: every :data:`COLD_CALLBACK_PACE`
     of its method's cold wait), so that rounds, each one ``res.php`` request however many
-    captchas it asks about, stay few."""
+    captchas it asks about, stay few.
+
+    One asked about on its own is polled every poll interval.  At a provider that
+    ``probes`` (the JSON family: no bulk poll, no account budget on polls, one request per
+    task however it is paced) it is paced as in bulk if that is sooner, never faster than
+    :data:`MIN_WAIT_ALONE`: warm, :data:`BULK_POLLS_PER_SPREAD` times within its method's
+    window; cold, every :data:`COLD_PROBE` of its method's cold wait, so that its first
+    answers teach the method's real times rather than the default wait."""
     if not bulk:
-        return Pace(False, policy.poll_interval)
+        return Pace(False, _alone_every(policy, timing, probes))
     if not timing.warm:
         every = timing.first_wait * COLD_CALLBACK_PACE if waits else 0.0
         return Pace(True, max(policy.bulk_interval, every))
@@ -150,6 +161,18 @@ class Route:
 
 
 # -- jobs --------------------------------------------------------------------------------
+
+
+def _alone_every(policy: Policy, timing: Timing, probes: bool) -> float:
+    if not probes:
+        return policy.poll_interval
+    if timing.warm:
+        every = timing.spread / BULK_POLLS_PER_SPREAD
+    elif timing.probe:
+        every = timing.first_wait * COLD_PROBE
+    else:
+        return policy.poll_interval
+    return min(policy.poll_interval, max(MIN_WAIT_ALONE, every))
 
 
 def uses_bulk(job: Job, bulk: bool) -> bool:
@@ -293,16 +316,18 @@ def on_submitted(
     bulk: bool,
     down: bool = False,
     channel: str = UP,
+    probes: bool = False,
 ) -> Decision:
     """``in.php`` answered ``reply`` (a captcha id, or the error it raised).  ``down``: the
     provider is out of rotation now (this error may have taken it out): the submit goes
     elsewhere at once, spending no retry.  ``channel``: the state of the provider's
-    callback channel."""
+    callback channel.  ``probes``: the provider's cold captchas are probed on their own
+    (see :func:`pace`)."""
     if isinstance(reply, str):
         polled = job.submitted(reply, now)
         if awaits_callback(polled, timing, policy, channel):
             polled = replace(polled, callback_due=now + callback_due(timing, policy))
-        wait = first_poll(polled, timing, policy, bulk, channel)
+        wait = first_poll(polled, timing, policy, bulk, channel, probes)
         return PollAt(min(now + wait, job.deadline), polled)
     if down:
         return SubmitAt(now, job, reply)
@@ -322,18 +347,24 @@ def on_submitted(
     return _failed_captcha(job, reply, now, policy)
 
 
-def first_poll(job: Job, timing: Timing, policy: Policy, bulk: bool, channel: str = UP) -> float:
+def first_poll(
+    job: Job, timing: Timing, policy: Policy, bulk: bool, channel: str = UP, probes: bool = False
+) -> float:
     """Seconds after its submit a captcha is first polled.
 
     A captcha waiting for its callback (:func:`awaits_callback`, its ``callback_due``
     set) is polled when the callback is overdue while the channel is up, and from
     :func:`degraded_start` on while it is degraded.  Any other is polled as without
     callbacks.  In bulk, asking early costs little: at the method's earliest
-    likely finish once its times are known, and early while they are not."""
+    likely finish once its times are known, and early while they are not; so on its own at
+    a provider that ``probes`` (see :func:`pace`)."""
     if job.callback_due is not None:
         return callback_due(timing, policy) if channel == UP else degraded_start(timing)
     if not uses_bulk(job, bulk):
-        return timing.first_wait
+        if probes and timing.warm:
+            return timing.earliest
+        probing = probes and timing.probe
+        return _alone_every(policy, timing, probes) if probing else timing.first_wait
     if timing.warm:
         return timing.earliest
     return timing.first_wait * COLD_PROBE if timing.probe else timing.first_wait
@@ -443,6 +474,14 @@ def on_callback(
     return _solved(job, answer, polled_before, now, policy)
 
 
+def on_answered_at_submit(
+    job: Job, captcha_id: str, answer: Answer, now: float, policy: Policy
+) -> Deliver | Fail | Resubmit:
+    """The submit of ``job`` came back as ``captcha_id`` with its ``answer`` already (the
+    JSON family's synchronous methods): the solve ends as if a poll had read it at once."""
+    return _solved(job.submitted(captcha_id, now), answer, None, now, policy)
+
+
 def on_poll_budget(job: Job, wait_s: float, poll_errors: int, now: float) -> Decision:
     """The account's ``res.php`` budget is spent for ``wait_s``: poll later (or fail)."""
     if now >= job.deadline:
@@ -454,7 +493,8 @@ def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, pace: Pace)
     """A captcha asked for in bulk (one request answers many) is polled again at the bulk
     pace once it is past its method's earliest likely finish (or its method's times are
     not known yet), and before that at that finish or the poll interval, whichever comes
-    first; one asked for on its own, at the poll interval."""
+    first; one asked for on its own, at the poll interval (or its cold probe pace: see
+    :func:`pace`)."""
     if now >= job.deadline:
         return Fail(timed_out(job, "the solve deadline passed"))
     if pace.adopt_due is not None:
@@ -463,7 +503,9 @@ def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, pace: Pace)
         if due > now:  # its callback is not overdue yet: wait for it
             return PollAt(min(due, job.deadline), job)
     if not uses_bulk(job, pace.bulk):
-        return PollAt(min(now + policy.poll_interval, job.deadline), job)
+        # on its own: the pace of a provider without bulk polls, else the poll interval
+        every = policy.poll_interval if pace.bulk else pace.every
+        return PollAt(min(now + every, job.deadline), job)
     likely = _submitted_at(job) + timing.earliest if timing.warm else now
     at = max(now + pace.every, min(likely, now + policy.poll_interval))
     return PollAt(min(at, job.deadline), job)

@@ -100,7 +100,13 @@ class FailoverDeployment:
                 stderr=subprocess.STDOUT,
             )
         self.servers[name] = (proc, f"http://127.0.0.1:{port}{path}")
-        wait_until(lambda: self.get(name) is not None, 20, what=name)
+        # A bound on start-up, not a pace: a loaded machine imports the CLI slowly.
+        wait_until(lambda: self._answers(name, proc), 60, what=name)
+
+    def _answers(self, name: str, proc: subprocess.Popen[bytes]) -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited {proc.returncode}: see {self.log_dir}/{name}.log")
+        return self.get(name) is not None
 
     def get(self, name: str) -> str | None:
         """The body of a 200 from server ``name`` (``metrics``, ``receiver``), or None."""

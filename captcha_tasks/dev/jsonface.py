@@ -38,6 +38,8 @@ _CODES = {
     "ERROR_PROXY_CONNECTION_FAILED": "ERROR_PROXY_CONNECT_REFUSED",
     "ERROR_BAD_PARAMETERS": "ERROR_TASK_ABSENT",
 }
+#: What a solved task costs, for the dialects whose getTaskResult says (Anti-Captcha's).
+COSTS = {"anticaptcha": "0.00095"}
 #: Where each method's answer goes in ``solution``.
 _SOLUTION_FIELD = {"userrecaptcha": "gRecaptchaResponse", "turnstile": "token", "base64": "text"}
 #: Task fields -> in.php parameters.
@@ -179,7 +181,10 @@ def _result(state: _State, dialect: Dialect, key: str, task_id: Any) -> dict[str
         if code == "CAPCHA_NOT_READY":
             return {"errorId": 0, "status": "processing"}
         return _error(code)
-    return {"errorId": 0, "status": "ready", "solution": _solution(state, captcha_id, reply)}
+    ready = {"errorId": 0, "status": "ready", "solution": _solution(state, captcha_id, reply)}
+    if dialect.kind in COSTS:
+        ready["cost"] = COSTS[dialect.kind]
+    return ready
 
 
 def _solution(state: _State, captcha_id: str, reply: Mapping[str, Any]) -> dict[str, Any]:

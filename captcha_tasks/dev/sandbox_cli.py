@@ -14,7 +14,14 @@ from typing import Any
 
 import click
 
-from .sandbox import DEFAULT_TOKEN_TTL, FIRST_CAPTCHA_ID, OUTAGE_MODES, SandboxConfig, serve
+from .sandbox import (
+    DEFAULT_TOKEN_TTL,
+    FIRST_CAPTCHA_ID,
+    OUTAGE_MODES,
+    SANDBOX_KINDS,
+    SandboxConfig,
+    serve,
+)
 
 __all__ = ["PROVIDER_ID_SPAN", "SANDBOX_KEY", "provider_configs", "sandbox"]
 
@@ -60,7 +67,15 @@ changes its faults while it runs.
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
     help='JSON list of providers: {"name", "port", any config field, e.g. "api_keys", '
-    '"threads", "solve_time", "balance_captchas", "outage_mode"}; options are the defaults.',
+    '"kind", "threads", "solve_time", "balance_captchas", "outage_mode"}; options are the'
+    " defaults.",
+)
+@click.option(
+    "--kind",
+    type=click.Choice(SANDBOX_KINDS),
+    default="captchaai",
+    show_default=True,
+    help="The protocol each provider speaks: in.php (captchaai, 2captcha) or a JSON dialect.",
 )
 @click.option("--colliding-ids", is_flag=True, help="Every provider issues the same captcha ids.")
 @click.option(

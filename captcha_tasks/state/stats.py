@@ -1,6 +1,7 @@
 """Counters of the deployment, kept in Redis for the metrics exporter: solves by method and
 source, solves that ended by lane and tenant, API errors by code, provider callbacks by
-verdict, and whether the API honours ``res.php?ids=``."""
+verdict, what answers cost by tenant (where the provider says), and whether the API honours
+``res.php?ids=``."""
 
 from __future__ import annotations
 
@@ -48,6 +49,17 @@ class Stats:
     def solved(self, method: str) -> dict[str, int]:
         """Solves of ``method`` so far, by source."""
         return self._counts(self.keys.solved_counter(method))
+
+    def add_cost(self, tenant: str, cost: float) -> None:
+        """Add what one answer cost (as the provider said) to ``tenant``'s sum."""
+        r = self.db.redis
+        self._guarded(lambda: r.hincrbyfloat(self.keys.costs(), tenant, cost))
+
+    def costs(self) -> dict[str, float]:
+        """What answers cost so far, by tenant."""
+        r = self.db.redis
+        raw = self._guarded(lambda: r.hgetall(self.keys.costs()))
+        return {text(k): float(v) for k, v in raw.items()}
 
     def count_resubmit(self, reason: str) -> None:
         """Count a new captcha submitted for a solve whose captcha failed, by reason."""

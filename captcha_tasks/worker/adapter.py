@@ -26,7 +26,7 @@ from typing import Any
 from celery import Celery
 
 from .. import errors, faults
-from ..client import CaptchaAIClient
+from ..client import ProviderAPI
 from ..core import steps
 from ..core.channel import Heard
 from ..core.decisions import Decision, Deliver, Fail
@@ -68,7 +68,7 @@ class Runner:
         app: Celery,
         settings: Settings,
         state: State,
-        api: Callable[..., CaptchaAIClient],
+        api: Callable[..., ProviderAPI],
         events: Events = no_events,
     ) -> None:
         self.edges = Edges(app, settings, state, api, events)

@@ -109,7 +109,8 @@ class Completer:
         return Completion(
             solve_id=job.solve_id,
             method=method,
-            captcha_id=None if item.source == "pool" else job.captcha_id,
+            # A pool token's captcha, and one answered inside its submit, are on no board.
+            captcha_id=None if item.source in ("pool", "submit") else job.captcha_id,
             result_key=key,
             result_value=record,
             revoked_value=revoked,

@@ -19,8 +19,9 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from .. import errors
-from ..client import CaptchaAIClient
+from ..client import ProviderAPI
 from ..connections import UNREACHABLE
+from ..core.answers import Answer
 from ..core.decisions import Fail, Policy
 from ..core.job import Job
 from ..core.rounds import RoundDue
@@ -87,7 +88,7 @@ class Edges:
         app: Celery,
         settings: Settings,
         state: State,
-        api: Callable[..., CaptchaAIClient],
+        api: Callable[..., ProviderAPI],
         events: Events,
     ) -> None:
         self.app = app
@@ -135,6 +136,16 @@ class Edges:
                 self.state.provider(provider).stats.count_errors(codes)
             except errors.StoreUnavailable:
                 log.debug("could not count %s", codes)
+
+    def count_cost(self, job: Job, answer: Answer) -> None:
+        """Add what ``answer`` cost (where its provider said) to the job's provider and
+        tenant (never breaks a solve)."""
+        if answer.cost is None:
+            return
+        try:
+            self.state.provider(job.provider).stats.add_cost(job.tenant_name, answer.cost)
+        except errors.StoreUnavailable:
+            log.debug("could not count a cost of %g", answer.cost)
 
     def publish_round(self, due: RoundDue | None, provider: str | None = None) -> None:
         """Send the poll round message a provider's board asked for.  A countdown longer

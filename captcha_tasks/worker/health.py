@@ -79,16 +79,23 @@ class Health:
     def bulk(self, provider: str | None = None) -> bool:
         """Whether pipe-safe captchas are polled in bulk at ``provider``: the setting, and
         whether its API honours ``ids=`` (read from Redis at most every
-        :data:`BULK_CHECK_S`)."""
+        :data:`BULK_CHECK_S`).  The JSON family has no bulk poll: one task per request."""
         if self.edges.settings.bulk_poll != "auto":
             return False
         at = self.state.provider(provider)
+        if at.spec.protocol != "in.php":
+            return False
         checked_at, supported = self._bulk_checked.get(at.name, (-math.inf, True))
         now = time.monotonic()
         if now - checked_at >= BULK_CHECK_S:
             supported = at.stats.bulk_supported() is not False
             self._bulk_checked[at.name] = (now, supported)
         return supported
+
+    def probes(self, provider: str | None = None) -> bool:
+        """Whether ``provider``'s cold captchas are probed on their own (the JSON family:
+        no bulk poll to probe them in, and no account budget on polls)."""
+        return self.state.provider(provider).spec.protocol == "json"
 
     def saw_bulk(self, provider: str, supported: bool) -> None:
         """A bulk request showed whether the provider's API honours ``ids=``."""
@@ -104,8 +111,11 @@ class Health:
     # -- the callback channel ----------------------------------------------------------
     def channel(self, provider: str | None) -> str:
         """The state of ``provider``'s callback channel (``down`` when callbacks are off, or
-        Redis does not say: poll as without them)."""
+        Redis does not say: poll as without them).  A JSON provider's callbacks (a POST of
+        the task's JSON) are not taken yet: its channel is ``down``."""
         if self.edges.policy.pingback_fallback is None:
+            return DOWN
+        if self.state.provider(provider).spec.protocol != "in.php":
             return DOWN
         try:
             return self.state.provider(provider).channel.read().state

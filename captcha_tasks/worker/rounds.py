@@ -87,8 +87,8 @@ class Rounds:
         elif entries:
             bulk = self.health.bulk(provider)
             replies, in_bulk = self._fetch(provider, entries, bulk)
-            channel = self.health.channel(provider)
-            paces = [self._pace(d.job, bulk, channel) for d in entries]
+            channel, probes = self.health.channel(provider), self.health.probes(provider)
+            paces = [self._pace(d.job, bulk, channel, probes) for d in entries]
             # Decided as of when they were asked: the pace runs from ask to ask, however
             # long the request and this round took.
             decisions = [
@@ -96,6 +96,7 @@ class Rounds:
                 for due, pace in zip(entries, paces, strict=True)
             ]
         ended = self._end(provider, decisions, in_bulk)
+        self._count_costs(decisions, ended, replies)
         heard = [self._heard_by_poll(d, replies.get(d.captcha_id), asked_at) for d in ended]
         self.health.heard(heard, provider)
         self.edges.count(
@@ -125,6 +126,16 @@ class Rounds:
                 ended.append(due)
         return ended
 
+    def _count_costs(
+        self, decisions: list[tuple[_Due, Decision]], ended: list[_Due], replies: Replies
+    ) -> None:
+        done = {d.captcha_id for d in ended}
+        for due, decision in decisions:
+            reply = replies.get(due.captcha_id)
+            delivered = isinstance(decision, Deliver) and due.captcha_id in done
+            if delivered and isinstance(reply, Answer):
+                self.edges.count_cost(due.job, reply)
+
     def _decide(self, due: _Due, replies: Replies, now: float, pace: steps.Pace) -> Decision:
         try:
             return self._decide_one(due, replies, now, pace)
@@ -147,11 +158,10 @@ class Rounds:
         policy = self.edges.policy
         return steps.on_answer(job, reply, entry.polled_at, entry.errors, now, timing, policy, pace)
 
-    def _pace(self, job: Job, bulk: bool, channel: str) -> steps.Pace:
+    def _pace(self, job: Job, bulk: bool, channel: str, probes: bool) -> steps.Pace:
         timing, policy = self.edges.timing(job), self.edges.policy
-        pace = steps.pace(
-            policy, timing, bulk, steps.counts_on_callback(job, timing, policy, channel)
-        )
+        waits = steps.counts_on_callback(job, timing, policy, channel)
+        pace = steps.pace(policy, timing, bulk, waits, probes)
         if steps.adopts_callback(job, timing, policy, channel):
             pace = replace(pace, adopt_due=steps.callback_due(timing, policy))
         return pace

@@ -14,9 +14,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..client import CaptchaAIClient, Timeout
+from ..client import ProviderAPI, Timeout
 from ..core.providers import ProviderSpec
 from ..errors import ConfigurationError
+from ..jsonclient import api_for
 from ..settings import Settings
 from ..state import State
 from .adapter import Runner
@@ -27,19 +28,19 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def api_client(settings: Settings, spec: ProviderSpec | None = None) -> CaptchaAIClient:
-    """The API client of a provider (default: the primary) with the settings' timeouts:
-    one pooled HTTP session, the key from the settings.  ``CAPTCHAAI_SOFT_ID`` goes to the
-    primary only: a developer id belongs to one provider."""
+def api_client(settings: Settings, spec: ProviderSpec | None = None) -> ProviderAPI:
+    """The API client of a provider (default: the primary) with the settings' timeouts, in
+    the protocol of its kind: one pooled HTTP session, the key from the settings.
+    ``CAPTCHAAI_SOFT_ID`` goes to the primary only: a developer id belongs to one
+    provider."""
     spec = spec or settings.primary
     if not spec.api_key:
         raise ConfigurationError(
             f"{spec.key_env} is not set: the API calls of workers and of "
             "`captcha-tasks account` need the account key"
         )
-    return CaptchaAIClient(
-        spec.base_url,
-        spec.api_key,
+    return api_for(
+        spec,
         timeout=Timeout(settings.connect_timeout, settings.read_timeout),
         soft_id=settings.soft_id if spec.primary else None,
     )
@@ -53,12 +54,12 @@ class Runtime:
         app: Celery,
         settings: Settings,
         state: State | None = None,
-        api: CaptchaAIClient | None = None,
+        api: ProviderAPI | None = None,
     ) -> None:
         self.app = app
         self.settings = settings
         self.state = state if state is not None else State.build(settings)
-        self._apis: dict[str, CaptchaAIClient] = {}
+        self._apis: dict[str, ProviderAPI] = {}
         if api is not None:
             self._apis[settings.primary.name] = api
         self._lock = threading.Lock()
@@ -70,7 +71,7 @@ class Runtime:
         self.housekeeping: Any = None
         self.runner = Runner(app, settings, self.state, self.api, self.event)
 
-    def api(self, provider: str | None = None) -> CaptchaAIClient:
+    def api(self, provider: str | None = None) -> ProviderAPI:
         """The API client of ``provider`` (None: the primary; a provider no longer
         configured: the primary), built on first use: only workers and some commands hold
         the keys; :class:`ConfigurationError` without one."""

@@ -1,7 +1,8 @@
 """``celery -A captcha_tasks worker|beat|flower|...`` refuses to start with a bad setting.
 
 A wrong value, or a worker without ``CAPTCHAAI_API_KEY`` or with a key the API rejects (one
-``getbalance`` at start-up), stops the process with one line naming the variable (exit 78,
+balance request at start-up per provider: ``getbalance``, or the JSON family's
+``getBalance``), stops the process with one line naming the variable (exit 78,
 sysexits' EX_CONFIG) before anything starts, the way the ``captcha-tasks`` command reports
 it.  Outside the ``celery`` command (an app calling
 ``solve``, a framework's own worker) nothing happens here: the caller gets the
@@ -15,8 +16,9 @@ import sys
 import click
 from celery import Celery
 
-from ..client import CaptchaAIClient, Timeout
+from ..client import Timeout
 from ..errors import AuthError, CaptchaTasksError, ConfigurationError
+from ..jsonclient import api_for
 from ..settings import Settings, get_settings
 
 #: sysexits.h EX_CONFIG: the process cannot run with this configuration.
@@ -72,12 +74,17 @@ def _key_refused(settings: Settings) -> ConfigurationError | None:
         read=min(settings.read_timeout, _CHECK_TIMEOUT.read),
     )
     for spec in settings.all_providers:
-        client = CaptchaAIClient(spec.base_url, spec.api_key, timeout=timeout, pool_size=1)
+        client = api_for(spec, timeout=timeout, pool_size=1)
         try:
             client.balance()
         except AuthError as exc:
-            if spec.primary:
+            if spec.primary and spec.protocol == "in.php":
                 return ConfigurationError(f"{exc.code}: {exc.message}")
+            if spec.primary:
+                return ConfigurationError(
+                    f"CAPTCHAAI_API_KEY: provider {spec.name!r} refuses the key in"
+                    f" {spec.key_env} ({exc.code}); check it and CAPTCHAAI_BASE_URL"
+                )
             return ConfigurationError(
                 f"CAPTCHAAI_PROVIDERS: provider {spec.name!r} refuses the key in"
                 f" {spec.key_env} ({exc.code}); check it and the provider's base_url"

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 from .. import errors, faults
 from ..core import pingback, steps
+from ..core.answers import Answer
 from ..core.decisions import Decision, Deliver, Fail, PollAt, Resubmit, Stop, Submit, SubmitAt
 from ..core.job import Job
 from ..core.rounds import Entry
@@ -73,6 +74,10 @@ class Submitter:
         self.act(job, decision)
 
     def _paid(self, job: Job, captcha_id: str) -> None:
+        answer = self.edges.api(job.provider).answered(captcha_id)
+        if answer is not None:  # answered inside the submit (CapSolver's images)
+            self.holding(job, captcha_id, lambda: self._answered(job, captcha_id, answer))
+            return
         decided = self.holding(job, captcha_id, lambda: self._on_reply(job, captcha_id))
         if decided is not None:
             self.holding(job, captcha_id, lambda: self.act(job, decided))
@@ -140,6 +145,18 @@ class Submitter:
                 where,
             )
 
+    def _answered(self, job: Job, captcha_id: str, answer: Answer) -> None:
+        """End the solve with the answer its submit held: it never goes on the board."""
+        self.health.answered(job.provider, None)
+        now = time.time()
+        decision = steps.on_answered_at_submit(job, captcha_id, answer, now, self.edges.policy)
+        submitted = job.submitted(captcha_id, now)
+        if isinstance(decision, Resubmit):
+            self.act(submitted, decision)
+            return
+        if self.edges.completer.complete(submitted, decision, source="submit"):
+            self.edges.count_cost(submitted, answer)
+
     def _end_held(self, job: Job, captcha_id: str) -> None:
         # The captcha is not on the board: the solve is completed without it (the finish
         # script would look for it there), its id kept in the error.
@@ -174,7 +191,8 @@ class Submitter:
         now, bulk = time.time(), self.health.bulk(job.provider)
         channel = self.health.channel(job.provider)
         policy = self.edges.policy
-        return steps.on_submitted(job, reply, now, timing, policy, bulk, down, channel)
+        probes = self.health.probes(job.provider)
+        return steps.on_submitted(job, reply, now, timing, policy, bulk, down, channel, probes)
 
     def _pingback(self, job: Job) -> str | None:
         """The callback URL of this attempt, when callbacks are on."""
@@ -183,6 +201,8 @@ class Submitter:
         if base is None or not steps.uses_pingback(job):
             return None
         at = self.state.provider(job.provider)
+        if at.spec.protocol != "in.php":
+            return None  # the receiver does not take the JSON family's callbacks yet
         named = None if at.spec.primary else at.name
         return pingback.callback_url(
             base, settings.pingback_secret, job.solve_id, job.attempt, named

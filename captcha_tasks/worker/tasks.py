@@ -277,15 +277,16 @@ def report_task(
     site: str | None = None,
     score: float | None = None,
 ) -> None:
-    """Send ``reportgood`` / ``reportbad`` for a solved captcha to the provider that
-    solved it (None: the primary), and count the report for the site's acceptance of that
-    provider's tokens (when the result named its ``method`` and ``site``)."""
+    """Send ``reportgood`` / ``reportbad`` (or the JSON family's report of the captcha's
+    ``method``) for a solved captcha to the provider that solved it (None: the primary),
+    and count the report for the site's acceptance of that provider's tokens (when the
+    result named its ``method`` and ``site``)."""
     runtime = app.runtime()
     if method and site:
         solver = _configured(runtime.settings, provider)
         if solver is not None:
             runtime.state.acceptance.report(solver, method, site, good, score)
-    runtime.api(provider).report(captcha_id, good=good)
+    runtime.api(provider).report(captcha_id, good=good, method=method)
 
 
 def _configured(settings: Settings, provider: str | None) -> str | None:
@@ -317,6 +318,8 @@ def report(result: dict[str, Any], *, good: bool, score: float | None = None) ->
             )
     checked = _score(score)
     method, site = result.get("method"), result.get("site")
+    method = method if isinstance(method, str) else None
+    site = site if isinstance(site, str) else None
     return report_task.delay(str(captcha_id), bool(good), provider, method, site, checked)
 
 

@@ -156,11 +156,25 @@ export interface RecaptchaProviderOptions extends GatewayOptions {
   tenant?: string;
 }
 
+/** One captcha's answer, in the plugin's CaptchaSolution shape. */
+export interface RecaptchaSolution {
+  _vendor: string;
+  id: string;
+  provider: string;
+  requestAt: Date;
+  responseAt: Date;
+  hasSolution: boolean;
+  text?: string;
+  providerCaptchaId?: string | null;
+  /** Why there is no solution (no secret in it). */
+  error?: string;
+}
+
 /** For puppeteer-extra-plugin-recaptcha: RecaptchaPlugin({ provider: recaptchaProvider(ct, ...) }). */
 export function recaptchaProvider(
   ct: CaptchaTasks,
   options: RecaptchaProviderOptions,
-): { id: string; fn: (captchas: unknown[]) => Promise<unknown[]> };
+): { id: string; fn: (captchas: unknown[]) => Promise<{ solutions: RecaptchaSolution[]; error: string | null }> };
 
 export const version: string;
 

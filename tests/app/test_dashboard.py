@@ -17,6 +17,7 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families
 from captcha_tasks import solve
 from captcha_tasks.dev.devstack import CeleryProcess, wait_until
 from captcha_tasks.errors import FatalError
+from captcha_tasks.gateway import GatewayServer
 from captcha_tasks.receiver.callbacks import Receiver
 from captcha_tasks.receiver.server import PingbackServer
 from captcha_tasks.worker.app import app
@@ -47,10 +48,11 @@ PROMETHEUS_ACCEPT = "application/openmetrics-text;version=1.0.0;q=0.5,text/plain
 
 PAGE = "https://example.com/dashboard"
 #: A tenant with a cap and a budget: every tenant figure is served.
-SHOP = {"weight": 2, "max_threads": 10, "daily_captchas": 100}
+SHOP = {"weight": 2, "max_threads": 10, "daily_captchas": 100, "key_env": "GW_SHOP_KEY"}
 MODULE_ENV = {"CAPTCHAAI_TENANTS": json.dumps({"shop": SHOP})}
 POOL = "dashboard-pool"
 SECRET = "dashboard-test-secret-" + "x" * 8
+GATEWAY_KEY = "d0a5b0a2d" + "k" * 23
 
 
 # -- reading the dashboard -----------------------------------------------------------------
@@ -225,6 +227,9 @@ def test_the_dashboard_shows_what_operators_look_for(dashboard: dict[str, Any]) 
             "tenant_submitted_today",
             "tenant_daily_budget",
             "queue_messages",
+            "gateway_requests_total",
+            "gateway_errors_total",
+            "gateway_request_seconds_bucket",
         )
     }
     assert wanted <= used, f"not on the dashboard: {wanted - used}"
@@ -237,6 +242,7 @@ def test_the_dashboard_shows_what_operators_look_for(dashboard: dict[str, Any]) 
     assert quantiles == {"0.5", "0.9", "0.99"}
     grouped = {tuple(g.replace(" ", "").split(",")) for e in exprs for g in GROUPED.findall(e)}
     assert {("source",), ("code",), ("reason",), ("lane", "tenant"), ("le", "lane")} <= grouped
+    assert {("tenant", "protocol", "endpoint"), ("le", "endpoint")} <= grouped
 
 
 # -- provisioning by the compose stack -----------------------------------------------------
@@ -358,6 +364,21 @@ def _reject_a_callback() -> None:
     assert resp.status_code >= 400
 
 
+def _ask_the_gateway() -> None:
+    """A solve through a real gateway and one request with a wrong key: its requests,
+    errors and answer times are counted (written to Redis when it stops)."""
+    server = GatewayServer(environ={"GW_SHOP_KEY": GATEWAY_KEY}).start()
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        fields = {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, "json": 1}
+        sent = requests.post(f"{url}/in.php", data={**fields, "key": GATEWAY_KEY}, timeout=10)
+        assert sent.json()["status"] == 1, sent.text
+        wrong = requests.post(f"{url}/in.php", data={**fields, "key": "w" * 32}, timeout=10)
+        assert wrong.json()["request"] == "ERROR_KEY_DOES_NOT_EXIST"
+    finally:
+        server.stop()
+
+
 @pytest.mark.e2e
 def test_every_query_reads_what_a_live_exporter_serves(
     worker: CeleryProcess, sandbox: Any, clean_state: None, metrics_url: str
@@ -373,6 +394,7 @@ def test_every_query_reads_what_a_live_exporter_serves(
         )
     _fill_a_pool()
     _reject_a_callback()
+    _ask_the_gateway()
 
     served = scrape(metrics_url)
     for path in DASHBOARD_FILES:

@@ -107,3 +107,27 @@ def test_a_method_the_dialect_lacks_is_refused() -> None:
     )
     with pytest.raises(errors.ValidationError, match="capsolver"):
         build_task(CAPSOLVER, request)
+
+
+def test_a_malformed_proxy_is_refused_without_showing_it() -> None:
+    from captcha_tasks.core.dialects import proxy_fields
+
+    with pytest.raises(errors.ValidationError) as info:
+        proxy_fields("user:s3cret-pass@no-port-here", "HTTP")
+    assert "s3cret-pass" not in str(info.value)
+    assert proxy_fields("10.0.0.1:3128", "SOCKS5") == {
+        "proxyType": "socks5",
+        "proxyAddress": "10.0.0.1",
+        "proxyPort": 3128,
+    }
+
+
+def test_a_clients_per_task_state_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from captcha_tasks import jsonclient
+
+    monkeypatch.setattr(jsonclient, "TASKS_KEPT", 3)
+    kept: dict[str, int] = {}
+    for n in range(5):
+        jsonclient._remember(kept, str(n), n)
+    jsonclient._remember(kept, "2", 20)  # remembered again: the newest
+    assert list(kept.items()) == [("3", 3), ("4", 4), ("2", 20)]

@@ -69,6 +69,35 @@ def test_then_to_the_first_fallback_that_takes_its_method() -> None:
     assert routing.route(image, PROVIDERS, down, T0).home == "images"  # type: ignore[union-attr]
 
 
+def test_a_provider_whose_dialect_lacks_a_method_is_skipped_like_its_methods_list() -> None:
+    anti = ProviderSpec("anti", "http://anti", "k5", 5, "fallback", kind="anticaptcha")
+    solver = ProviderSpec("solver", "http://solver", "k6", 5, "overflow", kind="capsolver")
+    providers = (PRIMARY, anti, solver)
+    views = {p.name: Circuit(p.name) for p in providers}
+    views["main"] = Circuit("main", open=True, why="soft", code="ERROR_TRANSPORT", probe_at=T0)
+    assert routing.route(job(), providers, views, T0) == Destination("anti", ("solver",))
+    # neither JSON dialect has a Friendly Captcha task: nobody in rotation takes it
+    challenge = job("friendly_captcha")
+    decided = routing.route(challenge, providers, views, T0)
+    assert not isinstance(decided, Destination)
+    assert routing.route(challenge, providers, {**views, "main": Circuit("main")}, T0) == (
+        Destination("main", ())
+    )
+
+
+def test_a_json_provider_without_a_proxied_task_type_skips_a_solve_with_a_proxy() -> None:
+    solver = ProviderSpec("solver", "http://solver", "k6", 5, "fallback", kind="capsolver")
+    anti = ProviderSpec("anti", "http://anti", "k5", 5, "fallback", kind="anticaptcha")
+    providers = (solver, anti)
+    views = {p.name: Circuit(p.name) for p in providers}
+    assert routing.route(job(), providers, views, T0) == Destination("solver", ())
+    # CapSolver has no Turnstile task with a proxy: Anti-Captcha's TurnstileTask takes it
+    proxied = job(proxy="user:pw@10.0.0.1:8080", proxytype="HTTP")
+    assert routing.route(proxied, providers, views, T0) == Destination("anti", ())
+    stashed = dataclasses.replace(job(), secrets=("proxy",))  # its proxy waits in Redis
+    assert routing.route(stashed, providers, views, T0) == Destination("anti", ())
+
+
 def test_an_overflow_provider_is_home_when_nothing_else_is_in_rotation() -> None:
     down = circuits(main=("balance", "ERROR_ZERO_BALANCE"), backup=("key", "ERROR_WRONG_USER_KEY"))
     assert routing.route(job(), PROVIDERS, down, T0) == Destination("spill", ())

@@ -244,6 +244,52 @@ def test_budgets_belong_to_the_kind_and_can_be_overridden() -> None:
     )
 
 
+def test_the_json_kinds_are_providers_of_their_protocol() -> None:
+    entries = ",".join(
+        BACKUP.replace('"backup"', f'"{kind}"')
+        .replace("https://b.example/", f"https://api.{kind}.example")
+        .replace('"threads": 7', f'"threads": 7, "kind": "{kind}"')
+        + "}"
+        for kind in ("anticaptcha", "capsolver", "capmonster")
+    )
+    s = Settings.from_env(providers_env(f"[{entries}]"))
+    _, *json_kinds = s.all_providers
+    assert [(p.kind, p.protocol) for p in json_kinds] == [
+        ("anticaptcha", "json"),
+        ("capsolver", "json"),
+        ("capmonster", "json"),
+    ]
+    assert s.primary.protocol == "in.php"
+    assert json_kinds[0].base_url == "https://api.anticaptcha.example"
+    assert json_kinds[0].describe()["protocol"] == "json"
+    # the JSON family's budgets are per task (the dialect's): no account budget
+    assert all(p.budgets.submit_rate is None for p in json_kinds)
+    # a dialect without a method's task type does not take it (no CaptchaFox)
+    assert all(not p.supports("captchafox") for p in json_kinds)
+    assert all(p.supports("userrecaptcha") and p.supports("base64") for p in json_kinds)
+    assert s.primary.supports("captchafox")
+
+
+def test_the_primary_may_be_of_a_json_kind() -> None:
+    s = Settings.from_env(
+        {"CAPTCHAAI_PROVIDER_KIND": "CapSolver", "CAPTCHAAI_BASE_URL": "https://api.capsolver.com"}
+    )
+    assert (s.primary.kind, s.primary.protocol) == ("capsolver", "json")
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env({"CAPTCHAAI_PROVIDER_KIND": "capsolva"})
+    assert info.value.message.startswith("CAPTCHAAI_PROVIDER_KIND is 'capsolva', not one of")
+    with pytest.raises(ConfigurationError) as info:
+        Settings.from_env(
+            {
+                "CAPTCHAAI_PROVIDER_KIND": "capmonster",
+                "CAPTCHAAI_BASE_URL": "https://api.capmonster.cloud/getTaskResult/",
+            }
+        )
+    assert info.value.message.startswith(
+        "CAPTCHAAI_BASE_URL must be the API root, without the endpoint /getTaskResult"
+    )
+
+
 @pytest.mark.parametrize(
     ("entries", "says"),
     [
@@ -253,7 +299,19 @@ def test_budgets_belong_to_the_kind_and_can_be_overridden() -> None:
         (f'[{BACKUP}, "methods": ["turnstyle"]}}]', "unknown method 'turnstyle'"),
         ("[" + BACKUP.replace('"backup"', '"captchaai"') + "}]", "the primary's name"),
         (f'[{BACKUP}, "threads": 0}}]', "threads must be a whole number >= 1"),
-        (f'[{BACKUP}, "kind": "anticaptcha"}}]', "kind must be one of"),
+        (f'[{BACKUP}, "kind": "anticaptha"}}]', "kind 'anticaptha' is not one of captchaai,"),
+        (f'[{BACKUP}, "kind": 3}}]', "kind must be one of"),
+        (
+            "["
+            + BACKUP.replace("https://b.example/", "https://api.anti-captcha.com/createTask")
+            + ', "kind": "anticaptcha"}]',
+            "base_url must be the API root, without the endpoint /createTask",
+        ),
+        (
+            "[" + BACKUP.replace("https://b.example/", "https://b.example/in.php") + "}]",
+            "base_url must be the API root, without the endpoint /in.php",
+        ),
+        ("[" + BACKUP.replace("https://b.example/", "https://b.example/?k=1") + "}]", "query"),
         (f'[{BACKUP}, "submit_rate": "fast"}}]', "submit_rate must be a number"),
         ("[" + BACKUP.replace("https://b.example/", "ftp://b") + "}]", "base_url must be"),
     ],

@@ -558,3 +558,44 @@ def test_a_solve_held_past_its_deadline_ends_in_a_timeout_naming_its_captcha() -
     ending = steps.held_past_deadline("7001")
     assert isinstance(ending.error, errors.SolveTimeout)
     assert ending.error.captcha_id == "7001" and "7001" in ending.error.message
+
+
+def test_an_answer_that_came_with_the_submit_ends_the_solve_at_once() -> None:
+    image = job("base64", body=png_b64())
+    decision = steps.on_answered_at_submit(image, "7002", Answer("W9H5K"), T0 + 1, POLICY)
+    assert isinstance(decision, Deliver)
+    outcome = decision.outcome
+    assert (outcome.token, outcome.captcha_id, outcome.elapsed_s) == ("W9H5K", "7002", 1.0)
+    assert decision.solve_time_s == 0.0  # answered as it was submitted
+
+
+def test_a_provider_that_probes_asks_about_a_cold_captcha_early_and_often() -> None:
+    """The JSON family has no bulk poll: a cold method's captcha is probed on its own from
+    a tenth of its default wait, then at that pace, so its first answers teach the real
+    times (an in.php provider without bulk polls waits the default wait, then the poll
+    interval, as before)."""
+    now = T0 + 1
+    probed = steps.on_submitted(job(), "7001", now, COLD_DEFAULT, POLICY, False, probes=True)
+    plain = steps.on_submitted(job(), "7001", now, COLD_DEFAULT, POLICY, False)
+    assert isinstance(probed, PollAt) and isinstance(plain, PollAt)
+    assert (probed.at - now, plain.at - now) == (1.0, 10.0)
+    probing = steps.pace(POLICY, COLD_DEFAULT, bulk=False, probes=True)
+    assert probing == steps.Pace(False, 1.0)
+    again = steps.on_answer(probed.job, NOT_READY, None, 0, T0 + 2, COLD_DEFAULT, POLICY, probing)
+    assert isinstance(again, PollAt) and again.at == T0 + 3
+    # warm: from the method's earliest likely finish, four polls within its window (2 s)
+    assert steps.pace(POLICY, WARM, bulk=False, probes=True) == steps.Pace(False, 0.5)
+    warm = steps.on_submitted(job(), "7001", now, WARM, POLICY, False, probes=True)
+    assert isinstance(warm, PollAt) and warm.at - now == WARM.earliest
+    assert steps.pace(POLICY, WARM, bulk=False) == steps.Pace(False, 5.0)
+    # cold with CAPTCHAAI_INITIAL_WAIT set: the given wait, then the poll interval
+    assert steps.pace(POLICY, COLD, bulk=False, probes=True) == steps.Pace(False, 5.0)
+    given = steps.on_submitted(job(), "7001", now, COLD, POLICY, False, probes=True)
+    assert isinstance(given, PollAt) and given.at - now == COLD.first_wait
+
+
+def test_a_captcha_alone_at_a_bulk_provider_is_polled_at_the_poll_interval() -> None:
+    image = steps.on_submitted(job("base64", body=png_b64()), "7001", T0, WARM, POLICY, True)
+    assert isinstance(image, PollAt)
+    decision = steps.on_answer(image.job, NOT_READY, None, 0, T0 + 20, WARM, POLICY, BULK)
+    assert isinstance(decision, PollAt) and decision.at == T0 + 20 + POLICY.poll_interval

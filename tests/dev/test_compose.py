@@ -181,8 +181,22 @@ def test_workers_and_beat_get_every_worker_setting() -> None:
 
 
 def test_the_api_key_reaches_only_workers_and_beat() -> None:
-    for name in ("flower", "metrics"):
-        assert "CAPTCHAAI_API_KEY" not in SERVICES[name]["environment"]
+    for name in ("flower", "metrics", "pingback", "gateway"):
+        assert "CAPTCHAAI_API_KEY" not in SERVICES[name]["environment"], name
+        assert not set(PROVIDER_KEY_SLOTS) & set(SERVICES[name]["environment"]), name
+
+
+def test_the_gateway_reads_its_tenants_and_their_keys_alone() -> None:
+    gateway = SERVICES["gateway"]
+    assert gateway["environment"]["CAPTCHAAI_TENANTS"] == "${CAPTCHAAI_TENANTS:-}"
+    # the keys the tenants' key_env name: a file of their own, read by no other service
+    assert gateway["env_file"] == [{"path": "./gateway.env", "required": False}]
+    assert [name for name, s in SERVICES.items() if "env_file" in s] == ["gateway"]
+    for ignore in (".gitignore", ".dockerignore"):
+        assert "gateway.env" in (ROOT / ignore).read_text().split(), ignore
+    argv = _command("gateway")
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert "/health" in " ".join(gateway["healthcheck"]["test"])
 
 
 def test_flower_gets_its_login_and_no_opt_out() -> None:
@@ -267,6 +281,7 @@ def test_optional_services_sit_behind_profiles() -> None:
         "kafka": ["kafka"],
         "kafka-bridge": ["kafka"],
         "pingback": ["pingback"],
+        "gateway": ["gateway"],
         "prometheus": ["monitoring"],
         "grafana": ["monitoring"],
         **{name: ["ha"] for name in HA},

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import base64
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import requests
 
 from captcha_tasks import errors
 from captcha_tasks.core.answers import NOT_READY, Answer
 from captcha_tasks.core.dialects import CAPMONSTER, CAPSOLVER, DIALECTS, Dialect
+from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
 from captcha_tasks.jsonclient import JSONClient
 from captcha_tasks.methods import build_request
@@ -116,3 +122,57 @@ def test_errors_come_back_typed(sandbox: tuple[SandboxServer, Clock], dialect: D
     clock.now += 10
     with pytest.raises(errors.ZeroBalance):
         client.submit(request)
+
+
+def test_cli_kind_and_a_providers_files_kinds_speak_their_dialects(tmp_path: Path) -> None:
+    """``captcha-tasks sandbox --kind capmonster`` with a providers file whose entries
+    name kinds of their own: each port speaks its own dialect (ids, task types)."""
+    ports = [free_port(), free_port(), free_port()]
+    entries = [
+        {"name": "anti", "port": ports[0], "kind": "anticaptcha"},
+        {"name": "solver", "port": ports[1], "kind": "capsolver"},
+        {"name": "monster", "port": ports[2]},  # the --kind default
+    ]
+    path = tmp_path / "providers.json"
+    path.write_text(json.dumps(entries))
+    argv = [sys.executable, "-m", "captcha_tasks.cli", "sandbox", "--providers-file", str(path)]
+    argv += ["--kind", "capmonster", "--solve-time", "0", "--jitter", "0"]
+    log = tmp_path / "sandbox.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: "3 provider(s) ready" in log.read_text(), 30, what="the sandbox")
+        kinds = [
+            requests.get(f"http://127.0.0.1:{port}/sandbox/config", timeout=5).json()["kind"]
+            for port in ports
+        ]
+        found = {}
+        for port, kind in zip(ports, kinds, strict=True):
+            client = JSONClient(f"http://127.0.0.1:{port}", KEY, DIALECTS[kind])
+            request = build_request("turnstile", sitekey="0x4A", pageurl="https://e.com/")
+            task_id = client.submit(request)
+            found[kind] = (task_id, client.get(task_id))
+        # a task type of another dialect is refused as the provider refuses it
+        wrong = requests.post(
+            f"http://127.0.0.1:{ports[1]}/createTask",
+            json={"clientKey": KEY, "task": {"type": "TurnstileTaskProxyless"}},
+            timeout=5,
+        ).json()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert kinds == ["anticaptcha", "capsolver", "capmonster"]
+    assert found["anticaptcha"][0].isdigit() and found["capmonster"][0].isdigit()
+    assert len(found["capsolver"][0]) == 36  # a uuid
+    assert all(isinstance(answer, Answer) for _, answer in found.values())
+    assert wrong["errorCode"] == "ERROR_TASK_NOT_SUPPORTED"
+
+
+def test_cli_refuses_an_unknown_kind() -> None:
+    from click.testing import CliRunner
+
+    from captcha_tasks.dev.sandbox_cli import sandbox
+
+    result = CliRunner().invoke(sandbox, ["--kind", "anticaptha"])
+    assert result.exit_code == 2
+    assert "'anticaptha' is not one of" in result.output

@@ -17,10 +17,11 @@ from typing import Any
 
 import redis
 
-from captcha_tasks import errors
+from captcha_tasks import connections, errors
 from captcha_tasks.core.outcome import from_pool, iso
 from captcha_tasks.core.poolspec import PoolSpec
 from captcha_tasks.keys import Keys
+from captcha_tasks.state import pools
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.lua import LIBRARY
 from captcha_tasks.state.pools import PoolStore
@@ -78,6 +79,19 @@ def error_tree() -> list[list[str]]:
         parent = cls.__bases__[0]
         rows.append([cls.__name__, parent.__name__, cls.default_code])
     return rows
+
+
+def constants() -> dict[str, Any]:
+    """The numbers the Node client copies (its lib/fence.js and lib/client.js)."""
+    return {
+        "FOLLOW_S": connections.FOLLOW_S,
+        "MOVE_SETTLE_S": connections.MOVE_SETTLE_S,
+        "FENCE_WAIT_MS": connections.FENCE_WAIT_MS,
+        "SENTINEL_TIMEOUT_S": connections.SENTINEL_TIMEOUT_S,
+        "NOT_A_CANDIDATE": sorted(connections._NOT_A_CANDIDATE),
+        "WAIT": list(connections.ReplicaFence.wait_command()),
+        "TAKE_HISTORY_S": pools.TAKE_HISTORY_S,
+    }
 
 
 def declare(name: str) -> bool:
@@ -190,6 +204,7 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "keys": key_names,
     "shas": shas,
     "errors": error_tree,
+    "constants": constants,
     "declare": declare,
     "fill": fill,
     "take": take,

@@ -5,13 +5,14 @@ and a message that started is owed no more."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.keys import Keys
+from captcha_tasks.keys import TEST_CLOCK_OFFSET_KEY, Keys
 from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
@@ -41,6 +42,21 @@ def server_ms(conn: Any) -> int:
     return int(sec) * 1000 + int(usec) // 1000
 
 
+@pytest.fixture
+def move_clock(redis_conn: Any) -> Iterator[Callable[[float], None]]:
+    """Moves the Redis clock our scripts read on by ``s`` seconds (the test-only offset of
+    ``lib/now.lua``), so a grace period passes when the test says, however slow it runs."""
+    moved = 0
+
+    def move(s: float) -> None:
+        nonlocal moved
+        moved += int(s * 1000)
+        redis_conn.set(TEST_CLOCK_OFFSET_KEY, moved)
+
+    yield move
+    redis_conn.delete(TEST_CLOCK_OFFSET_KEY)
+
+
 def sweep(owed: OwedMessages, redis_conn: Any) -> Any:
     redis_conn.delete(owed.keys.housekeeping_lock())
     swept = owed.sweep(tick_s=5, solve_queues=[QUEUE])
@@ -48,8 +64,10 @@ def sweep(owed: OwedMessages, redis_conn: Any) -> Any:
     return swept
 
 
-def test_one_sweep_sends_again_what_any_provider_handed_out(redis_conn: Any, keys: Keys) -> None:
-    owed = OwedMessages(Db(redis_conn, keys), OwedConfig(dispatch_grace_s=0.1))
+def test_one_sweep_sends_again_what_any_provider_handed_out(
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
+) -> None:
+    owed = OwedMessages(Db(redis_conn, keys), OwedConfig(dispatch_grace_s=5))
     handed: dict[str, str] = {}
     for name in (None, "backup"):
         limiter, board = provider(redis_conn, keys, name)
@@ -65,8 +83,7 @@ def test_one_sweep_sends_again_what_any_provider_handed_out(redis_conn: Any, key
         assert [p.lease_id for p in done.handout.given] == [parked]
         handed[parked] = label
     assert sweep(owed, redis_conn).lost == []  # not overdue yet
-    start = server_ms(redis_conn)
-    wait_until(lambda: server_ms(redis_conn) > start + 150, 2, what="the grace period")
+    move_clock(5.1)  # the grace period
     lost = sweep(owed, redis_conn).lost
     assert {p.lease_id: json.loads(p.job)["provider"] for p in lost} == handed
 
@@ -74,7 +91,7 @@ def test_one_sweep_sends_again_what_any_provider_handed_out(redis_conn: Any, key
     backup, _ = provider(redis_conn, keys, "backup")
     job = job_of("backup-parked", "backup")
     assert backup.admit("backup-parked", job, attempt=0, deadline_in_s=60).status == "go"
-    wait_until(lambda: server_ms(redis_conn) > start + 400, 2, what="another grace period")
+    move_clock(5.1)  # another grace period
     assert [p.lease_id for p in sweep(owed, redis_conn).lost] == ["main-parked"]
 
 

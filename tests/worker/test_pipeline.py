@@ -147,7 +147,8 @@ def test_fatal_key_error_after_one_request(sandbox: Any) -> None:
     assert info.value.code == "ERROR_WRONG_USER_KEY"
     stats = sandbox.stats()
     assert stats["in_php_requests"] == 1
-    assert stats["res_php_requests"] == 0
+    # no poll (the worker's own balance or threads checks may come at any time)
+    assert stats["res_php_get_requests"] == 0
     assert elapsed < app.runtime().settings.solve_timeout
 
 

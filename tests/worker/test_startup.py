@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import pytest
@@ -65,17 +66,36 @@ def test_a_bad_setting_stops_every_process_in_one_line(role: str, var: str, valu
     assert line.startswith(f"celery {role}: ConfigurationError: {var}")
 
 
+def logs_until(argv: list[str], env: dict[str, str], says: str, deadline_s: float = 60) -> str:
+    """Start ``argv`` and read its log (stderr) line by line until a line says ``says``,
+    it exits, or ``deadline_s`` passes (a loaded machine may take long to import it), then
+    stop it; returns what it logged up to there."""
+    proc = subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
+    seen: list[str] = []
+    timer = threading.Timer(deadline_s, proc.kill)  # for a process that hangs silently
+    timer.start()
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            seen.append(line)
+            if says in line:
+                break
+    finally:
+        timer.cancel()
+        proc.terminate()
+        proc.wait(30)
+        if proc.stderr is not None:
+            proc.stderr.close()
+    return "".join(seen)
+
+
 def test_beat_needs_no_api_key(tmp_path: Any) -> None:
     # Beat never calls the API: only the settings are checked; it gets past the check and
-    # starts (stopped by the timeout).
+    # starts.
     schedule = tmp_path / "schedule"
     argv = [*CELERY, "beat", "-s", str(schedule), "-l", "INFO"]
-    with pytest.raises(subprocess.TimeoutExpired) as running:
-        subprocess.run(
-            argv, env=without("CAPTCHAAI_API_KEY"), capture_output=True, text=True, timeout=8
-        )
-    out = running.value.stderr or b""
-    assert b"beat: Starting" in (out if isinstance(out, bytes) else out.encode())
+    logged = logs_until(argv, without("CAPTCHAAI_API_KEY"), "beat: Starting")
+    assert "beat: Starting" in logged, logged[-2000:]
 
 
 def test_an_app_process_gets_the_exception_not_an_exit() -> None:
@@ -108,15 +128,13 @@ def test_a_worker_with_a_key_the_api_rejects_refuses_to_start(sandbox: Any) -> N
     assert "not-the-accounts-key" not in line  # the key itself is never shown
 
 
-def test_an_unreachable_api_does_not_keep_a_worker_from_starting(tmp_path: Any) -> None:
+def test_an_unreachable_api_does_not_keep_a_worker_from_starting(redis_url: str) -> None:
     # Nothing listens at the base URL: the balance check fails fast and the worker starts
-    # (its tasks retry); it runs until the timeout stops it.
+    # (its tasks retry).
     env = without(CAPTCHAAI_BASE_URL=f"http://127.0.0.1:{free_port()}")
-    with pytest.raises(subprocess.TimeoutExpired) as running:
-        subprocess.run([*CELERY, *ROLES["worker"], "-Q", "startup-unreachable", "-l", "INFO"],
-                       env=env, capture_output=True, timeout=12)  # fmt: skip
-    logged = running.value.stderr or b""
-    assert b" ready." in (logged if isinstance(logged, bytes) else logged.encode()), logged
+    argv = [*CELERY, *ROLES["worker"], "-Q", "startup-unreachable", "-l", "INFO"]
+    logged = logs_until(argv, env, " ready.")
+    assert " ready." in logged, logged[-2000:]
 
 
 PROVIDER = (
@@ -157,3 +175,64 @@ def test_a_worker_whose_second_provider_refuses_its_key_refuses_to_start(sandbox
     [line] = output_lines(done)
     assert "provider 'backup' refuses the key in BACKUP_KEY (ERROR_WRONG_USER_KEY)" in line
     assert "not-that-providers-key" not in line
+
+
+@pytest.fixture(scope="module")
+def json_sandbox() -> Any:
+    """A sandbox speaking Anti-Captcha's JSON dialect (createTask, getBalance...)."""
+    from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+
+    with SandboxServer(SandboxConfig(kind="anticaptcha", api_keys=("json-key",))) as server:
+        yield server
+
+
+def json_provider(url: str) -> str:
+    return PROVIDER.replace("http://127.0.0.1:9", url).replace(
+        '"threads": 5', '"threads": 5, "kind": "anticaptcha"'
+    )
+
+
+def test_a_worker_whose_json_providers_key_is_refused_refuses_to_start(
+    sandbox: Any, json_sandbox: Any
+) -> None:
+    env = without(
+        CAPTCHAAI_BASE_URL=sandbox.url,
+        CAPTCHAAI_PROVIDERS=f"[{json_provider(json_sandbox.url)}]",
+        BACKUP_KEY="not-that-json-providers-key",
+    )
+    balance_checks = json_sandbox.stats()["res_php_requests"]
+    done = celery(*ROLES["worker"], env=env)
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    [line] = output_lines(done)
+    assert line.startswith("celery worker: ConfigurationError: CAPTCHAAI_PROVIDERS")
+    assert "provider 'backup' refuses the key in BACKUP_KEY (ERROR_KEY_DOES_NOT_EXIST)" in line
+    assert "not-that-json-providers-key" not in line
+    # the key was asked about with the family's getBalance, once
+    assert json_sandbox.stats()["res_php_requests"] == balance_checks + 1
+
+
+def test_a_worker_whose_json_primarys_key_is_refused_refuses_to_start(json_sandbox: Any) -> None:
+    env = without(
+        CAPTCHAAI_BASE_URL=json_sandbox.url,
+        CAPTCHAAI_PROVIDER_KIND="anticaptcha",
+        CAPTCHAAI_API_KEY="not-the-json-key",
+    )
+    done = celery(*ROLES["worker"], env=env)
+    assert done.returncode == EXIT_CONFIG, done.stderr[-2000:]
+    [line] = output_lines(done)
+    assert line.startswith("celery worker: ConfigurationError: CAPTCHAAI_API_KEY: provider")
+    assert "refuses the key in CAPTCHAAI_API_KEY (ERROR_KEY_DOES_NOT_EXIST)" in line
+    assert "not-the-json-key" not in line
+
+
+def test_a_worker_whose_json_providers_key_is_good_starts(sandbox: Any, json_sandbox: Any) -> None:
+    env = without(
+        CAPTCHAAI_BASE_URL=sandbox.url,
+        CAPTCHAAI_PROVIDERS=f"[{json_provider(json_sandbox.url)}]",
+        BACKUP_KEY="json-key",
+    )
+    argv = [*CELERY, *ROLES["worker"], "-Q", "startup-json", "-l", "INFO"]
+    with pytest.raises(subprocess.TimeoutExpired) as running:
+        subprocess.run(argv, env=env, capture_output=True, timeout=12)
+    logged = running.value.stderr or b""
+    assert b" ready." in (logged if isinstance(logged, bytes) else logged.encode()), logged

@@ -5,6 +5,7 @@
 // package's own Lua scripts, so both languages share ONE implementation of it.
 const check = require("./check");
 const errors = require("./errors");
+const { ReplicaFence, replicaFence } = require("./fence");
 const gateway = require("./gateway");
 const { Keys } = require("./keys");
 const { ProxyLeases } = require("./proxies");
@@ -40,6 +41,8 @@ class CaptchaTasks {
     this.redisUrl = stringOption(o.redisUrl, "options.redisUrl", env.REDIS_URL || DEFAULT_URL);
     this.keys = new Keys(stringOption(o.keyPrefix, "options.keyPrefix", env.CAPTCHAAI_KEY_PREFIX || DEFAULT_PREFIX));
     this.redis = connect(this.redisUrl, { env });
+    /** Behind Sentinel: takes are delivered only once a replica holds them (./fence.js). */
+    this._fence = replicaFence(this.redisUrl, env);
     this._runScript = bind(this.redis, new Library(o.luaRoot), SCRIPTS);
     this.cookies = new CookieStore(this, { ttl: o.cookieTtl });
     this.proxies = new ProxyLeases(this, { ttl: o.proxyTtl });
@@ -65,8 +68,11 @@ class CaptchaTasks {
     const started = Date.now();
     const k = this.keys;
     const keys = { registry: k.poolRegistry(), tokens: k.poolTokens(name), stats: k.poolStats(name), takes: k.poolTakes(name) };
-    const reply = await this._run("pools/take", keys, args, `taking a token from pool ${name}`);
-    return takeReply(reply, name, started);
+    const [reply, held] = await this._guard(this._fenced("pools/take", keys, args), `taking a token from pool ${name}`);
+    const token = takeReply(reply, name, started);
+    // Behind Sentinel, a take no replica holds may be lost with its master, and the token
+    // handed out again from the new one: never deliver it (a miss), as Python's take().
+    return held ? token : null;
   }
 
   /** A lock on `domain`'s shared session (`ttlMs`: default 3000, Python's LOCK_TTL_MS). */
@@ -81,6 +87,7 @@ class CaptchaTasks {
   }
 
   async close() {
+    if (this._fence) this._fence.close();
     if (this.redis.status === "end") return;
     try {
       await this.redis.quit();
@@ -96,6 +103,33 @@ class CaptchaTasks {
 
   _run(name, keys, args, what = name) {
     return this._guard(this._runScript(name, keys, args), what);
+  }
+
+  /** Run a script and say whether a replica holds what it wrote: [reply, held], held
+   * also true when no replica could take over (Python's Db.fenced).  Unguarded. */
+  async _fenced(name, keys, args) {
+    if (!this._fence || !(await this._fence.needed())) return [await this._runScript(name, keys, args), true];
+    const { sha, source, argv } = this._runScript.parts(name, keys, args);
+    try {
+      return await this._thenWait(["EVALSHA", sha, ...argv]);
+    } catch (err) {
+      // NOSCRIPT: the script did not run, so sending it whole is no second take.  (ioredis's
+      // own fallback would send it after the WAIT, which would then check nothing.)
+      if (!String(err && err.message).startsWith("NOSCRIPT")) throw err;
+      return this._thenWait(["EVAL", source, ...argv]);
+    }
+  }
+
+  /** `command` then WAIT on its connection (one pipeline): [reply, acknowledged >= 1]. */
+  async _thenWait(command) {
+    const [[failed, reply], [waitFailed, acknowledged]] = await this.redis
+      .pipeline()
+      .call(...command)
+      .call(...ReplicaFence.waitCommand())
+      .exec();
+    if (failed) throw failed;
+    if (waitFailed) throw waitFailed;
+    return [reply, Number(acknowledged) >= 1];
   }
 }
 

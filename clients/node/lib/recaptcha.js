@@ -16,7 +16,13 @@ function recaptchaProvider(ct, options) {
   if (o.pool !== undefined && typeof o.pool !== "string" && typeof o.pool !== "function") {
     throw badArgument("options.pool", "a pool name or a function of the captcha");
   }
-  const fn = (captchas) => Promise.all(captchas.map((captcha) => solveOne(ct, o, captcha)));
+  // The plugin reads `{solutions, error}` back (its GetSolutionsResult), as from its
+  // built-in 2captcha provider; `error` is the first failed captcha's message, or null.
+  const fn = async (captchas) => {
+    const solutions = await Promise.all(captchas.map((captcha) => solveOne(ct, o, captcha)));
+    const failed = solutions.find((solution) => solution.error);
+    return { solutions, error: failed ? failed.error : null };
+  };
   return { id: ID, fn };
 }
 

@@ -129,7 +129,7 @@ function bind(redis, library, names) {
     redis.defineCommand(commandName(name), { numberOfKeys: fixed, lua: library.source(name) });
     scripts.set(name, { keys, fixed });
   }
-  return (name, keys, args = {}) => {
+  const run = (name, keys, args = {}) => {
     const script = scripts.get(name);
     if (!script) throw new ScriptFormatError(`script ${name} is not registered`);
     const values = keyValues(name, script.keys, keys);
@@ -137,6 +137,14 @@ function bind(redis, library, names) {
     const command = redis[commandName(name)].bind(redis);
     return script.fixed === undefined ? command(values.length, ...argv) : command(...argv);
   };
+  /** The call's parts to queue by hand (EVALSHA sha ...argv, or EVAL source ...argv on
+   * NOSCRIPT): for a pipeline whose next command must follow the script itself. */
+  run.parts = (name, keys, args = {}) => {
+    if (!scripts.has(name)) throw new ScriptFormatError(`script ${name} is not registered`);
+    const values = keyValues(name, scripts.get(name).keys, keys);
+    return { sha: library.sha(name), source: library.source(name), argv: [values.length, ...values, JSON.stringify(args)] };
+  };
+  return run;
 }
 
 function keyValues(name, order, keys) {

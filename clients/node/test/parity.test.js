@@ -7,7 +7,8 @@ const fs = require("node:fs");
 const path = require("node:path");
 const { Keys, Library, errorTree, version } = require("..");
 const { defaultRoot } = require("../lib/scripts");
-const { SCRIPTS } = require("../lib/client");
+const { SCRIPTS, TAKE_HISTORY_S } = require("../lib/client");
+const fence = require("../lib/fence");
 const { REPO, missing, py } = require("./helpers");
 
 const skip = missing("CT_PYTHON");
@@ -45,6 +46,20 @@ test("key names are keys.py's, for any prefix", { skip }, async () => {
 
 test("the error tree is errors.py's", { skip }, async () => {
   assert.deepEqual(errorTree(), await py("unused", ["errors"]));
+});
+
+test("the replica fence's numbers and the take history are Python's", { skip }, async () => {
+  const python = await py("unused", ["constants"]);
+  const node = {
+    FOLLOW_S: fence.FOLLOW_S,
+    MOVE_SETTLE_S: fence.MOVE_SETTLE_S,
+    FENCE_WAIT_MS: fence.FENCE_WAIT_MS,
+    SENTINEL_TIMEOUT_S: fence.SENTINEL_TIMEOUT_S,
+    NOT_A_CANDIDATE: [...fence.NOT_A_CANDIDATE].sort(),
+    WAIT: fence.ReplicaFence.waitCommand(),
+    TAKE_HISTORY_S,
+  };
+  assert.deepEqual(node, python);
 });
 
 test("the package's version is the Python package's", () => {

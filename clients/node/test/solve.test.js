@@ -58,15 +58,21 @@ test("the recaptcha plugin's provider takes from a pool first, else solves", { s
     const provider = recaptchaProvider(ct, { ...gateway(), pool: (captcha) => (captcha.url === PAGE ? "login" : null) });
     assert.equal(provider.id, "captcha-tasks");
     const captcha = { _vendor: "recaptcha", id: "c1", sitekey: "6Lc-node", url: PAGE };
-    const [fromPool] = await provider.fn([captcha]);
+    const first = await provider.fn([captcha]);
+    assert.equal(first.error, null);
+    const [fromPool] = first.solutions;
     assert.equal(fromPool.text, "tok-pooled-0");
     assert.equal(fromPool.hasSolution, true);
-    const [solved, other] = await provider.fn([captcha, { ...captcha, id: "c2", url: "https://other.example/" }]);
+    const {
+      solutions: [solved, other],
+    } = await provider.fn([captcha, { ...captcha, id: "c2", url: "https://other.example/" }]);
     for (const answer of [solved, other]) {
       assert.equal(answer.hasSolution, true, answer.error);
       assert.notEqual(answer.text, "tok-pooled-0");
     }
-    const [failed] = await recaptchaProvider(ct, { ...gateway({ key: "wrong-key-0987654321" }) }).fn([captcha]);
+    const refused = await recaptchaProvider(ct, { ...gateway({ key: "wrong-key-0987654321" }) }).fn([captcha]);
+    const [failed] = refused.solutions;
+    assert.equal(refused.error, failed.error, "the plugin's result names the failure");
     assert.equal(failed.hasSolution, false);
     assert.match(failed.error, /ERROR_/);
     assert.ok(!failed.error.includes("wrong-key-0987654321"));

@@ -6,6 +6,7 @@ const assert = require("node:assert/strict");
 const ct = require("..");
 const { redisOptions, maskUrl } = require("../lib/settings");
 const { parseReply, solveParams, NOT_READY } = require("../lib/gateway");
+const { candidate, replicaFence } = require("../lib/fence");
 
 test("REDIS_URL and CAPTCHAAI_KEY_PREFIX are the defaults", async () => {
   const client = new ct.CaptchaTasks({ env: { REDIS_URL: "redis://127.0.0.1:1/3", CAPTCHAAI_KEY_PREFIX: "tenant-a" } });
@@ -15,6 +16,20 @@ test("REDIS_URL and CAPTCHAAI_KEY_PREFIX are the defaults", async () => {
   const plain = new ct.CaptchaTasks({ env: {} });
   assert.equal(plain.keys.prefix, "captcha");
   await plain.close();
+});
+
+test("only a sentinel:// deployment has a replica fence; a replica down is no candidate", async () => {
+  assert.equal(replicaFence("redis://127.0.0.1:1/0", {}), null);
+  const fence = replicaFence("sentinel://127.0.0.1:1", { REDIS_SENTINEL_MASTER: "m" });
+  try {
+    assert.equal(await fence.needed(), true); // no sentinel answers: assume one could take over
+  } finally {
+    fence.close();
+  }
+  assert.equal(candidate({ flags: "slave" }), true);
+  assert.equal(candidate({ flags: "slave,disconnected" }), true); // the one being promoted in a switch
+  assert.equal(candidate({ flags: "slave,s_down" }), false);
+  assert.equal(candidate({ flags: "slave,s_down,o_down,disconnected" }), false);
 });
 
 test("sentinel:// URLs are read as Python reads them", () => {
