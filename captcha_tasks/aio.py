@@ -5,6 +5,7 @@ The same contract as the blocking API, for FastAPI, Starlette, aiohttp or Quart 
     from captcha_tasks import aio
 
     outcome = await aio.solve(method="turnstile", sitekey="0x4AAA...", pageurl=url)
+    await aio.report(outcome, good=accepted)
     async for result in aio.stream(tasks):
         ...
 
@@ -81,6 +82,7 @@ from .worker.app import app
 from .worker.backend import outage_wait
 from .worker.results import Results
 from .worker.runtime import Runtime
+from .worker.tasks import report as report_task
 from .worker.tasks import solve as solve_task
 
 log = logging.getLogger(__name__)
@@ -121,6 +123,15 @@ async def solve(
     sent = await _publish(partial(solve_task.apply_async, kwargs=kwargs))
     record = await hub.wait_result(_result_key(sent.id), timeout)
     return _outcome(record)
+
+
+async def report(result: Mapping[str, Any], *, good: bool, score: float | None = None) -> None:
+    """Flag a solved token as accepted (``good=True``) or rejected by the target site, as
+    ``report`` does: at the provider that solved it, and counted for the site's acceptance
+    of that provider's tokens (``score``: the reCAPTCHA v3 score the site returned).  Bad
+    arguments raise :class:`~captcha_tasks.errors.ValidationError`; the report message is
+    sent on the publisher thread, never on the event loop."""
+    await _publish(partial(report_task, dict(result), good=good, score=score))
 
 
 def stream(

@@ -45,6 +45,30 @@ class Keys:
         error)."""
         return self._k("providers", provider, "circuit")
 
+    def acceptance(self, method: str, site: str) -> str:
+        """Hash: what the reports said about each provider's tokens for ``method`` at
+        ``site`` (``<provider>:good``, ``:bad``, ``:score_sum``, ``:scores``, ``:at`` ms,
+        decayed) and where the site is routed now (``route``, ``why``)."""
+        return self._k("acceptance", method, site)
+
+    def acceptance_site(self, name: str) -> tuple[str, str]:
+        """The method and site of an :meth:`acceptance` hash's ``name``."""
+        method, _, site = name.removeprefix(self._k("acceptance", "")).partition(":")
+        return method, site
+
+    def acceptance_sites(self) -> str:
+        """Sorted set: the :meth:`acceptance` hashes kept, score = reports (the fewest are
+        trimmed)."""
+        return self._k("acceptance-sites")
+
+    def acceptance_reports(self) -> str:
+        """Hash: reports ever counted, ``<provider>|<method>|good`` (or ``|bad``) -> count."""
+        return self._k("stats", "acceptance-reports")
+
+    def acceptance_reroutes(self) -> str:
+        """Hash: submits sent elsewhere than the configured order's first, by reason."""
+        return self._k("stats", "acceptance-reroutes")
+
     def deferred(self) -> str:
         """Sorted set (scoped): submits holding a slot that wait for a request budget or a
         back-off, score = when they go (ms)."""

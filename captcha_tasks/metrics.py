@@ -30,6 +30,10 @@ Exposed (``captcha_tasks_`` prefix):
   ``provider_threads_capacity``, ``provider_parked_submits``, ``provider_deferred_submits``,
   ``provider_captchas_in_flight``, ``budget_waits_total{budget}`` (submits deferred by a
   request budget, not by threads: ``submit_rate``, ``no_slot``, ``pause``)
+* ``acceptance_reports_total{provider,method,verdict}`` (tokens the app reported the site
+  accepted, ``good``, or rejected, ``bad``), ``acceptance_ratio{provider,method}`` (the
+  share accepted) and ``reroutes_total{reason}`` (submits the sites' acceptance sent
+  elsewhere than the order's first provider: ``acceptance``, ``untried``, ``explore``)
 * ``solve_seconds{method,provider}``: a gauge histogram of the recent solve times per method
   (the samples the adaptive first poll keeps), for ``histogram_quantile``
 * ``redis_master_changes_total``: Redis masters that took over (a failover, or a restart
@@ -100,6 +104,7 @@ SOLVE_TIME_BUCKETS = (0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0
 #: Reasons of ``resubmits_total`` and budgets of ``budget_waits_total``, shown from 0.
 RESUBMIT_REASONS = ("unsolvable", "expired", "bad_proxy", "provider_down")
 BUDGETS = ("submit_rate", "no_slot", "pause")
+REROUTE_REASONS = ("acceptance", "untried", "explore")
 #: Errors that mean "Redis is not answering", not "the exporter is broken".
 UNAVAILABLE = (StoreUnavailable, redis.RedisError, OSError)
 
@@ -146,6 +151,7 @@ class StoreCollector(Collector):
         yield from self._pools()
         yield from self._api_errors()
         yield from self._solves()
+        yield from self._acceptance()
         yield from self._costs()
         yield from self._callbacks()
         yield from self._channel()
@@ -245,6 +251,36 @@ class StoreCollector(Collector):
                     times.add_metric([method, name], _buckets(samples), sum(samples))
         yield solved
         yield times
+
+    def _acceptance(self) -> Iterator[Metric]:
+        reports = CounterMetricFamily(
+            _name("acceptance_reports"),
+            "Tokens reported by the app as accepted (verdict good) or rejected (bad) by the"
+            " site, by the provider that solved them and method.",
+            labels=["provider", "method", "verdict"],
+        )
+        ratio = GaugeMetricFamily(
+            _name("acceptance_ratio"),
+            "Share of the reported tokens the sites accepted, by provider and method.",
+            labels=["provider", "method"],
+        )
+        counted = self.state.acceptance.reports()
+        for (provider, method, accepted), count in sorted(counted.items()):
+            reports.add_metric([provider, method, "good" if accepted else "bad"], float(count))
+        for provider, method in sorted({(p, m) for p, m, _ in counted}):
+            good = counted.get((provider, method, True), 0)
+            bad = counted.get((provider, method, False), 0)
+            ratio.add_metric([provider, method], good / (good + bad))
+        reroutes = CounterMetricFamily(
+            _name("reroutes"),
+            "Submits sent elsewhere than the configured order's first provider by the sites'"
+            " acceptance, by reason (acceptance, untried, explore).",
+            labels=["reason"],
+        )
+        by_reason = dict.fromkeys(REROUTE_REASONS, 0) | self.state.acceptance.reroutes()
+        for reason, count in sorted(by_reason.items()):
+            reroutes.add_metric([reason], float(count))
+        yield from (reports, ratio, reroutes)
 
     def _costs(self) -> Iterator[Metric]:
         family = CounterMetricFamily(

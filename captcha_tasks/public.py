@@ -19,6 +19,7 @@ DOCUMENTED: dict[str, str] = {
     "captcha_tasks.aio.solve": "await a solve from an asyncio event loop",
     "captcha_tasks.aio.stream": "async for over a batch, in completion order",
     "captcha_tasks.aio.aclose": "close this event loop's Redis connections early",
+    "captcha_tasks.aio.report": "report a token the site accepted or rejected, from asyncio",
     "captcha_tasks.errors.FatalError": "every error class, split by what to do next",
     "captcha_tasks.toolkit.sessions.CookieStore": "cookies shared by every worker",
     "captcha_tasks.toolkit.sessions.SessionLock": "one login at a time across workers",

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
+from .core.acceptance import AcceptancePolicy
 from .core.lanes import DEFAULT_TENANT, INTERACTIVE, LANES, Tenant, parse_tenants, tenant_of
 from .core.poolspec import parse_pools
 from .core.providers import (
@@ -162,6 +163,21 @@ class Settings:
     #: CAPTCHAAI_CIRCUIT_FAILURES: consecutive transport errors, 5xx replies or timeouts
     #: that take a provider out of rotation until a probe answers.
     circuit_failures: int = 3
+    #: CAPTCHAAI_ACCEPTANCE_MIN: a site's share of tokens accepted (the mean score for
+    #: reCAPTCHA v3) at its provider below which it goes to the provider with the best lower
+    #: confidence bound for it (needs two providers and reports, see ``report``).
+    acceptance_min: float = 0.75
+    #: CAPTCHAAI_ACCEPTANCE_MIN_REPORTS: reports (decayed) at a provider before a site's
+    #: acceptance there is judged.
+    acceptance_min_reports: float = 10.0
+    #: CAPTCHAAI_ACCEPTANCE_EXPLORE: the share of a rerouted site's captchas that still go to
+    #: the other providers, so that one that got better is noticed.
+    acceptance_explore: float = 0.05
+    #: CAPTCHAAI_ACCEPTANCE_HALF_LIFE: seconds in which a report's weight halves.
+    acceptance_half_life: float = 21600.0
+    #: CAPTCHAAI_ACCEPTANCE_SITES: the sites whose acceptance is kept (the most reported;
+    #: the rest are trimmed).
+    acceptance_sites: int = 10000
     #: CAPTCHAAI_BULK_POLL: "auto" (ask for many captchas in one ``ids=`` request where the
     #: API supports it) or "off" (one id per request).
     bulk_poll: str = "auto"
@@ -304,10 +320,30 @@ class Settings:
             "must be > 0",
         )
         _check("CAPTCHAAI_CIRCUIT_FAILURES", self.circuit_failures >= 1, "must be at least 1")
+        self._check_acceptance()
         names = [self.provider_name, *(p.name for p in self.providers)]
         dup = sorted({n for n in names if names.count(n) > 1})
         _check("CAPTCHAAI_PROVIDERS", not dup, f"names {', '.join(dup)} more than once")
         self.primary  # noqa: B018  (the budgets are checked once here)
+
+    def _check_acceptance(self) -> None:
+        _check("CAPTCHAAI_ACCEPTANCE_MIN", 0 <= self.acceptance_min <= 1, "must be in [0, 1]")
+        _check("CAPTCHAAI_ACCEPTANCE_MIN_REPORTS", self.acceptance_min_reports > 0, "must be > 0")
+        _check(
+            "CAPTCHAAI_ACCEPTANCE_EXPLORE", 0 <= self.acceptance_explore < 1, "must be in [0, 1)"
+        )
+        _check("CAPTCHAAI_ACCEPTANCE_HALF_LIFE", self.acceptance_half_life > 0, "must be > 0")
+        _check("CAPTCHAAI_ACCEPTANCE_SITES", self.acceptance_sites >= 1, "must be at least 1")
+
+    @property
+    def acceptance(self) -> AcceptancePolicy:
+        """The acceptance router's settings."""
+        return AcceptancePolicy(
+            self.acceptance_min,
+            self.acceptance_min_reports,
+            self.acceptance_explore,
+            self.acceptance_half_life,
+        )
 
     @cached_property
     def primary(self) -> ProviderSpec:
@@ -736,6 +772,11 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "providers": ("CAPTCHAAI_PROVIDERS", _providers),
     "overflow_after": ("CAPTCHAAI_OVERFLOW_AFTER", float),
     "circuit_failures": ("CAPTCHAAI_CIRCUIT_FAILURES", int),
+    "acceptance_min": ("CAPTCHAAI_ACCEPTANCE_MIN", float),
+    "acceptance_min_reports": ("CAPTCHAAI_ACCEPTANCE_MIN_REPORTS", float),
+    "acceptance_explore": ("CAPTCHAAI_ACCEPTANCE_EXPLORE", float),
+    "acceptance_half_life": ("CAPTCHAAI_ACCEPTANCE_HALF_LIFE", float),
+    "acceptance_sites": ("CAPTCHAAI_ACCEPTANCE_SITES", int),
     "bulk_poll": ("CAPTCHAAI_BULK_POLL", lambda s: s.lower()),
     "bulk_window": ("CAPTCHAAI_BULK_WINDOW", float),
     "flower_no_auth": ("CAPTCHAAI_FLOWER_NO_AUTH", _flag),

@@ -1,4 +1,6 @@
-"""``captcha-tasks providers``: every provider's circuit, threads, balance and last error."""
+"""``captcha-tasks providers``: every provider's circuit, threads, balance and last error;
+with ``--sites``, the busiest sites' acceptance of each provider's tokens and where each is
+routed now."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import click
 from ..core.health import Circuit
 from ..errors import CaptchaTasksError
 from ..state import ProviderState
+from ..state.acceptance import SiteView
 from ..worker.app import app
 
 
@@ -23,11 +26,25 @@ from ..worker.app import app
     metavar="NAME",
     help="Put provider NAME back in rotation now (after fixing what took it out).",
 )
+@click.option(
+    "--sites",
+    "sites",
+    type=int,
+    default=None,
+    is_flag=False,
+    flag_value=20,
+    metavar="[N]",
+    help="Show the N (20) most reported sites: each provider's acceptance there, the"
+    " reports it rests on, and where the site is routed now and why.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per provider.")
-def providers(check: bool, reset: tuple[str, ...], as_json: bool) -> None:
+def providers(check: bool, reset: tuple[str, ...], as_json: bool, sites: int | None) -> None:
     """Show each provider's circuit, threads in use, balance and last error."""
     runtime = app.runtime()
     state = runtime.state
+    if sites is not None:
+        _sites(state.acceptance.sites(max(1, sites)), list(state.providers), as_json)
+        return
     unknown = [name for name in reset if name not in state.providers]
     if unknown:
         known = ", ".join(state.providers)
@@ -103,3 +120,45 @@ def _line(row: dict[str, Any]) -> str:
         f" {row['deferred']} deferred, {row['in_flight']} at the provider; balance {balance};"
         f" last error {error}"
     )
+
+
+def _sites(found: list[tuple[str, str, SiteView]], order: list[str], as_json: bool) -> None:
+    for method, site, view in found:
+        row = _site_row(method, site, view, order)
+        click.echo(json.dumps(row) if as_json else _site_line(row))
+
+
+def _site_row(method: str, site: str, view: SiteView, order: list[str]) -> dict[str, Any]:
+    # in the configured order; a provider no longer configured last
+    rank = {name: i for i, name in enumerate(order)}
+    said = sorted(view.acceptance.items(), key=lambda kv: rank.get(kv[0], len(order)))
+    return {
+        "site": site,
+        "method": method,
+        "providers": {
+            name: {
+                "acceptance": counted.measure,
+                "lower_bound": round(counted.lower_bound(), 3),
+                "reports": round(counted.reports, 1),
+                "measure": "score" if counted.scores > 0 else "accepted",
+            }
+            for name, counted in said
+        },
+        "route": view.route,
+        "why": view.why or "order",
+    }
+
+
+def _site_line(row: dict[str, Any]) -> str:
+    said = ", ".join(
+        f"{name} {_share(at['acceptance'], at['measure'])} of {at['reports']:g} reports"
+        for name, at in row["providers"].items()
+    )
+    route = row["route"] or "the configured order"
+    return f"{row['site']} [{row['method']}]: {said}; routed to {route} ({row['why']})"
+
+
+def _share(measure: float | None, kind: str) -> str:
+    if measure is None:
+        return "unknown"
+    return f"score {measure:.2f}" if kind == "score" else f"{measure:.0%} accepted"

@@ -4,7 +4,7 @@ Solved::
 
     {"status": "solved", "token": "03A...", "captcha_id": "7000001", "method": "turnstile",
      "source": "api", "elapsed_s": 12.4, "solved_at": "2026-...Z", "expires_at": "2026-...Z",
-     "provider": "captchaai"}
+     "provider": "captchaai", "site": "example.com#0x4AAA..."}
 
 Failed::
 
@@ -14,7 +14,8 @@ Failed::
 
 ``provider`` names the provider that solved the captcha (``captcha_id`` is its id: two
 providers may issue the same one); a failure names the provider it last went to, and has
-none when it never reached one.
+none when it never reached one.  ``site`` is the site the token is for (the page's host
+and the sitekey): ``report`` counts the site's acceptance of the provider's tokens by it.
 
 ``token`` is a string, an object (GeeTest, Lemin) or a list of cells (grid, BLS).  Times are
 ISO 8601 in UTC.  ``user_agent`` is there when the provider returned one (the Cloudflare
@@ -59,10 +60,12 @@ class Solved:
     user_agent: str | None = None
     #: The provider that solved it (a pooled token: the one that solved it for the pool).
     provider: str | None = None
+    #: The site the token is for (``core.acceptance.site_of``): what a report counts for.
+    site: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for optional in ("user_agent", "provider"):
+        for optional in ("user_agent", "provider", "site"):
             if data[optional] is None:
                 del data[optional]
         data["solved_at"], data["expires_at"] = iso(self.solved_at), iso(self.expires_at)
@@ -123,6 +126,7 @@ def from_pool(record: Mapping[str, Any], elapsed_s: float, now: float) -> Solved
         expires_at=now + float(record["remaining_s"]),
         user_agent=record.get("user_agent"),
         provider=record.get("provider"),
+        site=record.get("site"),
     )
 
 
@@ -147,4 +151,5 @@ def outcome_from_dict(data: dict[str, Any]) -> Outcome:
         parse_iso(data["expires_at"]),
         user_agent=data.get("user_agent"),
         provider=data.get("provider"),
+        site=data.get("site"),
     )

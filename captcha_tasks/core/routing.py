@@ -2,9 +2,10 @@
 rotation goes.
 
 * A submit goes to the first provider (in the configured order) that takes its method and
-  is in rotation (:func:`route`).  With ``CAPTCHAAI_OVERFLOW_AFTER`` set, the overflow
-  providers take it when the wait for the home provider's threads would be longer
-  (:func:`tries`).
+  is in rotation (:func:`route`), unless its site's acceptance of that provider's tokens
+  sends it elsewhere (a :class:`Pick`, see :mod:`captcha_tasks.core.acceptance`).  With
+  ``CAPTCHAAI_OVERFLOW_AFTER`` set, the overflow providers take it when the wait for the
+  home provider's threads would be longer (:func:`tries`).
 * The circuits a process reads are up to a moment old.  A provider that went out of
   rotation since turns the submit away at its admission (``down``), and before saying that
   no provider takes a submit the circuits are read afresh: both are :class:`Reread`.
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .. import errors
+from .acceptance import Acceptance, AcceptancePolicy, Reason, choose
 from .decisions import Fail, Policy, Resubmit, SubmitAt, timed_out
 from .health import Circuit
 from .job import Job
@@ -42,6 +44,18 @@ class Destination:
 
     home: str
     overflow: tuple[str, ...] = ()
+    #: Why it goes to ``home`` (see :data:`~captcha_tasks.core.acceptance.REASONS`).
+    why: Reason = "order"
+
+
+@dataclass(frozen=True)
+class Pick:
+    """What the submit's site said of each provider's tokens (decayed to now), a draw
+    uniform in [0, 1) for the exploring share, and the router's settings."""
+
+    acceptance: Mapping[str, Acceptance]
+    draw: float
+    policy: AcceptancePolicy
 
 
 @dataclass(frozen=True)
@@ -75,9 +89,11 @@ def route(
     circuits: Mapping[str, Circuit],
     now: float,
     fresh: bool = True,
+    pick: Pick | None = None,
 ) -> Destination | Reread | SubmitAt | Fail:
     """The provider a submit goes to: the first (in the configured order) that takes its
-    method and is in rotation, an ``overflow`` one only when no other is.  With none in
+    method and is in rotation, an ``overflow`` one only when no other is; with a ``pick``,
+    the one its site's acceptance chooses among those.  With none in
     rotation: read the ``circuits`` afresh first unless they are ``fresh``; then wait for
     the first probe when one may come back (it stopped answering), or fail at once when
     every one is empty or refuses its key (``ERROR_ZERO_BALANCE``)."""
@@ -87,11 +103,15 @@ def route(
     if not taking:
         return Fail(errors.ValidationError(f"no provider takes method {method!r}"))
     up = [p for p in taking if _up(circuits, p.name)]
+    why: Reason
     homes = [p for p in up if p.role != "overflow"] or up
     if homes:
-        home = homes[0].name
+        home, why = homes[0].name, "order"
+        if pick is not None:
+            chosen = choose(homes, method, pick.acceptance, pick.draw, pick.policy, proxied)
+            home, why = chosen.provider, chosen.reason
         spill = tuple(p.name for p in up if p.role == "overflow" and p.name != home)
-        return Destination(home, spill)
+        return Destination(home, spill, why)
     if not fresh:
         return Reread()
     return _none_in_rotation(job, [circuits[p.name] for p in taking], now)

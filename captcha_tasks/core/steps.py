@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 
 from .. import errors
 from ..methods import METHODS
+from .acceptance import site_of
 from .admission import Admission
 from .answers import NOT_READY, Answer, Reading
 from .channel import DOWN, UP, Heard
@@ -531,6 +532,7 @@ def _solved(
         expires_at=expires,
         user_agent=answer.user_agent,
         provider=job.provider,
+        site=site_of(request.pageurl, request.sitekey),
     )
     # The answer came between the last "not ready" and now: its midpoint is the solve
     # time's best estimate (seen-at times alone would teach the polls to come late).

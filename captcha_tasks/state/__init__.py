@@ -21,6 +21,7 @@ from ..core.providers import ProviderSpec
 from ..core.timing import TimingConfig
 from ..keys import Keys
 from ..settings import Settings
+from .acceptance import AcceptanceStore
 from .batches import BatchStreams
 from .board import Board, BoardConfig
 from .budgets import TenantBudgets
@@ -86,6 +87,8 @@ class State:
     #: The gateway's ids and counters (``captcha-tasks gateway``).
     gateway: GatewayTickets
     gateway_stats: GatewayStats
+    #: How often each site accepts each provider's tokens (``report``), for the router.
+    acceptance: AcceptanceStore
 
     @property
     def keys(self) -> Keys:
@@ -177,6 +180,9 @@ class State:
             budgets=TenantBudgets(db),
             gateway=GatewayTickets(db),
             gateway_stats=GatewayStats(db),
+            acceptance=AcceptanceStore(
+                db, settings.acceptance_sites, settings.acceptance_half_life
+            ),
         )
 
 

@@ -11,9 +11,11 @@ other parts of the adapter reads them again.
 from __future__ import annotations
 
 import logging
+import random
 
 from .. import faults
 from ..core import routing, steps
+from ..core.acceptance import site_of
 from ..core.admission import Admission
 from ..core.decisions import Decision
 from ..core.job import Job
@@ -35,9 +37,10 @@ class Admitter:
         (at its provider) and what the admission means for it."""
         circuits = self.state.circuits
         providers = self.edges.settings.all_providers
+        site, pick, was = self._pick(job)
         fresh, routed = False, 0
         while True:
-            to = routing.route(job, providers, circuits.view(), now, fresh)
+            to = routing.route(job, providers, circuits.view(), now, fresh, pick)
             if isinstance(to, routing.Reread):
                 circuits.forget()
                 fresh = True
@@ -54,8 +57,36 @@ class Admitter:
             circuits.forget()
             fresh = True
         faults.point("admit")
+        if site is not None:
+            self._routed(job, site, to, was)
         self._said(job, admission)
         return job, steps.on_admission(job, admission, now)
+
+    def _pick(self, job: Job) -> tuple[str | None, routing.Pick | None, str | None]:
+        """The submit's site, what it said of each provider's tokens and where it was
+        routed last (None: one provider, or nothing to route by)."""
+        settings = self.edges.settings
+        site = site_of(job.request.pageurl, job.request.sitekey)
+        if site is None or len(settings.all_providers) < 2:
+            return None, None, None
+        view = self.state.acceptance.read(job.request.method, site)
+        pick = routing.Pick(view.acceptance, random.random(), settings.acceptance)
+        return site, pick, view.route
+
+    def _routed(self, job: Job, site: str, to: routing.Destination, was: str | None) -> None:
+        """Count a submit routed elsewhere than in order, and say once when the site's
+        route changed."""
+        if to.why == "order" and was is None:
+            return
+        method = job.request.method
+        if self.state.acceptance.routed(method, site, to.home, to.why):
+            log.info(
+                "site %s (%s): its captchas go to provider %s now (%s)",
+                site,
+                method,
+                to.home,
+                to.why,
+            )
 
     def _said(self, job: Job, admission: Admission) -> None:
         if admission.status == "parked" and job.for_caller:

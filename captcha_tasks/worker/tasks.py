@@ -270,16 +270,38 @@ def _message(task: Task) -> Message:
 
 @app.task(name=names.REPORT, shared=False)
 def report_task(
-    captcha_id: str, good: bool, provider: str | None = None, method: str | None = None
+    captcha_id: str,
+    good: bool,
+    provider: str | None = None,
+    method: str | None = None,
+    site: str | None = None,
+    score: float | None = None,
 ) -> None:
     """Send ``reportgood`` / ``reportbad`` (or the JSON family's report of the captcha's
-    ``method``) for a solved captcha to the provider that solved it (None: the primary)."""
-    app.runtime().api(provider).report(captcha_id, good=good, method=method)
+    ``method``) for a solved captcha to the provider that solved it (None: the primary),
+    and count the report for the site's acceptance of that provider's tokens (when the
+    result named its ``method`` and ``site``)."""
+    runtime = app.runtime()
+    if method and site:
+        solver = _configured(runtime.settings, provider)
+        if solver is not None:
+            runtime.state.acceptance.report(solver, method, site, good, score)
+    runtime.api(provider).report(captcha_id, good=good, method=method)
 
 
-def report(result: dict[str, Any], *, good: bool) -> Any:
+def _configured(settings: Settings, provider: str | None) -> str | None:
+    try:
+        return settings.provider(provider).name
+    except KeyError:  # no longer configured: its counts would route nothing
+        return None
+
+
+def report(result: dict[str, Any], *, good: bool, score: float | None = None) -> Any:
     """Flag a solved token as accepted (``good=True``) or rejected by the target site, at
-    the provider that solved it (the result's ``provider``).
+    the provider that solved it (the result's ``provider``).  The report also counts for
+    the site's acceptance of that provider's tokens, which routes the site's next
+    captchas (``CAPTCHAAI_ACCEPTANCE_MIN``); for reCAPTCHA v3, pass the ``score`` the site
+    returned (0 to 1).
 
     Runs on a worker (which holds the API keys); returns the task's ``AsyncResult``.
     """
@@ -294,10 +316,19 @@ def report(result: dict[str, Any], *, good: bool) -> Any:
                 f"report(): the result names provider {provider!r}, which is not configured"
                 f" (configured: {', '.join(known)})"
             )
-    method = result.get("method")
-    return report_task.delay(
-        str(captcha_id), bool(good), provider, method if isinstance(method, str) else None
-    )
+    checked = _score(score)
+    method, site = result.get("method"), result.get("site")
+    method = method if isinstance(method, str) else None
+    site = site if isinstance(site, str) else None
+    return report_task.delay(str(captcha_id), bool(good), provider, method, site, checked)
+
+
+def _score(score: Any) -> float | None:
+    if score is None:
+        return None
+    if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
+        raise errors.ValidationError(f"report(): score must be a number from 0 to 1, got {score!r}")
+    return float(score)
 
 
 @app.task(name=names.PREWARM, shared=False)

@@ -13,6 +13,8 @@ export interface PooledToken {
   expires_at: string;
   user_agent?: string;
   provider?: string;
+  /** The site the token is for (host#sitekey). */
+  site?: string;
   /** Seconds of life the token had left when it was taken (Redis server's clock). */
   remaining_s: number;
   token: string | Record<string, unknown> | unknown[];

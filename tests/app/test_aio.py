@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks import aio, errors, solve
+from captcha_tasks import aio, errors, report, solve
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.worker.app import app
 
@@ -39,6 +39,21 @@ def test_await_solve_returns_what_get_returns(sandbox: Any) -> None:
     assert (result["method"], result["source"]) == (sync["method"], sync["source"])
     assert result["token"] != sync["token"]
     assert sandbox.verify(result["token"])["success"] is True
+
+
+def test_await_report_reaches_the_provider_and_counts_for_the_site(sandbox: Any) -> None:
+    outcome = asyncio.run(aio.solve(**task()))
+    assert outcome["site"] == "example.com#0x4AAAAAAAaio"
+    for score in (1.5, -0.1, True, "0.9"):  # checked at the call site, nothing sent
+        with pytest.raises(errors.ValidationError, match="score must be a number"):
+            asyncio.run(aio.report(outcome, good=True, score=score))  # type: ignore[arg-type]
+        with pytest.raises(errors.ValidationError, match="score must be a number"):
+            report(outcome, good=True, score=score)  # type: ignore[arg-type]
+    asyncio.run(aio.report(outcome, good=False))
+    wait_until(lambda: sandbox.stats()["reports_bad"] == 1, 10, what="the provider's report")
+    counted = app.runtime().state.acceptance.read("turnstile", outcome["site"]).acceptance
+    assert counted[outcome["provider"]].bad == pytest.approx(1, abs=0.01)
+    assert sandbox.stats()["reports_good"] == 0
 
 
 def test_failure_raises_the_same_typed_error(sandbox: Any) -> None:

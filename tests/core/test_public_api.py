@@ -51,6 +51,7 @@ DOCUMENTED = {
     "captcha_tasks.aio.solve",
     "captcha_tasks.aio.stream",
     "captcha_tasks.aio.aclose",
+    "captcha_tasks.aio.report",
     "captcha_tasks.errors.FatalError",
     "captcha_tasks.toolkit.sessions.CookieStore",
     "captcha_tasks.toolkit.sessions.SessionLock",

@@ -227,3 +227,38 @@ def test_housekeeping_moves_the_work_of_every_provider_out_of_rotation() -> None
     assert routing.evacuations(circuits()) == []
     all_down = circuits(**{p.name: ("soft", "ERROR_TRANSPORT") for p in PROVIDERS})
     assert routing.evacuations(all_down) == []  # nowhere to go
+
+
+# -- acceptance on top of the order ------------------------------------------------------
+
+
+def poor_main() -> routing.Pick:
+    """The site rejects most of the primary's tokens and accepts the backup's."""
+    from captcha_tasks.core.acceptance import Acceptance, AcceptancePolicy
+
+    return routing.Pick(
+        {"main": Acceptance(good=4, bad=12, at=T0), "backup": Acceptance(good=30, at=T0)},
+        0.5,
+        AcceptancePolicy(),
+    )
+
+
+def test_a_site_that_rejects_the_primary_goes_to_the_provider_it_accepts() -> None:
+    assert routing.route(job(), PROVIDERS, circuits(), T0, pick=poor_main()) == Destination(
+        "backup", ("spill",), "acceptance"
+    )
+
+
+def test_circuits_still_decide_under_acceptance() -> None:
+    # the accepted provider is out of rotation: the order's next one in rotation takes it
+    down = circuits(backup=("soft", "ERROR_TRANSPORT"))
+    assert routing.route(job(), PROVIDERS, down, T0, pick=poor_main()) == Destination(
+        "main", ("spill",), "order"
+    )
+    # a method the accepted provider does not take stays in order
+    pick = poor_main()
+    pick = dataclasses.replace(
+        pick, acceptance={**pick.acceptance, "images": pick.acceptance["backup"]}
+    )
+    to = routing.route(job(), (PRIMARY, IMAGES, SPILL), circuits(), T0, pick=pick)
+    assert to == Destination("main", ("spill",), "order")

@@ -22,9 +22,11 @@ from conftest import API_KEY
 from image_files import png
 
 from captcha_tasks import create_pool
+from captcha_tasks.core.acceptance import site_of
 from captcha_tasks.core.outcome import Solved
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.gateway import MAX_BODY, GatewayServer
+from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
@@ -229,6 +231,11 @@ def test_the_json_face_end_to_end(gateway: GatewayServer, sandbox: Any) -> None:
     ).json()
     assert reported == {"errorId": 0, "status": "success"}
     wait_until(lambda: sandbox.stats()["reports_bad"] == 1, 10, what="the report at the sandbox")
+    # and counts for the site's acceptance of the provider's tokens (counted before it is sent)
+    site = site_of(PAGE, "0x4J")
+    assert site is not None
+    counted = app.runtime().state.acceptance.read("turnstile", site).acceptance
+    assert [round(c.bad, 2) for c in counted.values()] == [1.0]
 
 
 def test_malformed_requests_get_the_protocols_error(gateway: GatewayServer) -> None:
