@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import plots
 import requests
 
 from captcha_tasks.dev.devstack import (
@@ -240,7 +241,27 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--solve-time", type=float, default=0.5)
     parser.add_argument("--jitter", type=float, default=0.2)
-    return parser.parse_args()
+    plots.add_options(parser)
+    args = parser.parse_args()
+    args.machine = plots.machine()
+    return args
+
+
+def plot(args: argparse.Namespace, sdk: list[float], direct: list[float]) -> None:
+    path = plots.latency_cdf(
+        plots.target(args, "gateway-latency"),
+        {"solve.delay().get()": direct, "2captcha-python via the gateway": sdk},
+        title="From the provider having the answer to the caller having it",
+        params=(
+            f"{len(sdk)} Turnstile captchas each way, {args.concurrency} at once; the SDK "
+            f"polls every {args.sdk_poll} s; sandbox {args.solve_time} s ± {args.jitter} s; "
+            f"{args.machine}"
+        ),
+        counted="captchas",
+        marks=(50, 99),
+        percentile=pct,
+    )
+    print(f"plot: {path}")
 
 
 def main() -> int:
@@ -281,6 +302,8 @@ def main() -> int:
             sandbox.stop()
         answer_times = server_side(redis_server.url)
     report(args, sdk, direct, sdk_cpu, loads[tls.url], loads[plain.url])
+    if args.plot:
+        plot(args, sdk, direct)
     print("\nthe gateways' own answer times (their histogram; upper bounds of its buckets):")
     for endpoint, (count, p50, p99) in sorted(answer_times.items()):
         bounds = f"p50 <= {p50 * 1000:g} ms   p99 <= {p99 * 1000:g} ms"
