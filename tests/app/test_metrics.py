@@ -91,9 +91,21 @@ def test_metrics_report_threads_pools_errors_and_solve_times(
     assert pools.take(POOL) is not None  # a hit
     pool_status = pools.status(POOL)
 
-    # Hold every thread and park one submit behind them.
+    # Hold every thread and park one submit behind them, once the worker's threads check
+    # counts no thread as another client's: a check that asks the provider while a refill
+    # takes its thread counts that thread as not ours until the next check (by design: it
+    # never over-subscribes), and then one of the holds below would park.
     limiter = app.runtime().state.limiter
     capacity = limiter.config.capacity
+    wait_until(
+        lambda: limiter.in_use() == 0 and limiter.external() == 0,
+        30,
+        interval=0.1,
+        what="every thread free and none counted as another client's",
+    )
+    # ... and no check starts while the holds are taken (the deployment-wide lock a check
+    # takes when it is due, held here for the rest of the test).
+    redis_conn.set(limiter.keys.threads_check_lock(), "1", px=60_000)
     held = [f"metrics-lease-{i}" for i in range(capacity)]
     for lease in held:
         assert _hold(limiter, lease) == "go"
