@@ -7,6 +7,7 @@ where that is a failure: the suite must never silently stop testing something.
 from __future__ import annotations
 
 import os
+import resource
 from typing import NoReturn
 
 import pytest
@@ -17,3 +18,13 @@ def missing(part: str, problem: str) -> NoReturn:
     if os.environ.get("CI"):
         pytest.fail(f"CI must run the {part} tests, but: {problem}")
     pytest.skip(f"no {part} here: {problem}")
+
+
+def ensure_open_files(needed: int) -> None:
+    """Raise this process's soft limit of open files to ``needed`` (the server holds every
+    connection in this process), or fail saying what is missing."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            pytest.fail(f"this test needs {needed} open files; the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import resource
 import sys
 import time
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 import sdk_driver
+from system_parts import ensure_open_files
 
 from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.dev.slowloris import Attack
@@ -35,14 +35,6 @@ MODULE_ENV = {"CAPTCHAAI_TENANTS": json.dumps({"shop": {"key_env": "GW_FLOOD_KEY
 PAGE = "https://example.com/flood"
 HEALTH_BUDGET_S = 0.5
 SOLVES = 10
-
-
-def ensure_open_files(needed: int) -> None:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        if hard != resource.RLIM_INFINITY and hard < needed:
-            pytest.fail(f"this test needs {needed} open files; the hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 @pytest.fixture

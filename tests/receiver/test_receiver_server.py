@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from cheroot import wsgi
+from system_parts import ensure_open_files
 
 from captcha_tasks import solve
 from captcha_tasks.dev.devstack import wait_until
@@ -46,16 +47,6 @@ HEALTH_BUDGET_S = 0.5
 def receiver_of(settings: Any) -> Receiver:
     """A receiver with ``settings`` on this module's Redis state."""
     return Receiver(Runtime(app, settings, app.runtime().state).runner)
-
-
-def ensure_open_files(needed: int) -> None:
-    """Raise this process's soft limit of open files to ``needed`` (the server holds every
-    connection in this process), or fail saying what is missing."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        if hard != resource.RLIM_INFINITY and hard < needed:
-            pytest.fail(f"this test needs {needed} open files; the hard limit is {hard}")
-        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
 @pytest.fixture
