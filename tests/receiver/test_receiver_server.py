@@ -13,7 +13,6 @@ import http.client
 import logging
 import re
 import resource
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,6 +21,7 @@ from typing import Any
 
 import pytest
 from cheroot import wsgi
+from raw_sockets import closed_after, connect, refused
 from system_parts import ensure_open_files
 
 from captcha_tasks import solve
@@ -64,10 +64,6 @@ def serve() -> Iterator[Callable[..., PingbackServer]]:
         server.stop()
 
 
-def connect(port: int, source: str, timeout: float = 5.0) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", port), timeout, source_address=(source, 0))
-
-
 def request(
     port: int,
     path: str,
@@ -83,41 +79,6 @@ def request(
         return resp.status, resp.read().decode(), time.monotonic() - started
     finally:
         conn.close()
-
-
-def closed_after(sock: socket.socket, deadline_s: float) -> float:
-    """Seconds until the server closes ``sock`` (reading whatever it sends meanwhile)."""
-    started = time.monotonic()
-    sock.settimeout(deadline_s)
-    try:
-        while sock.recv(4096):
-            pass
-    except ConnectionResetError:
-        pass
-    except TimeoutError:
-        pytest.fail(f"the server kept a connection open for more than {deadline_s} s")
-    return time.monotonic() - started
-
-
-def refused(port: int, source: str, send: bytes = b"") -> float:
-    """Seconds until a new connection from ``source`` is closed with no answer, having sent
-    ``send`` (the server's reset may even beat the end of ``connect()``)."""
-    started = time.monotonic()
-    try:
-        sock = connect(port, source)
-    except ConnectionResetError:
-        return time.monotonic() - started
-    with sock:
-        try:
-            sock.sendall(send)
-            sock.settimeout(5)
-            answer = sock.recv(4096)
-        except (ConnectionResetError, BrokenPipeError):
-            answer = b""
-        except TimeoutError:
-            pytest.fail("a connection to be refused was held open")
-    assert answer == b"", answer  # not even an error status
-    return time.monotonic() - started
 
 
 def held(server: PingbackServer, address: str) -> int:
