@@ -172,7 +172,7 @@ def test_leaving_the_stream_cancels_what_was_not_submitted(
     sandbox: Any, redis_conn: Any, how: str
 ) -> None:
     capacity = app.runtime().state.limiter.config.capacity
-    total = 4 * capacity
+    total = 8 * capacity
     sandbox.configure(threads=total, solve_time=0.8, jitter=0.3)
     seen: list[dict[str, Any]] = []
 
@@ -186,7 +186,7 @@ def test_leaving_the_stream_cancels_what_was_not_submitted(
     def cancelled() -> list[str]:
         return list(redis_conn.scan_iter(app.runtime().state.keys.batch_cancelled("*")))
 
-    async def main() -> None:
+    async def main() -> int:
         consumer = asyncio.create_task(consume())
         if how == "cancel":
             await asyncio.wait_for(_until(lambda: seen), 15)
@@ -195,13 +195,17 @@ def test_leaving_the_stream_cancels_what_was_not_submitted(
             await consumer
         # The app's loop goes on: after a break, the loop closes the abandoned generator.
         await asyncio.wait_for(_until(cancelled), 5)
+        return int(sandbox.stats()["submits"])
 
-    asyncio.run(main())
+    # How many were submitted by the time the batch was marked cancelled depends on how
+    # fast this machine is; after it, only captchas already holding a thread may be.
+    at_cancel = asyncio.run(main())
     limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
     submitted = sandbox.stats()["submits"]
     assert seen and seen[0]["status"] == "solved"
-    assert submitted <= 2 * capacity + 1
+    assert submitted <= at_cancel + capacity
+    assert submitted < total
     assert limiter.parked_count() == 0
     assert len(cancelled()) == 1
     wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")

@@ -128,7 +128,7 @@ def test_a_batch_streams_as_server_sent_events(server: str, sandbox: Any) -> Non
 
 def test_a_client_that_leaves_cancels_the_batch(server: str, sandbox: Any, redis_conn: Any) -> None:
     capacity = app.runtime().state.limiter.config.capacity
-    total = 6 * capacity
+    total = 8 * capacity
     sandbox.configure(threads=total, solve_time=0.8, jitter=0.3)
 
     async def main() -> dict[str, Any]:
@@ -147,11 +147,14 @@ def test_a_client_that_leaves_cancels_the_batch(server: str, sandbox: Any, redis
         return list(redis_conn.scan_iter(app.runtime().state.keys.batch_cancelled("*")))
 
     wait_until(cancelled, 10, what="the batch to be cancelled")
+    # How many were submitted by then depends on how fast this machine is; after it, only
+    # captchas already holding a thread may be.
+    at_cancel = sandbox.stats()["submits"]
     limiter = app.runtime().state.limiter
     wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
     submitted = sandbox.stats()["submits"]
-    # the flag above is the cancellation; this only says the batch was not all paid for
-    assert submitted <= 2 * capacity + 2, submitted
+    assert submitted <= at_cancel + capacity, (submitted, at_cancel)
+    assert submitted < total, submitted  # not all paid for
     assert limiter.parked_count() == 0
     wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
     assert sandbox.stats()["submits"] == submitted
