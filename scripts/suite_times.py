@@ -3,12 +3,17 @@ teardown of its tests, from the junit.xml that ``./scripts/test --all`` writes),
 first.  With ``--dist loadfile`` a module runs whole on one process, so the longest
 module bounds the run.
 
-    python scripts/suite_times.py [test-output/junit.xml] [--top N]
+    python scripts/suite_times.py [test-output/junit.xml ...] [--top N] [--write]
+
+``--write`` keeps the modules' seconds (the mean over the files given) in
+``tests/suite_times.json``: the full run starts the longest modules first (tests/conftest.py),
+so that no long module is left to run alone at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import xml.etree.ElementTree as ET
 from collections import defaultdict
 from pathlib import Path
@@ -30,12 +35,31 @@ def module_seconds(junit: Path) -> dict[str, tuple[float, int]]:
     return {name: (seconds, int(count)) for name, (seconds, count) in totals.items()}
 
 
+WEIGHTS = Path(__file__).resolve().parents[1] / "tests" / "suite_times.json"
+
+
+def mean_seconds(junits: list[Path]) -> dict[str, tuple[float, int]]:
+    runs = [module_seconds(junit) for junit in junits]
+    names = sorted({name for run in runs for name in run})
+    return {
+        name: (
+            sum(run.get(name, (0.0, 0))[0] for run in runs) / len(runs),
+            max(run.get(name, (0.0, 0))[1] for run in runs),
+        )
+        for name in names
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("junit", nargs="?", default="test-output/junit.xml", type=Path)
+    parser.add_argument("junit", nargs="*", default=[Path("test-output/junit.xml")], type=Path)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--write", action="store_true", help=f"write {WEIGHTS.name}")
     args = parser.parse_args()
-    times = module_seconds(args.junit)
+    times = mean_seconds(args.junit)
+    if args.write:
+        weights = {name: round(seconds, 1) for name, (seconds, _) in sorted(times.items())}
+        WEIGHTS.write_text(json.dumps(weights, indent=1) + "\n")
     total = sum(seconds for seconds, _ in times.values())
     print(f"{'module':70} {'tests':>5} {'seconds':>8}")
     for name, (seconds, count) in sorted(times.items(), key=lambda kv: -kv[1][0])[: args.top]:

@@ -59,7 +59,7 @@ SANDBOX_DEFAULTS = {
 }
 
 
-pytest_plugins = ["tests.tiers"]
+pytest_plugins = ["tests.tiers", "tests.longest_first"]
 
 
 def pytest_configure(config: pytest.Config) -> None:
