@@ -89,9 +89,10 @@ def logs_until(argv: list[str], env: dict[str, str], says: str, deadline_s: floa
     return "".join(seen)
 
 
-def test_beat_needs_no_api_key(tmp_path: Any) -> None:
+def test_beat_needs_no_api_key(tmp_path: Any, redis_url: str) -> None:
     # Beat never calls the API: only the settings are checked; it gets past the check and
-    # starts.
+    # starts (on its broker, this run's Redis: against none it retries, and a SIGTERM
+    # during the retries' back-off went unanswered for 30 s).
     schedule = tmp_path / "schedule"
     argv = [*CELERY, "beat", "-s", str(schedule), "-l", "INFO"]
     logged = logs_until(argv, without("CAPTCHAAI_API_KEY"), "beat: Starting")

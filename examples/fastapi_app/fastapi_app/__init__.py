@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from kombu.exceptions import OperationalError
+from starlette.types import Receive, Scope, Send
 
 from captcha_tasks import aio
 from captcha_tasks.errors import CaptchaTasksError, StoreUnavailable, ValidationError
@@ -55,10 +56,27 @@ async def solve_captcha(params: Annotated[dict[str, Any], Body()]) -> JSONRespon
 async def solve_batch(tasks: Annotated[list[dict[str, Any]], Body()]) -> StreamingResponse:
     """Body: a JSON list of solve parameters.  Answers ``text/event-stream``: one ``result``
     event per task (the outcome with its ``index``), in completion order, then ``done``."""
-    return StreamingResponse(_events(tasks), media_type="text/event-stream")
+    return ClosingStream(_events(tasks), media_type="text/event-stream")
 
 
-async def _events(tasks: list[dict[str, Any]]) -> AsyncIterator[str]:
+class ClosingStream(StreamingResponse):
+    """A streaming response that closes its generator however the response ends.  When
+    the client leaves while an event is being sent, Starlette stops iterating but leaves
+    the generator to the garbage collector, and the batch (and its bill) would go on
+    until then."""
+
+    def __init__(self, events: AsyncGenerator[str, None], **kwargs: Any) -> None:
+        super().__init__(events, **kwargs)
+        self.events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.events.aclose()
+
+
+async def _events(tasks: list[dict[str, Any]]) -> AsyncGenerator[str, None]:
     counts = {"solved": 0, "failed": 0}
     # aclosing: a client that disconnects cancels the batch at once, not when collected.
     async with contextlib.aclosing(aio.stream(tasks)) as results:
