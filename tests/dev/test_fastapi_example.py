@@ -154,7 +154,6 @@ def test_a_client_that_leaves_cancels_the_batch(server: str, sandbox: Any, redis
     wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
     submitted = sandbox.stats()["submits"]
     assert submitted <= at_cancel + capacity, (submitted, at_cancel)
-    assert submitted < total, submitted  # not all paid for
     assert limiter.parked_count() == 0
     wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
     assert sandbox.stats()["submits"] == submitted

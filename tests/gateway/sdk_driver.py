@@ -106,7 +106,7 @@ class _ScaledTime:
         return getattr(time, name)
 
     def sleep(self, seconds: float) -> None:
-        time.sleep(seconds * self.scale)
+        time.sleep(seconds * self.scale)  # the SDK's own poll schedule, scaled: not a wait of ours
 
 
 def run_captchaai(job: dict[str, Any], key: str) -> None:

@@ -91,7 +91,7 @@ class _ScaledTime:
 
     @staticmethod
     def sleep(seconds: float) -> None:
-        time.sleep(seconds * TIME_SCALE)
+        time.sleep(seconds * TIME_SCALE)  # the SDK's own poll schedule, scaled: not a wait of ours
 
 
 @pytest.fixture
