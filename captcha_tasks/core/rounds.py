@@ -22,6 +22,11 @@ from .steps import Pace, uses_bulk
 ROUND_MOST = 500
 #: Most ids one bulk request asks about.
 BULK_IDS = 100
+#: A round also takes the captchas due within this many bulk windows from now: asked about
+#: a little early, they need no round of their own soon after (one ``res.php`` request
+#: however many captchas it asks about).  While callbacks come, few captchas are due at
+#: any time, each at its own time: without this, nearly every one cost a round.
+AHEAD_WINDOWS = 3.0
 
 
 @dataclass(frozen=True)

@@ -63,8 +63,9 @@ from .timing import Timing
 EXPIRY_MARGIN = 1.0
 #: Bulk polls a captcha gets within the window its method's captchas finish in.
 BULK_POLLS_PER_SPREAD = 4.0
-#: ... and one that counts on its callback (polled in case it was lost).
-CALLBACK_POLLS_PER_SPREAD = 6.0
+#: ... and one that counts on its callback (polled in case it was lost): few, so that
+#: rounds (one ``res.php`` request each, however many captchas it asks about) stay few.
+CALLBACK_POLLS_PER_SPREAD = 3.0
 #: Least seconds between bulk polls of a captcha.
 MIN_BULK_EVERY = 0.1
 #: Cold (no solve times known, and no CAPTCHAAI_INITIAL_WAIT), pipe-safe captchas are first
@@ -74,8 +75,8 @@ COLD_PROBE = 0.1
 #: Least seconds between two polls of a captcha asked about on its own (see :func:`pace`).
 MIN_WAIT_ALONE = 0.5
 #: ... and one counting on its callback is probed again every this share of that wait: it
-#: is polled in case its callback was lost, but its answers must still teach the times.
-COLD_CALLBACK_PACE = 0.05
+#: is polled in case its callback was lost (its callback teaches the times as well).
+COLD_CALLBACK_PACE = 0.15
 #: Seconds between tries, from the first doubling to the last, while a captcha paid for
 #: waits in its process for Redis to take it (see :func:`hold`).
 HOLD_WAIT_S = (0.2, 1.0)
@@ -84,13 +85,14 @@ HOLD_WAIT_S = (0.2, 1.0)
 @dataclass(frozen=True)
 class Pace:
     """How often captchas likely done are asked for: in bulk (``bulk``) every ``every``
-    seconds; see :func:`pace`.  ``adopt_due``: seconds after its submit when the callback
-    of a captcha registered cold is overdue, once it waits for it (see
-    :func:`adopts_callback`)."""
+    seconds; see :func:`pace`.  A captcha registered cold that waits for its callback from
+    now on (:func:`adopting`): ``adopt_due``, seconds after its submit when its callback is
+    overdue, and ``adopt_poll``, when it is polled next at the earliest."""
 
     bulk: bool
     every: float
     adopt_due: float | None = None
+    adopt_poll: float | None = None
 
 
 def pace(
@@ -202,11 +204,20 @@ def awaits_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> b
 def adopts_callback(job: Job, timing: Timing, policy: Policy, channel: str) -> bool:
     """Whether a captcha registered cold (probed: its method's times were not known) that
     asked for its callback waits for it from now on, as one registered warm does: its
-    method's times are known now and the channel is up.  Probed on, it would be polled
-    until answered although its callback will come (most of pingback's polls in a batch
-    that starts cold)."""
-    return (
-        job.callback_due is None and channel == UP and awaits_callback(job, timing, policy, channel)
+    method's times are known now and the channel is not down.  Probed on, it would be
+    polled until answered although its callback will likely come (most of pingback's
+    polls in a batch that starts cold, at the bulk pace: every round's)."""
+    return job.callback_due is None and awaits_callback(job, timing, policy, channel)
+
+
+def adopting(policy: Policy, timing: Timing, bulk: bool, channel: str) -> Pace:
+    """The pace of a captcha that :func:`adopts_callback`: as one registered warm, its
+    callback overdue at :func:`callback_due` and polled from :func:`first_poll`'s time on,
+    in case its callback was lost."""
+    return replace(
+        pace(policy, timing, bulk, waits=True),
+        adopt_due=callback_due(timing, policy),
+        adopt_poll=callback_due(timing, policy) if channel == UP else degraded_start(timing),
     )
 
 
@@ -498,10 +509,10 @@ def _not_ready(job: Job, now: float, timing: Timing, policy: Policy, pace: Pace)
     if now >= job.deadline:
         return Fail(timed_out(job, "the solve deadline passed"))
     if pace.adopt_due is not None:
-        due = _submitted_at(job) + pace.adopt_due
-        job = replace(job, callback_due=due)
-        if due > now:  # its callback is not overdue yet: wait for it
-            return PollAt(min(due, job.deadline), job)
+        job = replace(job, callback_due=_submitted_at(job) + pace.adopt_due)
+        poll = _submitted_at(job) + (pace.adopt_poll or pace.adopt_due)
+        if poll > now:  # not worth asking about before: wait for its callback
+            return PollAt(min(poll, job.deadline), job)
     if not uses_bulk(job, pace.bulk):
         # on its own: the pace of a provider without bulk polls, else the poll interval
         every = policy.poll_interval if pace.bulk else pace.every

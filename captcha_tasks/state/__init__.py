@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from redis import Redis
 
 from ..connections import redis_client, replica_fence
+from ..core import rounds
 from ..core.providers import ProviderSpec
 from ..core.timing import TimingConfig
 from ..keys import Keys
@@ -230,6 +231,7 @@ def owed_config(settings: Settings) -> OwedConfig:
 def board_config(settings: Settings) -> BoardConfig:
     return BoardConfig(
         round_gap_s=settings.bulk_window_s,
+        round_ahead_s=settings.bulk_window_s * rounds.AHEAD_WINDOWS,
         round_hold_s=settings.connect_timeout + settings.read_timeout + 5,
         record_ttl_s=int(settings.solve_timeout + 2 * settings.visibility_timeout)
         + RECORD_MARGIN_S,

@@ -124,6 +124,8 @@ class BoardConfig:
     round_grace_s: float = 5.0
     #: Seconds a solve's follow-up may take to run before it is run again.
     followup_grace_s: float = 30.0
+    #: A round takes the captchas due within this many seconds from now too.
+    round_ahead_s: float = 0.0
 
 
 class Board:
@@ -229,8 +231,13 @@ class Board:
 
     # -- poll rounds -------------------------------------------------------------------
     def take_due(self, round_at_ms: int | None, most: int) -> list[Entry]:
-        """Start a round: the captchas due now (kept out of other rounds for a while)."""
-        args: dict[str, Any] = {"most": most, "hold_ms": ms(self.config.round_hold_s)}
+        """Start a round: the captchas due now, or within ``round_ahead_s`` (kept out of
+        other rounds for a while)."""
+        args: dict[str, Any] = {
+            "most": most,
+            "hold_ms": ms(self.config.round_hold_s),
+            "ahead_ms": ms(self.config.round_ahead_s),
+        }
         if round_at_ms is not None:
             args["round_at"] = round_at_ms
         reply = self._guarded(lambda: self._take_due(self._board_keys(), args))

@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .. import errors, faults
 from ..client import callback_answer
@@ -160,11 +160,10 @@ class Rounds:
 
     def _pace(self, job: Job, bulk: bool, channel: str, probes: bool) -> steps.Pace:
         timing, policy = self.edges.timing(job), self.edges.policy
-        waits = steps.counts_on_callback(job, timing, policy, channel)
-        pace = steps.pace(policy, timing, bulk, waits, probes)
         if steps.adopts_callback(job, timing, policy, channel):
-            pace = replace(pace, adopt_due=steps.callback_due(timing, policy))
-        return pace
+            return steps.adopting(policy, timing, bulk, channel)
+        waits = steps.counts_on_callback(job, timing, policy, channel)
+        return steps.pace(policy, timing, bulk, waits, probes)
 
     def _heard_by_poll(self, due: _Due, reply: Reading | float | None, now: float) -> Heard | None:
         if reply is None or isinstance(reply, float):

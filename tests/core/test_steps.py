@@ -450,7 +450,11 @@ def test_a_captcha_registered_cold_waits_for_its_callback_once_the_times_are_kno
     assert probe.job.callback_due is None
     due_s = steps.callback_due(SOLVES, CALLBACKS)  # the times are known by its first probe
     assert steps.adopts_callback(probe.job, SOLVES, CALLBACKS, UP)
-    pace = dataclasses.replace(steps.pace(CALLBACKS, SOLVES, True, waits=True), adopt_due=due_s)
+    pace = steps.adopting(CALLBACKS, SOLVES, True, UP)
+    # it is paced as one counting on its callback: its round does not bring the next one
+    # forward to the bulk window
+    assert pace.every == steps.pace(CALLBACKS, SOLVES, True, waits=True).every
+    assert pace.every > CALLBACKS.bulk_interval
     again = steps.on_answer(probe.job, NOT_READY, None, 0, probe.at, SOLVES, CALLBACKS, pace)
     # not polled again until its callback is overdue, as if it had been registered warm
     assert isinstance(again, PollAt) and again.at == pytest.approx(T0 + 1 + due_s)
@@ -460,9 +464,15 @@ def test_a_captcha_registered_cold_waits_for_its_callback_once_the_times_are_kno
     late = steps.on_answer(probe.job, NOT_READY, None, 0, T0 + 60, SOLVES, CALLBACKS, pace)
     assert isinstance(late, PollAt) and late.at == pytest.approx(T0 + 60 + pace.every)
     assert late.job.callback_due == pytest.approx(T0 + 1 + due_s)
-    # not while callbacks are lost or stopped, nor while the times are unknown
-    for channel in (DEGRADED, DOWN):
-        assert not steps.adopts_callback(probe.job, SOLVES, CALLBACKS, channel)
+    # while many callbacks are lost, from when one registered warm is first polled
+    degraded = steps.adopting(CALLBACKS, SOLVES, True, DEGRADED)
+    assert steps.adopts_callback(probe.job, SOLVES, CALLBACKS, DEGRADED)
+    early = steps.on_answer(probe.job, NOT_READY, None, 0, probe.at, SOLVES, CALLBACKS, degraded)
+    start = steps.degraded_start(SOLVES)
+    assert isinstance(early, PollAt) and early.at == pytest.approx(T0 + 1 + start)
+    assert early.job.callback_due == pytest.approx(T0 + 1 + due_s)
+    # not once callbacks stopped, nor while the times are unknown, nor with callbacks off
+    assert not steps.adopts_callback(probe.job, SOLVES, CALLBACKS, DOWN)
     assert not steps.adopts_callback(probe.job, COLD_DEFAULT, CALLBACKS, UP)
     assert not steps.adopts_callback(probe.job, SOLVES, POLICY, UP)  # callbacks off
 

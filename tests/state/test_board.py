@@ -83,6 +83,17 @@ def test_a_round_takes_what_is_due_once(board: Board, limiter: ThreadLimiter) ->
     assert board.take_due(None, most=10) == []  # a concurrent round does not get it too
 
 
+def test_a_round_takes_what_is_due_within_its_look_ahead(limiter: ThreadLimiter) -> None:
+    config = BoardConfig(round_gap_s=0.05, round_hold_s=5.0, record_ttl_s=60, round_ahead_s=2)
+    board = Board(limiter.db, limiter, config)
+    on_board(board, limiter, "s1", "c1")
+    admit(limiter, "s2")
+    register(board, "s2", "c2", 1)  # due within the look-ahead: asked about a little early
+    admit(limiter, "s3")
+    register(board, "s3", "c3", 30)  # not
+    assert sorted(e.captcha_id for e in board.take_due(None, most=10)) == ["c1", "c2"]
+
+
 def test_a_round_puts_back_what_is_not_ready(
     board: Board, limiter: ThreadLimiter, redis_conn: Any, keys: Keys
 ) -> None:
