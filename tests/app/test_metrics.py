@@ -17,10 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from captcha_tasks import solve
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.errors import FatalError
 from captcha_tasks.metrics import SOLVE_TIME_BUCKETS, StoreCollector, _buckets, make_wsgi_app
 from captcha_tasks.state.board import Completion
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import create_pool, prewarm
 

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from captcha_tasks.core.channel import DEGRADED, DOWN, UP, Channel, Heard
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.keys import Keys
 from captcha_tasks.state import channel as channel_module
 from captcha_tasks.state.board import Board, BoardConfig, Completion
@@ -23,6 +22,7 @@ from captcha_tasks.state.channel import (
 )
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
+from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 

@@ -22,7 +22,6 @@ from test_limiter import (
 )
 
 from captcha_tasks.core.lanes import Tenant
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.errors import ValidationError
 from captcha_tasks.keys import Keys
 from captcha_tasks.state.budgets import DAY_MS, TenantBudgets
@@ -32,6 +31,7 @@ from captcha_tasks.state.limiter import (
     LaneUse,
     ThreadLimiter,
 )
+from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 
