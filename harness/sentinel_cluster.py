@@ -13,8 +13,8 @@ from typing import Self
 
 import redis
 
-from captcha_tasks import connections
 from captcha_tasks.settings import Settings
+from captcha_tasks.state import connections
 from captcha_tasks.testing.processes import (
     ChildProcess,
     RedisServer,
@@ -75,7 +75,7 @@ class SentinelServer(ChildProcess):
 
     def client(self) -> redis.Redis:
         """A client of this sentinel (``SENTINEL ...`` commands), built by
-        :mod:`captcha_tasks.connections`."""
+        :mod:`captcha_tasks.state.connections`."""
         if self._client is None:
             self._client = connections.sentinels(self.settings()).sentinels[0]
         return self._client

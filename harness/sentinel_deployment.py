@@ -24,7 +24,7 @@ from typing import Any
 
 import requests
 
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.testing.processes import (
     CeleryProcess,
     SandboxProcess,

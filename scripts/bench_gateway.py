@@ -45,7 +45,7 @@ import plots
 import repo_root  # noqa: F401  (puts harness/ on sys.path)
 import requests
 
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.testing.processes import (
     CeleryProcess,
     RedisServer,

@@ -182,7 +182,7 @@ def keys(redis_conn: Any) -> Iterator[Any]:
     """Key names under a prefix of the test's own, deleted afterwards."""
     from uuid import uuid4
 
-    from captcha_tasks.keys import Keys
+    from captcha_tasks.state.keys import Keys
 
     k = Keys(prefix=f"t-{uuid4().hex}")
     yield k

@@ -31,8 +31,9 @@ from urllib.parse import urlsplit
 import click
 import requests
 
-from .. import connections, settings
+from .. import settings
 from ..settings import mask_url
+from ..state import connections
 from ..testing.processes import CeleryProcess, RedisServer
 from ..testing.sandbox import SandboxConfig, SandboxServer
 from ..worker.app import app

@@ -28,9 +28,9 @@ from typing import Any, Self
 import redis
 import requests
 
-from .. import connections
 from ..errors import ConfigurationError
 from ..settings import QUEUE_KINDS, Settings
+from ..state import connections
 from .sandbox import FIRST_CAPTCHA_ID, journal_path
 
 

@@ -351,7 +351,7 @@ def test_master_changes_and_reconnects_are_served(metrics_url: str, state: Any) 
     """What housekeeping counts of a master change, and what each process adds of its
     reconnects, is served as the deployment's totals (the failover tests drive them for
     real: tests/ha/test_failover_batch.py)."""
-    from captcha_tasks.connections import FailoverLog
+    from captcha_tasks.state.connections import FailoverLog
 
     before = _scrape(metrics_url)
     state.failovers.note_master()

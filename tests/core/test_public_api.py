@@ -77,10 +77,15 @@ REMOVED = {
     "captcha_tasks.state.proxies.ProxyPool": "captcha_tasks.toolkit.proxies.ProxyPool",
     "captcha_tasks.store": "captcha_tasks.state.State",
     "captcha_tasks.store.redis_client": "captcha_tasks.state.State.build(get_settings()).redis",
-    "captcha_tasks.store.keys": "captcha_tasks.keys.Keys(get_settings().key_prefix)",
+    "captcha_tasks.store.keys": "captcha_tasks.state.keys.Keys(get_settings().key_prefix)",
     "captcha_tasks.store.proxies": "captcha_tasks.toolkit.proxies.ProxyPool.from_settings()",
     "captcha_tasks.dev.devstack.SandboxProcess": "captcha_tasks.testing.processes.SandboxProcess",
     "captcha_tasks.dev.sandbox": "captcha_tasks.testing.sandbox",
+    "captcha_tasks.client": "captcha_tasks.providers.inphp",
+    "captcha_tasks.jsonclient": "captcha_tasks.providers.jsonapi",
+    "captcha_tasks.connections": "captcha_tasks.state.connections",
+    "captcha_tasks.keys": "captcha_tasks.state.keys",
+    "captcha_tasks.redact": "captcha_tasks.worker.redact",
 }
 
 

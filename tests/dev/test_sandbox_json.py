@@ -15,8 +15,8 @@ import requests
 from captcha_tasks import errors
 from captcha_tasks.core.answers import NOT_READY, Answer
 from captcha_tasks.core.dialects import CAPMONSTER, CAPSOLVER, DIALECTS, Dialect
-from captcha_tasks.jsonclient import JSONClient
 from captcha_tasks.methods import build_request
+from captcha_tasks.providers.jsonapi import JSONClient
 from captcha_tasks.testing.processes import free_port, wait_until
 from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
 from tests.image_files import png

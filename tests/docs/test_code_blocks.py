@@ -35,8 +35,8 @@ from typing import Any
 import pytest
 from celery.result import AsyncResult
 
-from captcha_tasks.keys import Keys
 from captcha_tasks.settings import get_settings
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from conftest import EVENTS, happen  # tests/ha/conftest.py
 
-from captcha_tasks.connections import FOLLOW_S
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.connections import FOLLOW_S
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.testing.processes import CeleryProcess, redis_client, wait_until
 from harness.sentinel_cluster import SentinelCluster, role
 

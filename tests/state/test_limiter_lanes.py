@@ -23,8 +23,8 @@ from test_limiter import (
 
 from captcha_tasks.core.lanes import Tenant
 from captcha_tasks.errors import ValidationError
-from captcha_tasks.keys import Keys
 from captcha_tasks.state.budgets import DAY_MS, TenantBudgets
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.limiter import (
     REFILL_BAND,
     WAIT_BUCKETS_S,

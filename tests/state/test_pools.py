@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from captcha_tasks.errors import ConfigurationError, ValidationError
-from captcha_tasks.keys import Keys
 from captcha_tasks.methods import build_request
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.pools import (
     PoolNotFound,
     PoolSpec,

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import redis
 
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.testing.processes import CeleryProcess, RedisServer, queue_names
 
 pytestmark = pytest.mark.e2e

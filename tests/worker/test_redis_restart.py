@@ -26,7 +26,7 @@ import pytest
 import redis
 import requests
 
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.testing.processes import (
     CeleryProcess,
     RedisServer,
