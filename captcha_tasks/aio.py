@@ -61,14 +61,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import connections, errors
-from .connections import FAILOVERS, UNREACHABLE
+from . import errors
 from .core.batching import Abandon, Batch, Done, Emit, Fail, Look, Pull, Read, Resend, Send, Wait
-from .keys import Keys
 from .settings import Settings
-from .state import State
+from .state import State, connections
 from .state.batches import AsyncBatchStreams
+from .state.connections import FAILOVERS, UNREACHABLE
 from .state.db import Db
+from .state.keys import Keys
 from .state.lua import text
 from .stream import (
     abandon_failed,

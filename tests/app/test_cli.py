@@ -20,9 +20,9 @@ import captcha_tasks
 from captcha_tasks.cli import COMMANDS, load_command
 from captcha_tasks.cli import cli as cli_group
 from captcha_tasks.core.outcome import Solved, parse_iso
-from captcha_tasks.dev.devstack import free_port
-from captcha_tasks.dev.sandbox import SandboxConfig
 from captcha_tasks.settings import mask_url
+from captcha_tasks.testing.processes import free_port
+from captcha_tasks.testing.sandbox import SandboxConfig
 
 pytestmark = pytest.mark.redis
 
@@ -232,7 +232,7 @@ def test_an_app_calling_solve_registers_its_pools(
 
 # -- the command itself: lazy sub-commands, --help and --version ----------------------------
 
-HEAVY = ("celery", "captcha_tasks.dev", "captcha_tasks.kafka", "captcha_tasks.metrics",
+HEAVY = ("celery", "captcha_tasks.testing", "captcha_tasks.kafka", "captcha_tasks.metrics",
          "captcha_tasks.worker", "captcha_tasks.stream", "requests")  # fmt: skip
 IMPORTED_BY_HELP = """
 import sys
