@@ -1,18 +1,21 @@
 """Keep secrets out of logs, Flower and task events.
 
-The API key, proxy passwords and cookie values are never written out; tokens are cut to
-a short prefix.  :class:`RedactingFilter` is installed on every handler of a Celery
+Every provider's API key, every tenant's gateway key, the pingback secret, proxy
+passwords and cookie values are never written out; tokens are cut to a short prefix.
+:class:`RedactingFilter` is installed on every handler of a Celery
 process (worker, beat, flower) and can be added to an application's own logging.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
+import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..settings import get_settings
+from ..settings import Settings, get_settings
 
 #: Solve parameters that must never appear in a log line, a task event or Flower.
 SECRET_PARAMS = frozenset({"proxy", "cookies"})
@@ -24,6 +27,36 @@ _TOKEN_FIELD = re.compile(
 )
 _COOKIES_FIELD = re.compile(r"(?P<head>['\"]cookies['\"]\s*:\s*['\"])(?P<val>[^'\"]*)")
 _KEY_FIELD = re.compile(r"(?P<head>\bkey=)(?P<val>[^&\s'\"]+)")
+#: A shorter value is not taken for a secret (replacing it would mangle every line).
+SECRET_MIN_LEN = 4
+_known: tuple[Settings, tuple[str, ...]] | None = None
+_known_lock = threading.Lock()
+
+
+def secrets_of(settings: Settings, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Every secret value ``settings`` names: the primary's and each provider's API key,
+    each tenant's gateway key (from its ``key_env`` in ``environ``, as the gateway reads
+    it) and the pingback secret; longest first, so a key inside another is not half-cut."""
+    env = os.environ if environ is None else environ
+    values = {settings.api_key, settings.pingback_secret}
+    values.update(provider.api_key for provider in settings.providers)
+    values.update(
+        env.get(tenant.key_env, "").strip()
+        for tenant in settings.tenants.values()
+        if tenant.key_env
+    )
+    kept = (value for value in values if len(value) >= SECRET_MIN_LEN)
+    return tuple(sorted(kept, key=len, reverse=True))
+
+
+def _secrets() -> tuple[str, ...]:
+    global _known
+    settings = get_settings()
+    known = _known
+    if known is None or known[0] is not settings:
+        with _known_lock:
+            _known = known = (settings, secrets_of(settings))
+    return known[1]
 
 
 def mask_proxy(proxy: str) -> str:
@@ -49,10 +82,11 @@ def mask_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def redact_text(text: str) -> str:
-    """Remove the API key, proxy passwords and cookie values; shorten tokens."""
-    key = get_settings().api_key
-    if key and key in text:
-        text = text.replace(key, "***")
+    """Remove every key and secret (:func:`secrets_of`), proxy passwords and cookie values;
+    shorten tokens."""
+    for secret in _secrets():
+        if secret in text:
+            text = text.replace(secret, "***")
     # Each pattern needs a marker character or word; most log lines have none of them.
     if "@" in text:
         text = _PROXY_CREDS.sub(r"\g<user>:***@\g<host>", text)

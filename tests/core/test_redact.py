@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
 from image_files import png_b64
 
-from captcha_tasks.worker.redact import mask_params
+from captcha_tasks.settings import Settings, reset_settings
+from captcha_tasks.worker.redact import RedactingFilter, mask_params, redact_text, secrets_of
 
 pytestmark = pytest.mark.unit
 
@@ -14,3 +18,44 @@ def test_images_are_never_shown() -> None:
     assert shown == {"method": "bls", "images": "<9 images>", "instructions": "cars"}
     body = png_b64()
     assert mask_params({"body": body})["body"] == f"<image, {len(body)} base64 chars>"
+
+
+SECRET_ENV = {
+    "CAPTCHAAI_API_KEY": "primary-key-1111",
+    "CAPTCHAAI_PROVIDERS": json.dumps(
+        [
+            {
+                "name": "backup",
+                "base_url": "https://2captcha.example",
+                "key_env": "BACKUP_KEY",
+                "threads": 5,
+            }
+        ]
+    ),
+    "BACKUP_KEY": "backup-key-2222",
+    "CAPTCHAAI_TENANTS": json.dumps({"shop": {"key_env": "SHOP_GATEWAY_KEY"}}),
+    "SHOP_GATEWAY_KEY": "shop-gateway-key-3333",
+}
+
+
+def test_every_providers_and_tenants_key_is_a_secret() -> None:
+    settings = Settings.from_env(SECRET_ENV)
+    found = secrets_of(settings, SECRET_ENV)
+    assert set(found) == {"primary-key-1111", "backup-key-2222", "shop-gateway-key-3333"}
+    assert [len(s) for s in found] == sorted((len(s) for s in found), reverse=True)
+
+
+def test_log_lines_lose_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in SECRET_ENV.items():
+        monkeypatch.setenv(name, value)
+    reset_settings()
+    try:
+        line = (
+            "in.php?key=x backup-key-2222 refused; tenant shop-gateway-key-3333; primary-key-1111"
+        )
+        record = logging.LogRecord("t", logging.WARNING, __file__, 1, line, None, None)
+        assert RedactingFilter().filter(record)
+        assert record.getMessage() == "in.php?key=*** *** refused; tenant ***; ***"
+        assert redact_text("nothing secret here") == "nothing secret here"
+    finally:
+        reset_settings()
