@@ -18,7 +18,7 @@ from typing import IO, Any
 
 from ..errors import ValidationError
 from ..settings import Settings
-from ..worker.tasks import normalize_solve_args
+from ..worker.callsite import normalize_solve_args
 
 #: The columns of a CSV output, in order (the ones added later at the end, so a script
 #: that reads them by position keeps working).  A JSONL line has the same fields, and a

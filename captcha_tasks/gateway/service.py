@@ -26,8 +26,9 @@ from ..methods import build_request
 from ..state import State
 from ..state.gateway import Ticket
 from ..worker.app import app
+from ..worker.callsite import normalize_solve_args
 from ..worker.results import Results
-from ..worker.tasks import normalize_solve_args, report, solve, take_token
+from ..worker.tasks import report, solve, take_token
 
 #: Failures whose code only this package knows, as a provider would answer them: an SDK
 #: knows what to do with these (try again, or top up).

@@ -47,8 +47,9 @@ from ..errors import (
 from ..settings import Settings
 from ..state import State
 from ..worker.app import app
+from ..worker.callsite import normalize_solve_args
 from ..worker.results import Results
-from ..worker.tasks import normalize_solve_args, solve
+from ..worker.tasks import solve
 from .claims import Claim, ClaimStore
 from .client import (
     Consumer,

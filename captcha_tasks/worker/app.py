@@ -1,9 +1,10 @@
 """The package's own Celery app.
 
-It is configured from :mod:`captcha_tasks.worker.config` by that module's full name (a
-host project's own ``celeryconfig`` cannot shadow it) and is never the "current" app: a
-Django or Flask project's own Celery app stays theirs, and their shared tasks never pick
-up our configuration (see ``examples/``).
+It is configured with :func:`~captcha_tasks.worker.config.celery_config` of its settings
+when Celery first needs its configuration (a host project's own ``celeryconfig`` cannot
+shadow it), and is never the "current" app: a Django or Flask project's own Celery app
+stays theirs, and their shared tasks never pick up our configuration (see
+``examples/``).
 
 The app knows its process's :class:`~.runtime.Runtime` (:meth:`App.runtime`): the settings,
 Redis state, API client and runner every task of this process works with.
@@ -34,10 +35,9 @@ from ..errors import StoreUnavailable
 from ..settings import Settings, get_settings, reset_settings
 from ..state import State
 from . import flower_auth, names, redact, startup
+from .config import celery_config, deployment_config
 from .housekeeping import Housekeeping, KeepTicking
 from .runtime import Runtime
-
-CONFIG_MODULE = "captcha_tasks.worker.config"
 
 
 class Control(CeleryControl):
@@ -52,32 +52,69 @@ class Control(CeleryControl):
         return super().revoke(task_id, *args, **kwargs)
 
 
+def _configure(sender: Any = None, **_: Any) -> None:
+    # The app is first configured while the `celery` command parses the sub-command's
+    # options: the earliest moment to stop `celery -A captcha_tasks worker|beat|...`.
+    startup.check(startup.celery_command(sender))
+    sender.configure_from_settings()
+
+
 class App(Celery):
     """captcha-tasks' Celery app: it builds its process's runtime once, when first needed."""
 
     control_cls = "captcha_tasks.worker.app:Control"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, settings: Settings | None = None, **kwargs: Any) -> None:
+        """A Celery app of captcha-tasks, working with ``settings`` (None: the
+        environment's, read on first use), its own broker, result backend and queues
+        among them.  :func:`captcha_tasks.worker.tasks.new_app` makes one with the
+        package's tasks."""
         super().__init__(*args, **kwargs)
         self._runtime: Runtime | None = None
+        #: The settings :meth:`use` gave (None: the environment's).
+        self._settings: Settings | None = None
         self._runtime_lock = threading.Lock()
+        self.on_configure.connect(_configure, weak=False)
+        self.conf.task_routes = (self.route,)
+        self.steps["worker"].add(Housekeeping)
+        self.steps["consumer"].add(KeepTicking)
+        if settings is not None:
+            self.use(settings)
 
     def runtime(self) -> Runtime:
-        """This process's runtime (built from the environment's settings on first use)."""
+        """This process's runtime (built from :meth:`settings` on first use)."""
         runtime = self._runtime
         if runtime is None:
             with self._runtime_lock:
                 if self._runtime is None:
-                    self._runtime = Runtime(self, get_settings())
+                    self._runtime = Runtime(self, self.settings())
                 runtime = self._runtime
         return runtime
 
     def use(self, settings: Settings, state: State | None = None) -> Runtime:
         """Work with ``settings`` (and ``state``) from now on in this process: for entry
-        points and tests that configure themselves instead of reading the environment."""
+        points and tests that configure themselves instead of reading the environment.
+
+        Before the app's first connection this sets everything, the broker and the
+        result backend among it; after, the queues, beat's schedule and the keys (a
+        connection already made stays where it is)."""
         with self._runtime_lock:
+            # First: building the runtime reads Celery's configuration, built from these.
+            self._settings = settings
             self._runtime = Runtime(self, settings, state)
-            return self._runtime
+            runtime = self._runtime
+        if self.configured:
+            self.conf.update(deployment_config(settings))
+        return runtime
+
+    def settings(self) -> Settings:
+        """This app's settings: those :meth:`use` gave, else the environment's."""
+        return self._settings if self._settings is not None else get_settings()
+
+    def configure_from_settings(self) -> None:
+        """Take Celery's configuration from this app's settings: run when Celery first
+        reads it (``on_configure``)."""
+        self.config_from_object(celery_config(self.settings()))
 
     def forget_runtime(self) -> None:
         """Build the runtime again on next use (a forked child must not share its
@@ -110,22 +147,16 @@ app = App("captcha_tasks", set_as_current=False)
 os.register_at_fork(after_in_child=app._after_fork)
 
 
-def _refuse_bad_settings(**_: Any) -> None:
-    # The app is first configured while the `celery` command parses the sub-command's
-    # options: the earliest moment to stop `celery -A captcha_tasks worker|beat|...`.
-    startup.check(startup.celery_command(app))
-
-
-app.on_configure.connect(_refuse_bad_settings, weak=False)
-app.config_from_object(CONFIG_MODULE)
-app.conf.task_routes = (app.route,)
-app.steps["worker"].add(Housekeeping)
-app.steps["consumer"].add(KeepTicking)
 flower_auth.install(app)
 
 
 def _ours(sender: Any) -> bool:
-    return getattr(sender, "app", app) is app
+    return isinstance(getattr(sender, "app", app), App)
+
+
+def _app_of(sender: Any) -> App:
+    found = getattr(sender, "app", None)
+    return found if isinstance(found, App) else app
 
 
 @worker_process_init.connect
@@ -140,7 +171,7 @@ def _register_pools(sender: Any = None, **_: Any) -> None:
     # Pools declared in CAPTCHAAI_POOLS become visible to every process through Redis;
     # a framework's own worker in the same process tree has nothing to register.
     if _ours(sender):
-        app.runtime().register_configured()
+        _app_of(sender).runtime().register_configured()
 
 
 #: The start of Celery's notice, at every lost broker connection, that
@@ -165,7 +196,7 @@ def _report_failovers(sender: Any = None, **_: Any) -> None:
     # Beat's own connections count their reconnects in this process; a thread adds them
     # to the deployment's count (captcha_tasks_redis_reconnects_total{process="beat"}).
     if _ours(sender):
-        failovers = app.runtime().state.failovers
+        failovers = _app_of(sender).runtime().state.failovers
         threading.Thread(
             target=_report_every, args=(failovers,), name="captcha-tasks-failovers", daemon=True
         ).start()

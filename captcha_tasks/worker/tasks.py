@@ -26,6 +26,7 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -36,32 +37,55 @@ from celery.worker.request import Request
 
 from .. import errors
 from ..core.job import BatchRef, Job
-from ..core.lanes import DEFAULT_TENANT, check_lane, check_tenant, default_lane
+from ..core.lanes import DEFAULT_TENANT, default_lane
 from ..core.outcome import from_pool
-from ..methods import POOL_PROXY, build_request
 from ..settings import Settings
-from ..state import State
 from ..state.pools import PoolSpec
 from . import housekeeping, names
 from .adapter import Runner
-from .app import app
+from .app import App, app
+from .callsite import normalize_solve_args, stash_secrets
 from .canvas import route_followups
 from .edges import OUTAGES, Message
-from .redact import SECRET_PARAMS, mask_params
+from .redact import mask_params
 from .results import followup_of
 
 log = logging.getLogger(__name__)
 
-#: Seconds a solve's stashed proxy and cookies may wait for it (it may queue behind a batch).
-SECRETS_TTL_S = 24 * 3600
 #: Task results are shown (worker log, Flower) cut at this many characters; outcome dicts
 #: put the token last, so it is cut short or left out.
 RESULT_REPR_MAX = 230
 
 
-def runner() -> Runner:
-    """This process's runner (see :meth:`~.app.App.runtime`)."""
-    return app.runtime().runner
+def runner(task: Task) -> Runner:
+    """The runner of ``task``'s app in this process (see :meth:`~.app.App.runtime`)."""
+    return task.app.runtime().runner  # type: ignore[no-any-return]
+
+
+#: Every task of the package, as registered on each app: (function, options).
+_OURS: list[tuple[Callable[..., Any], dict[str, Any]]] = []
+
+
+def _ours(**options: Any) -> Callable[[Callable[..., Any]], Any]:
+    """``app.task(bind=True, shared=False, **options)``, kept for :func:`register_on`: each
+    task works with the runtime of the app it runs on."""
+
+    def register(fun: Callable[..., Any]) -> Any:
+        _OURS.append((fun, {"bind": True, "shared": False, **options}))
+        return app.task(bind=True, shared=False, **options)(fun)
+
+    return register
+
+
+def new_app(main: str, settings: Settings, **options: Any) -> App:
+    """A second app of captcha-tasks in this process, with the package's tasks, working
+    with ``settings``: its own broker, result backend, Redis keys and queues (a test, or
+    an application that serves two deployments).  ``options`` go to Celery."""
+    options.setdefault("set_as_current", False)
+    other = App(main, settings=settings, **options)
+    for fun, task_options in _OURS:
+        other.task(**task_options)(fun)
+    return other
 
 
 #: What a solve message returns (the worker's log line says so): the outcome comes later.
@@ -112,7 +136,7 @@ class SolveTask(OutageTask):
         # besides the request is kept as it was.
         asked = kwargs.pop("_asked", None)
         stashed = kwargs.pop("_secrets", None)
-        runtime = app.runtime()
+        runtime = self.app.runtime()
         kwargs = normalize_solve_args(args or (), kwargs, runtime.settings)
         kwargs.setdefault("lane", default_lane(batch=batch is not None))
         kwargs.setdefault("tenant", DEFAULT_TENANT)
@@ -122,14 +146,14 @@ class SolveTask(OutageTask):
         solve_id = options.setdefault("task_id", str(uuid.uuid4()))
         # Its wait for a thread counts from now (the metrics' wait_seconds).
         kwargs["_asked"] = asked if asked is not None else round(time.time(), 3)
-        kwargs = _stash_secrets(runtime.state, solve_id, kwargs)
+        kwargs = stash_secrets(runtime.state, solve_id, kwargs)
         if stashed:
             kwargs["_secrets"] = stashed
         if batch is not None:
             kwargs["_batch"] = batch
         # What follows the solve is sent by a captcha worker: routed now, by the caller's app
         # (before Redis notes the message: a router that raises leaves nothing owed).
-        route_followups(options, app)
+        route_followups(options, self.app)
         runtime.state.pools.ensure_declared()  # this process's CAPTCHAAI_POOLS, before it solves
         # Until a worker starts it, the message is remembered in Redis: one lost between
         # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
@@ -137,63 +161,17 @@ class SolveTask(OutageTask):
         return super().apply_async((), kwargs, **options)
 
 
-def _stash_secrets(state: State, solve_id: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Keep the caller's proxy and cookies out of every task message: they wait in Redis
-    (under a key with a TTL, deleted when the solve ends) for the worker that needs them."""
-    secret = {k: v for k, v in kwargs.items() if k in SECRET_PARAMS and v != POOL_PROXY}
-    if not secret:
-        return kwargs
-    state.secrets.stash(solve_id, secret, SECRETS_TTL_S)
-    kept = {k: v for k, v in kwargs.items() if k not in secret}
-    return {**kept, "_secrets": sorted(secret)}
-
-
-def normalize_solve_args(
-    args: Any, kwargs: dict[str, Any], settings: Settings | None = None
-) -> dict[str, Any]:
-    """Validate ``solve``'s arguments; returns them as keyword arguments (with ``lane`` and
-    ``tenant`` when the caller named them: a lane of :data:`~captcha_tasks.core.lanes.LANES`, a
-    tenant ``settings`` declare; default: this process's settings)."""
-    kwargs = dict(kwargs)
-    route: dict[str, str] = {}
-    if kwargs.get("lane") is not None:
-        route["lane"] = check_lane(kwargs["lane"])
-    if kwargs.get("tenant") is not None:
-        tenants = (settings or app.runtime().settings).tenants
-        route["tenant"] = check_tenant(kwargs["tenant"], tenants)
-    kwargs.pop("lane", None)
-    kwargs.pop("tenant", None)
-    names = ("method", "sitekey", "pageurl")
-    if len(args) > len(names):
-        raise errors.ValidationError("solve takes at most method, sitekey, pageurl positionally")
-    merged = dict(zip(names, args, strict=False))
-    for name in merged:
-        if name in kwargs:
-            raise errors.ValidationError(f"solve got {name} twice")
-    merged.update(kwargs)
-    request = build_request(**merged)
-    return {
-        "method": request.method,
-        "sitekey": request.sitekey,
-        "pageurl": request.pageurl,
-        **request.params,
-        **route,
-    }
-
-
 #: Longest wait between two tries of a step while Redis or the broker is away.
 OUTAGE_BACKOFF_MAX_S = 10
 
 
-@app.task(
-    bind=True,
+@_ours(
     base=SolveTask,
     name=names.SOLVE,
     autoretry_for=OUTAGES,
     retry_backoff=True,
     retry_backoff_max=OUTAGE_BACKOFF_MAX_S,
     max_retries=None,
-    shared=False,
 )
 def solve(
     self: Task, method: str, sitekey: str | None = None, pageurl: str | None = None, **params: Any
@@ -202,7 +180,7 @@ def solve(
     on this task's id when the solve ends (the message itself ends handed over)."""
     kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
     request = self.request
-    runner().solve(_message(self), kwargs, followup_of(request), _expires(request.expires))
+    runner(self).solve(_message(self), kwargs, followup_of(request), _expires(request.expires))
     return hand_over(request)
 
 
@@ -235,11 +213,10 @@ def _revoked(sender: Any = None, request: Any = None, expired: bool = False, **_
     kwargs = dict(getattr(request, "kwargs", None) or {})
     batch = BatchRef.from_dict(kwargs.get("_batch"))
     route = (kwargs.get("lane"), kwargs.get("tenant"))
-    runner().revoked(str(request.id), kwargs.get("method"), batch, expired, route)
+    runner(sender).revoked(str(request.id), kwargs.get("method"), batch, expired, route)
 
 
-@app.task(
-    bind=True,
+@_ours(
     base=OutageTask,
     name=names.SUBMIT,
     ignore_result=True,
@@ -247,18 +224,17 @@ def _revoked(sender: Any = None, request: Any = None, expired: bool = False, **_
     retry_backoff=True,
     retry_backoff_max=OUTAGE_BACKOFF_MAX_S,
     max_retries=None,
-    shared=False,
 )
 def submit(self: Task, job: dict[str, Any]) -> None:
     """Submit a solve's captcha: a parked solve given a thread, a retry, a resubmit."""
-    runner().submit(Job.from_dict(job), _message(self))
+    runner(self).submit(Job.from_dict(job), _message(self))
 
 
-@app.task(name=names.POLL, ignore_result=True, shared=False)
-def poll(round_at_ms: int | None = None, provider: str | None = None) -> None:
+@_ours(name=names.POLL, ignore_result=True)
+def poll(self: Task, round_at_ms: int | None = None, provider: str | None = None) -> None:
     """One poll round at ``provider`` (None: the primary); it schedules the next while
     captchas are at the provider."""
-    runner().poll_round(round_at_ms, provider)
+    runner(self).poll_round(round_at_ms, provider)
 
 
 def _message(task: Task) -> Message:
@@ -268,8 +244,9 @@ def _message(task: Task) -> Message:
     return Message(request.id, bool(delivery.get("redelivered")) or bool(request.retries))
 
 
-@app.task(name=names.REPORT, shared=False)
+@_ours(name=names.REPORT)
 def report_task(
+    self: Task,
     captcha_id: str,
     good: bool,
     provider: str | None = None,
@@ -281,7 +258,7 @@ def report_task(
     ``method``) for a solved captcha to the provider that solved it (None: the primary),
     and count the report for the site's acceptance of that provider's tokens (when the
     result named its ``method`` and ``site``)."""
-    runtime = app.runtime()
+    runtime = self.app.runtime()
     if method and site:
         solver = _configured(runtime.settings, provider)
         if solver is not None:
@@ -331,27 +308,27 @@ def _score(score: Any) -> float | None:
     return float(score)
 
 
-@app.task(name=names.PREWARM, shared=False)
-def prewarm(pool: str | None = None) -> dict[str, int]:
+@_ours(name=names.PREWARM)
+def prewarm(self: Task, pool: str | None = None) -> dict[str, int]:
     """Beat's tick (and every take): top pools up.  Returns the refills started per pool."""
-    run = runner()
+    run = runner(self)
     housekeeping.tick(run)
     pools = run.state.pools
     specs = [pools.get(pool)] if pool else pools.all()
     return {spec.name: housekeeping.top_up(run, spec) for spec in specs}
 
 
-@app.task(name=names.CHECK_THREADS, ignore_result=True, shared=False)
-def check_threads() -> dict[str, Any]:
+@_ours(name=names.CHECK_THREADS, ignore_result=True)
+def check_threads(self: Task) -> dict[str, Any]:
     """Housekeeping: every provider's balance and view of our threads (see
     ``housekeeping.check_providers``)."""
-    return housekeeping.check_providers(runner())
+    return housekeeping.check_providers(runner(self))
 
 
-@app.task(name=names.PROBE, ignore_result=True, shared=False)
-def probe(provider: str) -> bool | None:
+@_ours(name=names.PROBE, ignore_result=True)
+def probe(self: Task, provider: str) -> bool | None:
     """Housekeeping: probe a provider out of rotation (see ``housekeeping.probe``)."""
-    return housekeeping.probe(runner(), provider)
+    return housekeeping.probe(runner(self), provider)
 
 
 def create_pool(

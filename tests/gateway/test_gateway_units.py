@@ -20,7 +20,7 @@ from captcha_tasks.gateway.tenants import TenantKeys
 from captcha_tasks.serving import Request
 from captcha_tasks.settings import Settings
 from captcha_tasks.state.gateway import LATENCY_BUCKETS, Ticket, _tabulate
-from captcha_tasks.worker.tasks import normalize_solve_args
+from captcha_tasks.worker.callsite import normalize_solve_args
 
 pytestmark = pytest.mark.unit
 
