@@ -62,8 +62,9 @@ task_track_started = False
 task_time_limit = 120
 task_soft_time_limit = 100
 
-# A worker started with -A captcha_tasks.worker.app registers the tasks too.
-imports = ("captcha_tasks.worker.tasks",)
+# A worker started with -A captcha_tasks.worker.app registers the tasks too, and the
+# gateway's delivery to client callbacks (sent by the completion of a gateway solve).
+imports = ("captcha_tasks.worker.tasks", "captcha_tasks.gateway.delivery")
 
 task_default_queue = _settings.queue("solve")
 task_queues = tuple(Queue(name) for name in _settings.queues)  # type: ignore[no-untyped-call]
