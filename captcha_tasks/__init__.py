@@ -18,11 +18,11 @@ import typing
 
 if typing.TYPE_CHECKING:
     from . import errors
-    from .client import CaptchaAIClient
     from .core.answers import NOT_READY
     from .core.outcome import Failed, Solved, outcome_from_dict
     from .errors import CaptchaTasksError, ValidationError
     from .methods import METHODS, SolveRequest, build_request
+    from .providers.inphp import CaptchaAIClient
     from .settings import Settings, get_settings
     from .stream import stream
     from .worker.app import app
@@ -56,7 +56,7 @@ __all__ = [
 _SOURCES: dict[str, tuple[str, str | None]] = {
     "errors": (".errors", None),
     "NOT_READY": (".core.answers", "NOT_READY"),
-    "CaptchaAIClient": (".client", "CaptchaAIClient"),
+    "CaptchaAIClient": (".providers.inphp", "CaptchaAIClient"),
     "CaptchaTasksError": (".errors", "CaptchaTasksError"),
     "ValidationError": (".errors", "ValidationError"),
     "METHODS": (".methods", "METHODS"),

@@ -61,14 +61,14 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from . import connections, errors
-from .connections import FAILOVERS, UNREACHABLE
+from . import errors
 from .core.batching import Abandon, Batch, Done, Emit, Fail, Look, Pull, Read, Resend, Send, Wait
-from .keys import Keys
 from .settings import Settings
-from .state import State
+from .state import State, connections
 from .state.batches import AsyncBatchStreams
+from .state.connections import FAILOVERS, UNREACHABLE
 from .state.db import Db
+from .state.keys import Keys
 from .state.lua import text
 from .stream import (
     abandon_failed,
@@ -318,6 +318,10 @@ class _Hub:
             try:
                 async with self.subscribing:  # one SUBSCRIBE at a time on the shared connection
                     await self.pubsub.subscribe(channel)
+                # It answered: the channel is back, whether or not the reader, pausing
+                # between its own tries, has seen it yet (a wait that times out now is a
+                # timeout, not an outage).
+                self._back()
                 return
             except UNREACHABLE as exc:
                 tries += 1
@@ -326,6 +330,11 @@ class _Hub:
                 if pause is None:
                     raise self._gone(exc, timeout) from None
             await asyncio.sleep(pause)  # a back-off while Redis is away
+
+    def _back(self) -> None:
+        if self.lost:
+            log.warning("result channel is back")
+            self.lost = False
 
     def _gone(self, exc: BaseException, timeout: float | None) -> errors.StoreUnavailable:
         return self.owner.db.unavailable(
@@ -347,9 +356,7 @@ class _Hub:
                     self.lost_error = exc
                     await asyncio.sleep(RECONNECT_S)
                     continue
-                if self.lost:
-                    log.warning("result channel is back")
-                    self.lost = False
+                self._back()
                 if message:
                     self._dispatch(message)
         finally:

@@ -40,7 +40,7 @@
         └── BudgetExceeded             ERROR_BUDGET_EXCEEDED: the tenant's daily_captchas
                                        are spent (no in.php was sent)
 
-"Not ready yet" is a value (``captcha_tasks.client.NOT_READY``), never an exception.
+"Not ready yet" is a value (``captcha_tasks.providers.inphp.NOT_READY``), never an exception.
 
 Every exception carries ``code`` (the API's error code, or one of ours such as
 ``ERROR_SOLVE_TIMEOUT``) and ``captcha_id`` when one is known.  The constructor takes

@@ -4,7 +4,8 @@ is for.  A removal or rename of any of them is a breaking change.
 * The top-level names are the package's ``__all__`` (``from captcha_tasks import solve``),
   kept there as a literal list so that type checkers see them.
 * :data:`DOCUMENTED`: the deeper paths the documentation tells users to use.
-* :data:`REMOVED`: the paths 0.1.0 deprecated, gone since 0.2.0, with what to use instead.
+* :data:`REMOVED`: the paths of 0.1.0 gone since 0.2.0 (most deprecated in 0.1.0), with
+  what to use instead.
 
 Anything else is internal and may change between versions.  The documentation's Python
 API page is written from this module (``docs/gen_reference.py``), and
@@ -32,18 +33,30 @@ DOCUMENTED: dict[str, str] = {
     "captcha_tasks.receiver.default_receiver": "mount the pingback receiver in your app",
     "captcha_tasks.receiver.MAX_BODY": "the largest callback body the receiver reads",
     "captcha_tasks.schemas.load": "the JSON Schemas of the contract",
-    "captcha_tasks.dev.devstack.SandboxProcess": "a sandbox provider to kill and restart",
+    "captcha_tasks.testing.sandbox.SandboxServer": "a provider API in your own tests",
+    "captcha_tasks.testing.sandbox.SandboxConfig": "its threads, solve times and faults",
+    "captcha_tasks.testing.processes.SandboxProcess": "a sandbox provider to kill and restart",
+    "captcha_tasks.testing.processes.RedisServer": "a throwaway Redis server for a test",
 }
 
-#: Import paths 0.1.0 deprecated and 0.2.0 removed, with what to use instead (the value).
+#: Import paths of 0.1.0 that 0.2.0 removed, with what to use instead (the value): the
+#: deprecated re-exports, ``captcha_tasks.dev`` (its sandbox is ``captcha_tasks.testing``),
+#: and the modules folded into packages.
 REMOVED: dict[str, str] = {
     "captcha_tasks.sessions": "captcha_tasks.toolkit.sessions",
     "captcha_tasks.state.sessions": "captcha_tasks.toolkit.sessions",
     "captcha_tasks.state.proxies.ProxyPool": "captcha_tasks.toolkit.proxies.ProxyPool",
     "captcha_tasks.store": "captcha_tasks.state.State",
     "captcha_tasks.store.redis_client": "captcha_tasks.state.State.build(get_settings()).redis",
-    "captcha_tasks.store.keys": "captcha_tasks.keys.Keys(get_settings().key_prefix)",
+    "captcha_tasks.store.keys": "captcha_tasks.state.keys.Keys(get_settings().key_prefix)",
     "captcha_tasks.store.proxies": "captcha_tasks.toolkit.proxies.ProxyPool.from_settings()",
+    "captcha_tasks.dev.devstack.SandboxProcess": "captcha_tasks.testing.processes.SandboxProcess",
+    "captcha_tasks.dev.sandbox": "captcha_tasks.testing.sandbox",
+    "captcha_tasks.client": "captcha_tasks.providers.inphp",
+    "captcha_tasks.jsonclient": "captcha_tasks.providers.jsonapi",
+    "captcha_tasks.connections": "captcha_tasks.state.connections",
+    "captcha_tasks.keys": "captcha_tasks.state.keys",
+    "captcha_tasks.redact": "captcha_tasks.worker.redact",
 }
 
 

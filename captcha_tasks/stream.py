@@ -40,7 +40,6 @@ from typing import Any
 from kombu.exceptions import OperationalError
 
 from . import errors
-from .connections import FAILOVERS
 from .core.batching import (
     Abandon,
     Batch,
@@ -59,6 +58,7 @@ from .core.lanes import check_lane, check_tenant
 from .settings import Settings
 from .state import State
 from .state.batches import BatchStreams
+from .state.connections import FAILOVERS
 from .worker.app import app
 from .worker.tasks import solve
 

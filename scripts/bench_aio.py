@@ -166,7 +166,7 @@ def main() -> int:
     args = parser.parse_args()
     args.machine = plots.machine()
 
-    from captcha_tasks.dev.devstack import RedisServer
+    from captcha_tasks.testing.processes import RedisServer
 
     log_dir = Path(tempfile.mkdtemp(prefix="bench-aio-"))
     threads = max(1000, args.concurrent)

@@ -28,8 +28,8 @@ from typing import Any
 import plots
 import requests
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
 
 KEY = "bench-key"
 PAGE = "https://example.com/bench"

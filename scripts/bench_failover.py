@@ -3,7 +3,7 @@
 
 For each event, a fresh deployment on loopback (a master, a replica and three sentinels
 with a 1 s ``down-after-milliseconds``; the sandbox with 0.6 s ± 0.2 s solves; two workers,
-beat, the exporter and the receiver: ``captcha_tasks.dev.failover``) runs a
+beat, the exporter and the receiver: ``harness.sentinel_deployment``) runs a
 ``captcha-tasks batch`` of ``--count`` captchas, and the event happens once a third of
 them are solved.  It prints, per event:
 
@@ -33,14 +33,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import plots
+import repo_root  # noqa: F401  (puts harness/ on sys.path)
 
-from captcha_tasks.dev.devstack import SentinelCluster, wait_until
-from captcha_tasks.dev.failover import (
+from captcha_tasks.testing.processes import wait_until
+from harness.sentinel_cluster import SentinelCluster
+from harness.sentinel_deployment import (
     FAST,
     SANDBOX_OPTIONS,
     BatchRun,
     Event,
-    FailoverDeployment,
+    SentinelDeployment,
     run_batch,
 )
 
@@ -78,7 +80,7 @@ def one(event: str, count: int, out: Path, run_no: int = 1) -> Row:
     cluster = SentinelCluster(log_dir=log_dir / "sentinel", password="bench-" + os.urandom(4).hex())
     with cluster.start():
         tag = f"bench-failover-{event}"
-        with FailoverDeployment(cluster, log_dir, tag).start() as deployment:
+        with SentinelDeployment(cluster, log_dir, tag).start() as deployment:
             timeout = float(FAST["CAPTCHAAI_SOLVE_TIMEOUT"]) + 15
             run = run_batch(deployment, count, [Event(event, count // 3)], timeout)
             leases_at_end = len(deployment.leases())

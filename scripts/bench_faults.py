@@ -36,10 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import repo_root  # noqa: F401  (puts harness/ on sys.path)
 import requests
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, write_tasks
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
+from harness.batch_files import write_tasks
 
 KEY = "bench-key"
 OTHER_KEY = "bench-other-client"

@@ -47,18 +47,19 @@ from typing import Any
 
 import aiohttp
 import plots
+import repo_root  # noqa: F401  (puts harness/ on sys.path)
 import requests
 
-from captcha_tasks.dev.devstack import (
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import (
     CeleryProcess,
     RedisServer,
     free_port,
     redis_client,
     wait_until,
 )
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
-from captcha_tasks.dev.tls import self_signed
-from captcha_tasks.keys import Keys
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
+from harness.tls import self_signed
 
 KEY = "bench-gateway-key"
 GATEWAY_KEY = "0123456789abcdef" * 2

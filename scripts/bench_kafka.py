@@ -2,7 +2,7 @@
 """Kafka bridge benchmark (not a test; prints a table).
 
 Starts its own Redis, sandbox (instant solves, generous threads), one Celery worker, a
-single-node Kafka broker (from Maven Central, see ``captcha_tasks.dev.kafka_broker``) and
+single-node Kafka broker (from Maven Central, see ``harness.kafka_broker``) and
 one bridge, and stops them all.  Measures:
 
 * throughput: ``--tasks`` tasks enqueued at once through the bridge, and the same number
@@ -28,10 +28,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer
-from captcha_tasks.dev.kafka_broker import BridgeProcess, KafkaBroker, missing_tools
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+import repo_root  # noqa: F401  (puts harness/ on sys.path)
+
 from captcha_tasks.state.limiter import LimiterConfig
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
+from harness.kafka_broker import BridgeProcess, KafkaBroker, missing_tools
 
 KEY = "bench-key"
 PAGE = "https://example.com/bench-kafka"

@@ -47,9 +47,11 @@ from pathlib import Path
 from typing import Any
 
 import plots
+import repo_root  # noqa: F401  (puts harness/ on sys.path)
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, redis_client, write_tasks
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer, redis_client
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
+from harness.batch_files import write_tasks
 
 KEY = "bench-key"
 PAGE = "https://example.com/bench-lanes"

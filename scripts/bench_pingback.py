@@ -26,7 +26,7 @@ solve time in every run, whatever order it goes in):
 And (d), the attacked receiver: callbacks on, and while the batch runs (through
 ``captcha-tasks batch``) 600 slow connections from 127.0.0.2 and 400 from 40 other
 addresses (127.0.0.3-42, 10 each) are held open against the receiver
-(:mod:`captcha_tasks.dev.slowloris`, in a process of its own: connections the receiver
+(:mod:`harness.slowloris`, in a process of its own: connections the receiver
 closes are opened again), and ``/health`` is asked every 0.5 s from the provider's
 address (127.0.0.1, where the sandbox calls back from).  It reports the span from the
 first solve's start to the last answer against 1.10 x ideal + 1 s, res.php requests per
@@ -64,18 +64,19 @@ from pathlib import Path
 from typing import Any
 
 import plots
+import repo_root  # noqa: F401  (puts harness/ on sys.path)
 import requests
 
-from captcha_tasks.dev.devstack import (
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import (
     CeleryProcess,
     RedisServer,
     free_port,
     redis_client,
     wait_until,
 )
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
-from captcha_tasks.dev.slowloris import Attack
-from captcha_tasks.keys import Keys
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
+from harness.slowloris import Attack
 
 KEY = "bench-key"
 PAGE = "https://example.com/bench-pingback"

@@ -80,7 +80,7 @@ class Sandbox:
     """The sandbox API in a process of its own (its CPU is not the caller's or a worker's)."""
 
     def __init__(self, options: list[str], log_dir: Path) -> None:
-        from captcha_tasks.dev.devstack import free_port
+        from captcha_tasks.testing.processes import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -446,7 +446,7 @@ def main() -> int:
     args.machine = plots.machine()
     args.count = args.count or (10_000 if args.inflight else 1000)
 
-    from captcha_tasks.dev.devstack import RedisServer
+    from captcha_tasks.testing.processes import RedisServer
 
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     if args.profile:

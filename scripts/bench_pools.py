@@ -27,8 +27,8 @@ from typing import Any
 
 import plots
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer, wait_until
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
 
 KEY = "bench-key"
 PAGE = "https://example.com/bench-pool"

@@ -95,7 +95,7 @@ def deployment(
     """Redis, one sandbox process per provider (the first is the primary) and two workers;
     yields the environment and the sandbox processes by name.  ``kinds``: a further
     provider's kind (default ``2captcha``), which its sandbox speaks too."""
-    from captcha_tasks.dev.devstack import RedisServer, SandboxProcess
+    from captcha_tasks.testing.processes import RedisServer, SandboxProcess
 
     log_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:

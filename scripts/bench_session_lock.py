@@ -27,8 +27,8 @@ from typing import Any
 
 import redis
 
-from captcha_tasks.dev.devstack import RedisServer, wait_until
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import RedisServer, wait_until
 from captcha_tasks.toolkit.sessions import LOCK_TTL_MS, CookieStore, reauthenticate
 
 DOMAIN = "example.com"

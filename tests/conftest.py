@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import requests
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer
 
 API_KEY = "test-key-" + os.urandom(6).hex()
 _STATE: dict[str, Any] = {}
@@ -124,7 +124,7 @@ def capmonster_python(output_dir: Path) -> Path:
 def sandbox_server() -> Iterator[Any]:
     """The module's sandbox (in this process, over HTTP): a provider of its own, so that
     what an earlier module left solving there cannot change what this one counts."""
-    from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+    from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
 
     server = SandboxServer(SandboxConfig(api_keys=(API_KEY,), **SANDBOX_DEFAULTS)).start()
     yield server
@@ -182,7 +182,7 @@ def keys(redis_conn: Any) -> Iterator[Any]:
     """Key names under a prefix of the test's own, deleted afterwards."""
     from uuid import uuid4
 
-    from captcha_tasks.keys import Keys
+    from captcha_tasks.state.keys import Keys
 
     k = Keys(prefix=f"t-{uuid4().hex}")
     yield k
@@ -221,7 +221,7 @@ def purge_broker(redis_url: str, env: Mapping[str, str]) -> None:
     """Drop queued and unacknowledged Celery messages left by an earlier module."""
     import redis
 
-    from captcha_tasks.dev.devstack import queue_names
+    from captcha_tasks.testing.processes import queue_names
 
     conn = redis.Redis.from_url(redis_url)
     conn.delete(*queue_names(env), "unacked", "unacked_index", "unacked_mutex")

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from captcha_tasks.dev.kafka_broker import cache_root
+from harness.kafka_broker import cache_root
 
 MIN_NODE = 18
 NPM_TIMEOUT_S = 300

@@ -20,7 +20,7 @@ import sys
 import venv
 from pathlib import Path
 
-from captcha_tasks.dev.kafka_broker import cache_root
+from harness.kafka_broker import cache_root
 
 #: CapMonster Cloud's official SDK, at the version the gateway's tests were written for.
 CAPMONSTER = "capmonstercloudclient==4.3.1"

@@ -57,7 +57,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Start Redis (if needed), the sandbox (if no API key), a worker and beat; solve a demo.",
     ),
     "sandbox": (
-        "captcha_tasks.dev.sandbox_cli:sandbox",
+        "captcha_tasks.testing.cli:sandbox",
         "Run a local CaptchaAI-compatible API (for development, tests and benchmarks).",
     ),
     "solve": (

@@ -1,6 +1,6 @@
 """What the API can say about one captcha, as values: its answer, or "not ready yet".
 
-The API client (:mod:`captcha_tasks.client`) turns replies into these; the steps
+The API client (:mod:`captcha_tasks.providers.inphp`) turns replies into these; the steps
 (:mod:`.steps`) decide on them.  "Not ready yet" is the value :data:`NOT_READY`, never an
 exception shared with failures.
 """

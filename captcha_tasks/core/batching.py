@@ -368,7 +368,7 @@ class Batch:
 
     def saw_master(self, generation: int) -> None:
         """The failover generation the driver sees now (any time; see
-        :data:`captcha_tasks.connections.FAILOVERS`).  When it moved, the stream is read
+        :data:`captcha_tasks.state.connections.FAILOVERS`).  When it moved, the stream is read
         from its start again and the pending tasks are looked at."""
         if generation == self.generation:
             return

@@ -34,10 +34,10 @@ from functools import lru_cache
 from urllib.parse import parse_qsl
 
 from .. import errors
-from ..client import callback_answer
 from ..core import pingback, steps
 from ..core.answers import NOT_READY
 from ..core.job import Job
+from ..providers.inphp import callback_answer
 from ..serving import addresses
 from ..serving.buckets import Buckets
 from ..worker.adapter import Runner

@@ -16,11 +16,9 @@ from dataclasses import dataclass, replace
 
 from redis import Redis
 
-from ..connections import redis_client, replica_fence
 from ..core import rounds
 from ..core.providers import ProviderSpec
 from ..core.timing import TimingConfig
-from ..keys import Keys
 from ..settings import Settings
 from .acceptance import AcceptanceStore
 from .batches import BatchStreams
@@ -28,10 +26,12 @@ from .board import Board, BoardConfig
 from .budgets import TenantBudgets
 from .channel import CallbackChannel
 from .circuits import Circuits
+from .connections import redis_client, replica_fence
 from .db import Db
 from .failovers import Failovers
 from .followups import Followups
 from .gateway import GatewayStats, GatewayTickets
+from .keys import Keys
 from .limiter import LaneUse, LimiterConfig, ThreadLimiter, WaitTimes
 from .owed import OwedConfig, OwedMessages
 from .pools import PoolStore

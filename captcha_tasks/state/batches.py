@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 
-from ..connections import UNREACHABLE
-from ..keys import Keys
+from .connections import UNREACHABLE
 from .db import Db
+from .keys import Keys
 from .lua import text
 
 T = TypeVar("T")

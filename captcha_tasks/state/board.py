@@ -30,13 +30,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..connections import FENCE_WAIT_MS
 from ..core.admission import NO_HANDOUT, Handout
 from ..core.job import Job
 from ..core.rounds import Again, Entry, RoundDue
 from ..errors import StoreUnavailable
 from .batches import batch_keys
 from .channel import EARLY_KEEP_S, EARLY_MOST, EARLY_POLL_S, early_keys, early_ticket
+from .connections import FENCE_WAIT_MS
 from .db import Db
 from .followups import followup_keys
 from .limiter import ThreadLimiter, handed_out

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from ..keys import Keys
 from .db import Db
+from .keys import Keys
 from .lua import text
 
 T = TypeVar("T")

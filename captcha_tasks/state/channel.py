@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ..core.channel import STATES, UP, Channel, Heard
-from ..keys import Keys
 from .db import Db
+from .keys import Keys
 from .lua import Script, ms, text
 
 T = TypeVar("T")

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import redis
 
-from ..connections import UNREACHABLE, ReplicaFence, describe
 from ..errors import StoreUnavailable
-from ..keys import Keys
+from .connections import UNREACHABLE, ReplicaFence, describe
+from .keys import Keys
 from .lua import Bound, Chain, Script
 
 T = TypeVar("T")
@@ -53,7 +53,7 @@ class Db:
     def fenced(self, write: Callable[[Any], Any]) -> tuple[Any, bool]:
         """Run ``write`` (given a client or pipeline to queue on) and say whether a replica
         holds it: ``(reply, True)`` also when no replica could take over (see
-        :class:`~captcha_tasks.connections.ReplicaFence`).  Unguarded: the caller guards."""
+        :class:`~captcha_tasks.state.connections.ReplicaFence`).  Unguarded: the caller guards."""
         if self.fence is None or not self.fence.needed():
             return write(self.redis), True
         pipe = self.redis.pipeline(transaction=False)  # WAIT must follow on its connection

@@ -12,7 +12,7 @@ at another address, another master took over (:data:`MOVED`): reconciled alike, 
 apart in the log.
 
 Each process also counts what it saw itself (reconnects, from
-:data:`captcha_tasks.connections.FAILOVERS`) and adds it here once Redis answers
+:data:`captcha_tasks.state.connections.FAILOVERS`) and adds it here once Redis answers
 (:meth:`Failovers.report`), so the exporter serves the deployment's totals.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from ..connections import FAILOVERS, FailoverLog, server_address
+from .connections import FAILOVERS, FailoverLog, server_address
 from .db import Db
 from .lua import Script, text
 from .owed import owed_keys

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..keys import Keys
 from .db import Db
+from .keys import Keys
 from .lua import Script, ms, text
 
 T = TypeVar("T")

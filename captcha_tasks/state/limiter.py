@@ -1,7 +1,7 @@
 """A provider's thread limiter and request budgets, shared through Redis.
 
 There is one :class:`ThreadLimiter` per provider (its keys scoped by the provider, see
-:meth:`~captcha_tasks.keys.Keys.scoped`); what follows is about one of them.
+:meth:`~captcha_tasks.state.keys.Keys.scoped`); what follows is about one of them.
 
 A *slot* is one provider thread.  It belongs to a solve (its lease id is the solve's id),
 is taken before ``in.php`` and given back when the solve ends.  Every lease has an expiry

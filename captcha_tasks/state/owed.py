@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..core.admission import Parked
-from ..keys import Keys
 from .db import Db
+from .keys import Keys
 from .lua import Script, ms, text
 
 T = TypeVar("T")

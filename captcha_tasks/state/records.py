@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import TypeVar
 
-from ..keys import Keys
 from .db import Db
+from .keys import Keys
 
 T = TypeVar("T")
 

@@ -11,8 +11,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ..keys import Keys
 from .db import Db
+from .keys import Keys
 
 T = TypeVar("T")
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..keys import Keys
 from .db import Db
+from .keys import Keys
 from .lua import text
 
 T = TypeVar("T")

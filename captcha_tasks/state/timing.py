@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 
 from ..core.timing import Timing, TimingConfig, figures
-from ..keys import Keys
 from .db import Db
+from .keys import Keys
 from .lua import text
 
 #: Seconds a process reuses the figures it read.

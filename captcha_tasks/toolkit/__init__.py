@@ -6,5 +6,5 @@
   solve with ``proxy="pool"`` takes its proxy from.
 
 Build them from the settings (``CookieStore.from_settings()``, ``ProxyPool.from_settings()``)
-or from a redis-py client and :class:`~captcha_tasks.keys.Keys` of your own.
+or from a redis-py client and :class:`~captcha_tasks.state.keys.Keys` of your own.
 """

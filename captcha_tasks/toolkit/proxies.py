@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import redis
 
-from ..connections import redis_client
 from ..core.proxyspec import PROXY_TYPES, mask, parse, proxy_id, split
-from ..keys import Keys
 from ..settings import Settings, get_settings
+from ..state.connections import redis_client
 from ..state.db import Db
+from ..state.keys import Keys
 from ..state.lua import Script, text
 from ..state.proxies import ProxyLeases
 

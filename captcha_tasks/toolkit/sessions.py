@@ -34,10 +34,10 @@ from typing import Any
 import redis
 from requests.cookies import RequestsCookieJar
 
-from ..connections import redis_client
 from ..errors import ReauthTimeout, SessionBusy, SessionError
-from ..keys import Keys
 from ..settings import Settings, get_settings
+from ..state.connections import redis_client
+from ..state.keys import Keys
 from ..state.lua import Script, text
 
 __all__ = [

@@ -26,7 +26,6 @@ from typing import Any
 from celery import Celery
 
 from .. import errors, faults
-from ..client import ProviderAPI
 from ..core import steps
 from ..core.channel import Heard
 from ..core.decisions import Decision, Deliver, Fail
@@ -34,6 +33,7 @@ from ..core.job import BatchRef, Job
 from ..core.outcome import from_pool
 from ..core.rounds import Entry, RoundDue
 from ..methods import SolveRequest, build_request
+from ..providers.inphp import ProviderAPI
 from ..settings import Settings
 from ..state import State
 from . import names

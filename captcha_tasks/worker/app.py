@@ -29,12 +29,11 @@ from celery.signals import (
     worker_process_init,
 )
 
-from .. import redact
 from ..core.lanes import INTERACTIVE, LANES
 from ..errors import StoreUnavailable
 from ..settings import Settings, get_settings, reset_settings
 from ..state import State
-from . import flower_auth, names, startup
+from . import flower_auth, names, redact, startup
 from .housekeeping import Housekeeping, KeepTicking
 from .runtime import Runtime
 

@@ -38,9 +38,9 @@ from typing import Any
 import redis
 from celery.backends import redis as celery_redis
 
-from ..connections import UNREACHABLE
 from ..errors import StoreUnavailable
 from ..settings import mask_url
+from ..state.connections import UNREACHABLE
 
 log = logging.getLogger(__name__)
 

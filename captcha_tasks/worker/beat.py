@@ -17,7 +17,7 @@ from typing import Any
 
 from redbeat import RedBeatScheduler as _RedBeatScheduler
 
-from ..connections import UNREACHABLE
+from ..state.connections import UNREACHABLE
 
 log = logging.getLogger(__name__)
 

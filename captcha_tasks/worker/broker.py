@@ -19,7 +19,7 @@ finds its work done (every step is idempotent).  Everything else is kombu's Redi
 transport (or its ``sentinel`` transport: a failover drops the same connections) as it is.
 
 Behind Sentinel the broker's and the result backend's connections are
-:class:`~captcha_tasks.connections.MasterFollowingConnection`: after a graceful
+:class:`~captcha_tasks.state.connections.MasterFollowingConnection`: after a graceful
 ``SENTINEL FAILOVER`` they move to the new master within about a second instead of
 staying on the old one (still answering, its writes later thrown away) until the
 sentinels demote it.  kombu holds one connection for ``BRPOP`` and polls its socket, so
@@ -34,7 +34,7 @@ from typing import Any
 from celery.backends import redis as celery_redis
 from kombu.transport import redis as kombu_redis
 
-from ..connections import (
+from ..state.connections import (
     MasterFollowingConnection,
     MasterFollowingSSLConnection,
     following_connection,

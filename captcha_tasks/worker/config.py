@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from kombu import Queue  # type: ignore[attr-defined]
 
-from ..connections import celery_options
-from ..keys import Keys
 from ..settings import get_settings
+from ..state.connections import celery_options
+from ..state.keys import Keys
 from .broker import backend_url, transport
 from .names import PREWARM
 

@@ -19,16 +19,16 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 
 from .. import errors
-from ..client import ProviderAPI
-from ..connections import UNREACHABLE
 from ..core.answers import Answer
 from ..core.decisions import Fail, Policy
 from ..core.job import Job
 from ..core.rounds import RoundDue
 from ..core.timing import Timing
 from ..methods import default_wait
+from ..providers.inphp import ProviderAPI
 from ..settings import Settings
 from ..state import State
+from ..state.connections import UNREACHABLE
 from . import names
 from .completion import Completer, Events
 

@@ -24,12 +24,12 @@ from typing import Any
 from celery import bootsteps
 
 from .. import errors
-from ..client import BULK_MAX_IDS
 from ..core import health, routing
 from ..core.answers import NOT_READY
 from ..core.job import Job
 from ..core.lanes import BACKGROUND
 from ..methods import SolveRequest, build_request
+from ..providers.inphp import BULK_MAX_IDS
 from ..state.circuits import PROBE_MAX_S
 from ..state.failovers import MOVED
 from ..state.limiter import Drift

@@ -17,13 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from .. import errors, faults
-from ..client import callback_answer
 from ..core import rounds, routing, steps
 from ..core.answers import NOT_READY, Answer, NotReady, Reading
 from ..core.channel import Heard
 from ..core.decisions import Decision, Deliver, Fail, PollAt, Resubmit
 from ..core.job import Job
 from ..core.rounds import Entry
+from ..providers.inphp import callback_answer
 from .completion import Done
 from .edges import OUTAGES, Edges
 from .health import Health

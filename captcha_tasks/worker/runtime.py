@@ -14,10 +14,10 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ..client import ProviderAPI, Timeout
 from ..core.providers import ProviderSpec
 from ..errors import ConfigurationError
-from ..jsonclient import api_for
+from ..providers.inphp import ProviderAPI, Timeout
+from ..providers.jsonapi import api_for
 from ..settings import Settings
 from ..state import State
 from .adapter import Runner

@@ -16,9 +16,9 @@ import sys
 import click
 from celery import Celery
 
-from ..client import Timeout
 from ..errors import AuthError, CaptchaTasksError, ConfigurationError
-from ..jsonclient import api_for
+from ..providers.inphp import Timeout
+from ..providers.jsonapi import api_for
 from ..settings import Settings, get_settings
 
 #: sysexits.h EX_CONFIG: the process cannot run with this configuration.

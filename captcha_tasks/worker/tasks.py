@@ -39,7 +39,6 @@ from ..core.job import BatchRef, Job
 from ..core.lanes import DEFAULT_TENANT, check_lane, check_tenant, default_lane
 from ..core.outcome import from_pool
 from ..methods import POOL_PROXY, build_request
-from ..redact import SECRET_PARAMS, mask_params
 from ..settings import Settings
 from ..state import State
 from ..state.pools import PoolSpec
@@ -48,6 +47,7 @@ from .adapter import Runner
 from .app import app
 from .canvas import route_followups
 from .edges import OUTAGES, Message
+from .redact import SECRET_PARAMS, mask_params
 from .results import followup_of
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ import pytest
 from image_files import png_b64
 
 from captcha_tasks.core.outcome import parse_iso
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.stream import stream
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.e2e

@@ -34,10 +34,10 @@ from contract import validate
 from captcha_tasks import aio, errors, solve
 from captcha_tasks.core.batching import MAX_BLOCK_S
 from captcha_tasks.core.outcome import parse_iso
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
-from captcha_tasks.keys import Keys
 from captcha_tasks.settings import Settings
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.stream import stream
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.e2e

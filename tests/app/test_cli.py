@@ -20,9 +20,9 @@ import captcha_tasks
 from captcha_tasks.cli import COMMANDS, load_command
 from captcha_tasks.cli import cli as cli_group
 from captcha_tasks.core.outcome import Solved, parse_iso
-from captcha_tasks.dev.devstack import free_port
-from captcha_tasks.dev.sandbox import SandboxConfig
 from captcha_tasks.settings import mask_url
+from captcha_tasks.testing.processes import free_port
+from captcha_tasks.testing.sandbox import SandboxConfig
 
 pytestmark = pytest.mark.redis
 
@@ -232,7 +232,7 @@ def test_an_app_calling_solve_registers_its_pools(
 
 # -- the command itself: lazy sub-commands, --help and --version ----------------------------
 
-HEAVY = ("celery", "captcha_tasks.dev", "captcha_tasks.kafka", "captcha_tasks.metrics",
+HEAVY = ("celery", "captcha_tasks.testing", "captcha_tasks.kafka", "captcha_tasks.metrics",
          "captcha_tasks.worker", "captcha_tasks.stream", "requests")  # fmt: skip
 IMPORTED_BY_HELP = """
 import sys
@@ -338,13 +338,17 @@ def test_pool_take_prints_a_token_as_json_or_exits_1_when_empty(
     assert lines(empty.stderr) == [
         f"pool {POOL['name']} is empty: no token with enough life left (beat refills it)"
     ]
+    added = time.monotonic()
     state.pools.add(POOL["name"], refilled("pooled-token"), 90)  # its life left, as it says
     took = cli("pool", "take", POOL["name"], env=shell)
+    # the life it had, less no more than what passed while the command started and took it
+    # (a loaded machine takes seconds to start a Python process)
+    passed = time.monotonic() - added
     assert took.returncode == 0, took.stderr
     taken = json.loads(took.stdout)
     # the outcome's shape, as a pool hit through solve() has it: from the pool, its life left
     assert (taken["status"], taken["source"], taken["token"]) == ("solved", "pool", "pooled-token")
-    assert list(taken)[-1] == "token" and 80 < taken["remaining_s"] <= 90
+    assert list(taken)[-1] == "token" and 90 - passed - 0.1 < taken["remaining_s"] <= 90
     left = parse_iso(taken["expires_at"]) - time.time()
     assert abs(left - taken["remaining_s"]) < 5
     assert cli("pool", "take", POOL["name"], env=shell).returncode == 1  # handed out once

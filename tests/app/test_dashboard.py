@@ -15,11 +15,11 @@ import yaml
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from captcha_tasks import solve
-from captcha_tasks.dev.devstack import CeleryProcess, wait_until
 from captcha_tasks.errors import FatalError
 from captcha_tasks.gateway import GatewayServer
 from captcha_tasks.receiver.callbacks import Receiver
 from captcha_tasks.receiver.server import PingbackServer
+from captcha_tasks.testing.processes import CeleryProcess, wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 from captcha_tasks.worker.tasks import create_pool, prewarm

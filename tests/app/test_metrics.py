@@ -17,10 +17,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from captcha_tasks import solve
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.errors import FatalError
 from captcha_tasks.metrics import SOLVE_TIME_BUCKETS, StoreCollector, _buckets, make_wsgi_app
 from captcha_tasks.state.board import Completion
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import create_pool, prewarm
 
@@ -351,7 +351,7 @@ def test_master_changes_and_reconnects_are_served(metrics_url: str, state: Any) 
     """What housekeeping counts of a master change, and what each process adds of its
     reconnects, is served as the deployment's totals (the failover tests drive them for
     real: tests/ha/test_failover_batch.py)."""
-    from captcha_tasks.connections import FailoverLog
+    from captcha_tasks.state.connections import FailoverLog
 
     before = _scrape(metrics_url)
     state.failovers.note_master()

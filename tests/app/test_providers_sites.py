@@ -11,11 +11,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from captcha_tasks.cli.providers import providers
-from captcha_tasks.keys import Keys
 from captcha_tasks.settings import Settings
 from captcha_tasks.state import State
 from captcha_tasks.state.acceptance import AcceptanceStore
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.redis

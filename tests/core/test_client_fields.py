@@ -13,9 +13,9 @@ from urllib.parse import parse_qs
 
 import pytest
 
-from captcha_tasks.client import CaptchaAIClient
 from captcha_tasks.core.providers import ProviderSpec
 from captcha_tasks.methods import build_request
+from captcha_tasks.providers.inphp import CaptchaAIClient
 from captcha_tasks.settings import Settings
 from captcha_tasks.worker.runtime import api_client
 

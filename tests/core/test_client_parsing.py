@@ -8,7 +8,7 @@ from email.utils import format_datetime
 import pytest
 
 from captcha_tasks import errors
-from captcha_tasks.client import (
+from captcha_tasks.providers.inphp import (
     DEFAULT_RETRY_AFTER,
     MAX_RETRY_AFTER,
     NOT_READY_TEXT,

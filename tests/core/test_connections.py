@@ -12,9 +12,8 @@ import redis
 from redis.exceptions import ReadOnlyError
 from redis.sentinel import SentinelConnectionPool
 
-from captcha_tasks import connections
 from captcha_tasks.settings import Settings
-from captcha_tasks.state import db
+from captcha_tasks.state import connections, db
 
 pytestmark = pytest.mark.unit
 

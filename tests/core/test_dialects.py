@@ -7,8 +7,8 @@ import pytest
 from captcha_tasks import errors
 from captcha_tasks.core.answers import NOT_READY, Answer
 from captcha_tasks.core.dialects import ANTICAPTCHA, CAPMONSTER, CAPSOLVER, DIALECTS, build_task
-from captcha_tasks.jsonclient import parse_body, parse_task_reply
 from captcha_tasks.methods import build_request
+from captcha_tasks.providers.jsonapi import parse_body, parse_task_reply
 
 pytestmark = pytest.mark.unit
 
@@ -123,11 +123,11 @@ def test_a_malformed_proxy_is_refused_without_showing_it() -> None:
 
 
 def test_a_clients_per_task_state_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from captcha_tasks import jsonclient
+    from captcha_tasks.providers import jsonapi
 
-    monkeypatch.setattr(jsonclient, "TASKS_KEPT", 3)
+    monkeypatch.setattr(jsonapi, "TASKS_KEPT", 3)
     kept: dict[str, int] = {}
     for n in range(5):
-        jsonclient._remember(kept, str(n), n)
-    jsonclient._remember(kept, "2", 20)  # remembered again: the newest
+        jsonapi._remember(kept, str(n), n)
+    jsonapi._remember(kept, "2", 20)  # remembered again: the newest
     assert list(kept.items()) == [("3", 3), ("4", 4), ("2", 20)]

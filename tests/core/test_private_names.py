@@ -95,7 +95,7 @@ def test_the_package_imports_no_private_name_across_modules() -> None:
         "from .board import _Pending\n",
         "from captcha_tasks.state.board import _Pending\n",
         "from . import board\nx = board._Pending\n",
-        "from .. import keys\nkeys._prefix()\n",
+        "from . import keys\nkeys._prefix()\n",
         "import captcha_tasks.state.board as b\nb._Pending\n",
     ],
 )
@@ -107,7 +107,7 @@ def test_the_check_finds_a_crossing(source: str) -> None:
     "source",
     [
         "from .board import Board\n",
-        "from ..connections import redis_client as _connect\n",
+        "from .connections import redis_client as _connect\n",
         "from redbeat import RedBeatScheduler as _R\n",
         "import os\nos._exit(1)\n",
         "from . import board\nboard.__name__\n",

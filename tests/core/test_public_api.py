@@ -64,18 +64,28 @@ DOCUMENTED = {
     "captcha_tasks.receiver.default_receiver",
     "captcha_tasks.receiver.MAX_BODY",
     "captcha_tasks.schemas.load",
-    "captcha_tasks.dev.devstack.SandboxProcess",
+    "captcha_tasks.testing.sandbox.SandboxServer",
+    "captcha_tasks.testing.sandbox.SandboxConfig",
+    "captcha_tasks.testing.processes.SandboxProcess",
+    "captcha_tasks.testing.processes.RedisServer",
 }
 
-#: Paths 0.1.0 deprecated and 0.2.0 removed, and what to use instead.
+#: Paths of 0.1.0 that 0.2.0 removed, and what to use instead.
 REMOVED = {
     "captcha_tasks.sessions": "captcha_tasks.toolkit.sessions",
     "captcha_tasks.state.sessions": "captcha_tasks.toolkit.sessions",
     "captcha_tasks.state.proxies.ProxyPool": "captcha_tasks.toolkit.proxies.ProxyPool",
     "captcha_tasks.store": "captcha_tasks.state.State",
     "captcha_tasks.store.redis_client": "captcha_tasks.state.State.build(get_settings()).redis",
-    "captcha_tasks.store.keys": "captcha_tasks.keys.Keys(get_settings().key_prefix)",
+    "captcha_tasks.store.keys": "captcha_tasks.state.keys.Keys(get_settings().key_prefix)",
     "captcha_tasks.store.proxies": "captcha_tasks.toolkit.proxies.ProxyPool.from_settings()",
+    "captcha_tasks.dev.devstack.SandboxProcess": "captcha_tasks.testing.processes.SandboxProcess",
+    "captcha_tasks.dev.sandbox": "captcha_tasks.testing.sandbox",
+    "captcha_tasks.client": "captcha_tasks.providers.inphp",
+    "captcha_tasks.jsonclient": "captcha_tasks.providers.jsonapi",
+    "captcha_tasks.connections": "captcha_tasks.state.connections",
+    "captcha_tasks.keys": "captcha_tasks.state.keys",
+    "captcha_tasks.redact": "captcha_tasks.worker.redact",
 }
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from image_files import png_b64
 
-from captcha_tasks.redact import mask_params
+from captcha_tasks.worker.redact import mask_params
 
 pytestmark = pytest.mark.unit
 

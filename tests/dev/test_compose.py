@@ -20,8 +20,8 @@ from celery.bin.celery import celery as celery_group
 
 import captcha_tasks
 from captcha_tasks.cli import cli
-from captcha_tasks.dev.devstack import RedisServer, find_redis_server, free_port, wait_until
 from captcha_tasks.settings import ENVIRONMENT_VARIABLES, PROVIDER_KEY_SLOTS, Settings
+from captcha_tasks.testing.processes import RedisServer, find_redis_server, free_port, wait_until
 
 pytestmark = pytest.mark.system
 

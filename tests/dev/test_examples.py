@@ -20,8 +20,8 @@ from celery.signals import before_task_publish
 from cheroot import wsgi
 
 import captcha_tasks
-from captcha_tasks.dev.devstack import CeleryProcess, free_port, wait_until
 from captcha_tasks.receiver import default_receiver
+from captcha_tasks.testing.processes import CeleryProcess, free_port, wait_until
 
 pytestmark = pytest.mark.system
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from captcha_tasks.dev.devstack import free_port, wait_until
+from captcha_tasks.testing.processes import free_port, wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("worker", "clean_state")]

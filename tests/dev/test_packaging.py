@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from captcha_tasks.dev.devstack import free_port, wait_until
+from captcha_tasks.testing.processes import free_port, wait_until
 
 pytestmark = pytest.mark.system
 
@@ -34,6 +34,9 @@ RUNTIME_FILES = [
     # every Lua script and fragment: what Redis runs (and a Node client loads)
     *(str(p.relative_to(ROOT)) for p in sorted((ROOT / "captcha_tasks/state/lua").rglob("*.lua"))),
 ]
+#: The test harness (the Sentinel cluster, the Kafka broker, the connection flood ...): the
+#: tests and benchmarks import it from the source tree; users never run it.
+HARNESS = sorted(p.name for p in (ROOT / "harness").glob("*.py") if p.name != "__init__.py")
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +75,10 @@ def test_the_wheel_holds_what_runs_and_nothing_of_the_tree_around_it(dist: Path)
     names = zipfile.ZipFile(_one(dist, "*.whl")).namelist()
     for path in RUNTIME_FILES:
         assert path in names, path
+    assert HARNESS, "no harness modules found"
+    harness = [n for n in names if n.startswith("harness/") or n.rpartition("/")[2] in HARNESS]
+    assert harness == [], harness
+    assert not [n for n in names if n.startswith("captcha_tasks/dev/")]
     tops = {name.split("/", 1)[0] for name in names}
     assert tops == {"captcha_tasks", f"captcha_tasks-{VERSION}.dist-info"}, tops
     entry_points = zipfile.ZipFile(_one(dist, "*.whl")).read(

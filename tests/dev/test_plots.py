@@ -225,7 +225,7 @@ def plot_args(tmp_path: Path, **more: object) -> argparse.Namespace:
 def test_bench_failover_draws_results_per_second_with_the_event(tmp_path: Path) -> None:
     import bench_failover
 
-    from captcha_tasks.dev.failover import BatchRun
+    from harness.sentinel_deployment import BatchRun
 
     run = BatchRun(started=100.0, ended=130.0)
     run.lines = [{"status": "solved"}] * 5 + [{"status": "failed"}]

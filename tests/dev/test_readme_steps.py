@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from captcha_tasks.dev.devstack import free_port, wait_until
+from captcha_tasks.testing.processes import free_port, wait_until
 
 pytestmark = pytest.mark.system
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import requests
 
-from captcha_tasks.dev.devstack import RESTART_ID_STEP, SandboxProcess, free_port, wait_until
-from captcha_tasks.dev.sandbox import (
+from captcha_tasks.testing.processes import RESTART_ID_STEP, SandboxProcess, free_port, wait_until
+from captcha_tasks.testing.sandbox import (
     FIRST_CAPTCHA_ID,
     MAX_BULK_IDS,
     SandboxConfig,
@@ -841,7 +841,7 @@ def _cli(*args: str) -> Any:
     """``captcha-tasks sandbox`` in this process, for arguments it refuses before serving."""
     from click.testing import CliRunner
 
-    from captcha_tasks.dev.sandbox_cli import sandbox
+    from captcha_tasks.testing.cli import sandbox
 
     return CliRunner().invoke(sandbox, list(args))
 
@@ -875,7 +875,7 @@ def _submit(url: str, key: str, fields: dict[str, Any] = TURNSTILE) -> str:
 def test_cli_runs_providers_on_their_own_ports_with_their_own_keys(
     tmp_path: Path, colliding: bool
 ) -> None:
-    from captcha_tasks.dev.sandbox_cli import PROVIDER_ID_SPAN
+    from captcha_tasks.testing.cli import PROVIDER_ID_SPAN
 
     ports = [free_port(), free_port()]
     args = ["--provider", f"primary:{ports[0]}:key-a:2", "--provider", f"backup:{ports[1]}:key-b"]

@@ -15,10 +15,10 @@ import requests
 from captcha_tasks import errors
 from captcha_tasks.core.answers import NOT_READY, Answer
 from captcha_tasks.core.dialects import CAPMONSTER, CAPSOLVER, DIALECTS, Dialect
-from captcha_tasks.dev.devstack import free_port, wait_until
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
-from captcha_tasks.jsonclient import JSONClient
 from captcha_tasks.methods import build_request
+from captcha_tasks.providers.jsonapi import JSONClient
+from captcha_tasks.testing.processes import free_port, wait_until
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
 from tests.image_files import png
 
 pytestmark = pytest.mark.redis
@@ -171,7 +171,7 @@ def test_cli_kind_and_a_providers_files_kinds_speak_their_dialects(tmp_path: Pat
 def test_cli_refuses_an_unknown_kind() -> None:
     from click.testing import CliRunner
 
-    from captcha_tasks.dev.sandbox_cli import sandbox
+    from captcha_tasks.testing.cli import sandbox
 
     result = CliRunner().invoke(sandbox, ["--kind", "anticaptha"])
     assert result.exit_code == 2

@@ -35,9 +35,9 @@ from typing import Any
 import pytest
 from celery.result import AsyncResult
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.keys import Keys
 from captcha_tasks.settings import get_settings
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("worker", "clean_state")]

@@ -52,3 +52,10 @@ def test_the_map_names_every_subpackage_as_a_folder() -> None:
     for where in modules():
         if where:
             assert f"{where}/" in block, where
+
+
+def test_at_most_twenty_top_level_modules() -> None:
+    """A reader takes in the package's top at a glance (issue 29): a package counts as one,
+    ``__init__`` not at all."""
+    top = modules()[""]
+    assert len(top) <= 20, sorted(top)

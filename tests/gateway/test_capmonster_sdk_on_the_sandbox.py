@@ -20,8 +20,8 @@ import requests
 import sdk_driver
 from image_files import png
 
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
-from captcha_tasks.dev.tls import self_signed
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
+from harness.tls import self_signed
 
 pytestmark = pytest.mark.system
 

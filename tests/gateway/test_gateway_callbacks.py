@@ -23,11 +23,11 @@ from celery import states
 from hooks import Hooks
 
 from captcha_tasks import errors
-from captcha_tasks.dev.devstack import free_port, queue_names
 from captcha_tasks.gateway import GatewayServer
 from captcha_tasks.gateway.delivery import deliver, gateway_callback
 from captcha_tasks.gateway.service import IN_PHP_FACE, JSON_FACE, Gateway
 from captcha_tasks.state.gateway import Ticket
+from captcha_tasks.testing.processes import free_port, queue_names
 from captcha_tasks.worker import names
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.results import Results

@@ -19,9 +19,9 @@ import pytest
 import sdk_driver
 from image_files import png
 
-from captcha_tasks.dev.tls import self_signed
 from captcha_tasks.gateway import GatewayServer
 from captcha_tasks.gateway.server import tls_context
+from harness.tls import self_signed
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("worker", "clean_state")]
 

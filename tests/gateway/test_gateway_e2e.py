@@ -25,8 +25,8 @@ from image_files import png
 from captcha_tasks import create_pool
 from captcha_tasks.core.acceptance import site_of
 from captcha_tasks.core.outcome import Solved
-from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.gateway import MAX_BODY, GatewayServer
+from captcha_tasks.testing.processes import free_port, wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]

@@ -3,7 +3,7 @@
 
 The gateway serves plain HTTP in this process, as behind a proxy that ends TLS (the
 attack's held connections are then the gateway's, not the proxy's); the flood
-(:class:`captcha_tasks.dev.slowloris.Attack`) runs in a process of its own from 127.0.0.2
+(:class:`harness.slowloris.Attack`) runs in a process of its own from 127.0.0.2
 (600 connections, more than one address may hold) and 127.0.0.3-42 (ten each); the probe
 and CaptchaAI's SDK (``sdk_driver.py``, a process of its own) come from 127.0.0.1.
 """
@@ -22,11 +22,11 @@ import pytest
 import sdk_driver
 from system_parts import ensure_open_files
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.dev.slowloris import Attack
-from captcha_tasks.dev.tls import self_signed
 from captcha_tasks.gateway import GatewayServer
 from captcha_tasks.serving.limits import Limits
+from captcha_tasks.testing.processes import wait_until
+from harness.slowloris import Attack
+from harness.tls import self_signed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 

@@ -18,13 +18,13 @@ import pytest
 import requests
 from raw_sockets import closed_after, connect, refused
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.dev.tls import self_signed
 from captcha_tasks.gateway import GatewayServer
 from captcha_tasks.gateway.server import tls_context
 from captcha_tasks.gateway.tenants import WRONG_KEYS_BURST
 from captcha_tasks.serving import Limits
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
+from harness.tls import self_signed
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 import sdk_driver
 
-from captcha_tasks.dev.tls import self_signed
 from captcha_tasks.gateway import GatewayServer
 from captcha_tasks.gateway.server import tls_context
 from captcha_tasks.serving import Limits
+from harness.tls import self_signed
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("worker", "clean_state")]
 

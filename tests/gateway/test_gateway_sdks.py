@@ -21,10 +21,10 @@ from image_files import png
 from twocaptcha import TwoCaptcha
 from twocaptcha.api import ApiException
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.dev.tls import self_signed
 from captcha_tasks.gateway import GatewayServer
 from captcha_tasks.gateway.server import tls_context
+from captcha_tasks.testing.processes import wait_until
+from harness.tls import self_signed
 
 pytestmark = [pytest.mark.system, pytest.mark.usefixtures("clean_state")]
 

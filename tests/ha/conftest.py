@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from captcha_tasks.dev.devstack import RedisServer, SentinelCluster
+from captcha_tasks.testing.processes import RedisServer
+from harness.sentinel_cluster import SentinelCluster
 
 #: A graceful switch (SENTINEL FAILOVER) and a kill -9 of the master (a replica promoted).
 EVENTS = ("switch", "kill")

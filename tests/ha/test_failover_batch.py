@@ -25,8 +25,9 @@ import pytest
 import requests
 
 from captcha_tasks.core import pingback
-from captcha_tasks.dev.devstack import SentinelCluster, queue_names, redis_client, wait_until
-from captcha_tasks.dev.failover import FAST, PAGE, Event, FailoverDeployment, run_batch
+from captcha_tasks.testing.processes import queue_names, redis_client, wait_until
+from harness.sentinel_cluster import SentinelCluster
+from harness.sentinel_deployment import FAST, PAGE, Event, SentinelDeployment, run_batch
 
 pytestmark = pytest.mark.system
 
@@ -41,7 +42,7 @@ LEASES_GONE_S = 20
 
 
 @pytest.fixture
-def deployment(output_dir: Path) -> Iterator[FailoverDeployment]:
+def deployment(output_dir: Path) -> Iterator[SentinelDeployment]:
     log_dir = output_dir / "failover-batch"
     cluster = SentinelCluster(
         log_dir=log_dir / "sentinel",
@@ -50,11 +51,11 @@ def deployment(output_dir: Path) -> Iterator[FailoverDeployment]:
     )
     with cluster.start():
         tag = "failover-" + os.urandom(3).hex()
-        with FailoverDeployment(cluster, log_dir, tag).start() as built:
+        with SentinelDeployment(cluster, log_dir, tag).start() as built:
             yield built
 
 
-def dump_state(d: FailoverDeployment) -> None:
+def dump_state(d: SentinelDeployment) -> None:
     """The deployment's keys on the master at the end (for diagnosis, never asserted)."""
     master = redis_client(d.cluster.master().url)
     found: dict[str, Any] = {}
@@ -78,7 +79,7 @@ def metric(scraped: str, name: str) -> float:
 
 
 @pytest.mark.timeout(TASK_TIMEOUT_S + 300)
-def test_a_batch_rides_out_a_switch_and_a_kill(deployment: FailoverDeployment) -> None:
+def test_a_batch_rides_out_a_switch_and_a_kill(deployment: SentinelDeployment) -> None:
     d = deployment
     run = run_batch(d, COUNT, EVENTS, TASK_TIMEOUT_S)
     dump_state(d)

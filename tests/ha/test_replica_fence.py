@@ -10,9 +10,10 @@ import signal
 
 import pytest
 
-from captcha_tasks.dev.devstack import SentinelCluster, wait_until
 from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.state import State
+from captcha_tasks.testing.processes import wait_until
+from harness.sentinel_cluster import SentinelCluster
 
 pytestmark = pytest.mark.system
 

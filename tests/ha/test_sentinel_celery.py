@@ -18,15 +18,10 @@ from typing import Any
 import pytest
 from conftest import EVENTS, happen  # tests/ha/conftest.py
 
-from captcha_tasks.connections import FOLLOW_S
-from captcha_tasks.dev.devstack import (
-    CeleryProcess,
-    SentinelCluster,
-    redis_client,
-    role,
-    wait_until,
-)
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.connections import FOLLOW_S
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import CeleryProcess, redis_client, wait_until
+from harness.sentinel_cluster import SentinelCluster, role
 
 pytestmark = pytest.mark.system
 

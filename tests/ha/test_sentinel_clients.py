@@ -20,15 +20,16 @@ from celery import Celery
 from celery.backends.redis import RedisBackend
 from conftest import EVENTS, happen  # tests/ha/conftest.py
 
-from captcha_tasks import connections
-from captcha_tasks.dev.devstack import RedisServer, SentinelCluster, redis_client, wait_until
 from captcha_tasks.errors import RetryableError, StoreUnavailable
-from captcha_tasks.keys import Keys
 from captcha_tasks.settings import Settings
+from captcha_tasks.state import connections
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.lua import Library
+from captcha_tasks.testing.processes import RedisServer, redis_client, wait_until
 from captcha_tasks.worker import broker
 from captcha_tasks.worker.app import app
+from harness.sentinel_cluster import SentinelCluster
 
 pytestmark = pytest.mark.system
 

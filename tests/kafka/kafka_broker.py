@@ -6,7 +6,7 @@ Import the fixtures into a test module (conftest.py belongs to the core suite)::
     from kafka_broker import kafka_broker_fixture, kafka_fixture, start_bridge_fixture
 
 The broker's jars come from Maven Central on the first run and are cached (see
-:mod:`captcha_tasks.dev.kafka_broker`).  Without Java 17+ or Maven the tests that need the
+:mod:`harness.kafka_broker`).  Without Java 17+ or Maven the tests that need the
 broker are skipped with the reason; on CI (``CI`` set) that is a failure instead, so the
 suite cannot silently stop testing Kafka.
 """
@@ -23,8 +23,6 @@ from typing import Any
 import pytest
 from system_parts import missing
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.dev.kafka_broker import BridgeProcess, KafkaBroker, missing_tools
 from captcha_tasks.kafka.client import (
     Consumer,
     TopicPartition,
@@ -33,6 +31,8 @@ from captcha_tasks.kafka.client import (
     create_topics,
 )
 from captcha_tasks.settings import Settings
+from captcha_tasks.testing.processes import wait_until
+from harness.kafka_broker import BridgeProcess, KafkaBroker, missing_tools
 
 #: Quick failure detection for the tests that kill a bridge (the broker's minimum).
 TEST_CLIENT_CONFIG = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}

@@ -24,7 +24,6 @@ from kafka_broker import (  # noqa: F401  (the fixtures are used by name)
     wait_for_members,
 )
 
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.kafka.claims import ClaimStore
 from captcha_tasks.kafka.client import (
     Consumer,
@@ -36,6 +35,7 @@ from captcha_tasks.kafka.client import (
     producer_config,
 )
 from captcha_tasks.kafka.messages import task_value
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.system

@@ -15,7 +15,6 @@ import pytest
 from contract import validate
 from image_files import png
 
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.errors import ConfigurationError, ValidationError
 from captcha_tasks.kafka.claims import ClaimStore
 from captcha_tasks.kafka.client import (
@@ -36,6 +35,7 @@ from captcha_tasks.kafka.messages import (
 )
 from captcha_tasks.kafka.offsets import OffsetTracker
 from captcha_tasks.settings import ENVIRONMENT_VARIABLES, Settings
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 PAGE = "https://example.com/login"

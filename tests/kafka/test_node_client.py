@@ -24,7 +24,6 @@ from kafka_broker import (  # noqa: F401  (the fixtures are used by name)
 from node_client import EXAMPLE, missing_node, node_modules
 from system_parts import missing
 
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.kafka.client import (
     Consumer,
     Producer,
@@ -32,6 +31,7 @@ from captcha_tasks.kafka.client import (
     consumer_config,
     producer_config,
 )
+from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.system
 

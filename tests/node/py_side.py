@@ -17,12 +17,12 @@ from typing import Any
 
 import redis
 
-from captcha_tasks import connections, errors
+from captcha_tasks import errors
 from captcha_tasks.core.outcome import from_pool, iso
 from captcha_tasks.core.poolspec import PoolSpec
-from captcha_tasks.keys import Keys
-from captcha_tasks.state import pools
+from captcha_tasks.state import connections, pools
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.lua import LIBRARY
 from captcha_tasks.state.pools import PoolStore
 from captcha_tasks.toolkit.proxies import ProxyPool

@@ -25,8 +25,8 @@ import pytest
 from npm_cache import missing_node, node_modules
 from system_parts import missing
 
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.gateway import GatewayServer
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.tasks import create_pool, prewarm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]

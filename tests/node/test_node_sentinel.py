@@ -26,13 +26,14 @@ import pytest
 from npm_cache import missing_node, node_modules
 from system_parts import missing
 
-from captcha_tasks.connections import redis_client, replica_fence
 from captcha_tasks.core.outcome import iso
 from captcha_tasks.core.poolspec import PoolSpec
-from captcha_tasks.dev.devstack import SentinelCluster, wait_until
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.connections import redis_client, replica_fence
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.pools import PoolStore
+from captcha_tasks.testing.processes import wait_until
+from harness.sentinel_cluster import SentinelCluster
 
 pytestmark = pytest.mark.system
 

@@ -19,7 +19,7 @@ import pytest
 from npm_cache import missing_node, node_modules
 from system_parts import missing
 
-from captcha_tasks.dev.devstack import find_redis_server
+from captcha_tasks.testing.processes import find_redis_server
 
 pytestmark = pytest.mark.e2e
 

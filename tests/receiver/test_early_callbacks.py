@@ -15,10 +15,10 @@ from captcha_tasks.core import pingback, steps
 from captcha_tasks.core.answers import NOT_READY
 from captcha_tasks.core.channel import UP
 from captcha_tasks.core.job import Job
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.methods import build_request
 from captcha_tasks.receiver.callbacks import Receiver, Verdict
 from captcha_tasks.state.channel import EARLY_POLL_S
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from captcha_tasks.core import pingback
-from captcha_tasks.dev.devstack import free_port, wait_until
+from captcha_tasks.testing.processes import free_port, wait_until
 
 pytestmark = pytest.mark.e2e
 

@@ -16,10 +16,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from captcha_tasks import errors, solve
 from captcha_tasks.core import pingback
 from captcha_tasks.core.channel import CHANNEL_BACK, CHANNEL_SETTLE, DEGRADED, DOWN, UP
-from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.metrics import StoreCollector
 from captcha_tasks.receiver.callbacks import STRIKES_BURST, Receiver
 from captcha_tasks.receiver.server import PingbackServer
+from captcha_tasks.testing.processes import free_port, wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 

@@ -3,7 +3,7 @@ and loopback addresses (every 127.0.0.x is the loopback on Linux) as distinct cl
 
 The sandbox, which plays the provider, calls back from 127.0.0.1; attackers come from
 127.0.0.2 and up.  The thousand-connection attack runs in a process of its own
-(:class:`captcha_tasks.dev.slowloris.Attack`), so its work does not slow this process's
+(:class:`harness.slowloris.Attack`), so its work does not slow this process's
 probes.
 """
 
@@ -25,13 +25,13 @@ from raw_sockets import closed_after, connect, refused
 from system_parts import ensure_open_files
 
 from captcha_tasks import solve
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.dev.slowloris import Attack
 from captcha_tasks.receiver import Limits, PingbackServer, Receiver, make_wsgi_app
 from captcha_tasks.receiver.callbacks import STRIKES_BURST
 from captcha_tasks.serving.server import FD_RESERVE, fit_to_open_files
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
+from harness.slowloris import Attack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 

@@ -13,8 +13,8 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 import requests
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+from captcha_tasks.testing.processes import wait_until
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
 
 pytestmark = pytest.mark.redis
 

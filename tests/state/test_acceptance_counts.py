@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.keys import Keys
 from captcha_tasks.state.acceptance import AcceptanceStore
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 

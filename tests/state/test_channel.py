@@ -11,8 +11,6 @@ from typing import Any
 import pytest
 
 from captcha_tasks.core.channel import DEGRADED, DOWN, UP, Channel, Heard
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.keys import Keys
 from captcha_tasks.state import channel as channel_module
 from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.channel import (
@@ -22,7 +20,9 @@ from captcha_tasks.state.channel import (
     late_bucket,
 )
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
+from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 

@@ -14,15 +14,15 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from captcha_tasks.connections import FailoverLog, server_address
-from captcha_tasks.dev.devstack import free_port
 from captcha_tasks.errors import StoreUnavailable
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.connections import FailoverLog, server_address
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.failovers import MOVED, RESTARTED, Failovers
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 from captcha_tasks.state.owed import OwedConfig, OwedMessages
 from captcha_tasks.state.records import Records
+from captcha_tasks.testing.processes import free_port
 
 pytestmark = pytest.mark.redis
 

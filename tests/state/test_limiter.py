@@ -17,13 +17,13 @@ from redis.retry import Retry
 
 from captcha_tasks.core.admission import Handout, Parked
 from captcha_tasks.core.rounds import Again
-from captcha_tasks.dev.devstack import free_port, wait_until
 from captcha_tasks.errors import StoreUnavailable
-from captcha_tasks.keys import Keys
 from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter, _Ask
 from captcha_tasks.state.owed import OwedConfig, OwedMessages
+from captcha_tasks.testing.processes import free_port, wait_until
 
 pytestmark = pytest.mark.redis
 

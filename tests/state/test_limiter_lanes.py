@@ -22,16 +22,16 @@ from test_limiter import (
 )
 
 from captcha_tasks.core.lanes import Tenant
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.errors import ValidationError
-from captcha_tasks.keys import Keys
 from captcha_tasks.state.budgets import DAY_MS, TenantBudgets
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.limiter import (
     REFILL_BAND,
     WAIT_BUCKETS_S,
     LaneUse,
     ThreadLimiter,
 )
+from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 

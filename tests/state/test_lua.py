@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from captcha_tasks import keys as keys_module
 from captcha_tasks.core.lanes import LANES
 from captcha_tasks.errors import StoreUnavailable
-from captcha_tasks.keys import Keys
+from captcha_tasks.state import keys as keys_module
 from captcha_tasks.state.batches import STREAM_TTL
 from captcha_tasks.state.budgets import DAY_MS
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.limiter import WAIT_BUCKETS_S
 from captcha_tasks.state.lua import (
     LIBRARY,

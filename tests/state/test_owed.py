@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.keys import TEST_CLOCK_OFFSET_KEY, Keys
 from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import TEST_CLOCK_OFFSET_KEY, Keys
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 from captcha_tasks.state.owed import OwedConfig, OwedMessages
+from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 

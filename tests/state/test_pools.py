@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 import redis
 
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.errors import ConfigurationError, ValidationError
-from captcha_tasks.keys import Keys
 from captcha_tasks.methods import build_request
 from captcha_tasks.state.db import Db
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.pools import (
     PoolNotFound,
     PoolSpec,
     PoolStore,
     parse_pools,
 )
+from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.toolkit.proxies import ProxyPool, mask, proxy_id, split
 
 pytestmark = pytest.mark.redis

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from requests.cookies import RequestsCookieJar
 
-from captcha_tasks.dev.devstack import wait_until
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.toolkit.sessions import (
     LOCK_TTL_MS,
     Cookies,

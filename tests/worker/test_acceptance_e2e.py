@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from captcha_tasks import create_pool, report, solve, take_token
-from captcha_tasks.dev.devstack import SandboxProcess, free_port, wait_until
+from captcha_tasks.testing.processes import SandboxProcess, free_port, wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import prewarm
 

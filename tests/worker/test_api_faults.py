@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from captcha_tasks import errors, solve
-from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]

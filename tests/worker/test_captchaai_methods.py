@@ -9,8 +9,8 @@ import pytest
 from image_files import png, png_b64
 
 from captcha_tasks import create_pool, errors, solve
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.methods import MAX_IMAGE_BYTES
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import prewarm
 

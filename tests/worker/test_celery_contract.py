@@ -16,7 +16,7 @@ from celery.result import AsyncResult
 from followups import record, record_error, recorded
 
 from captcha_tasks import create_pool, errors, solve
-from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.results import PARKED, SUBMITTED, Results
 from captcha_tasks.worker.tasks import prewarm

@@ -23,8 +23,9 @@ from typing import Any
 import pytest
 import redis
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, wait_until, write_tasks
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer, wait_until
+from harness.batch_files import write_tasks
 
 pytestmark = pytest.mark.e2e
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from captcha_tasks import solve
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.state import owed_config
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]

@@ -10,7 +10,7 @@ import pytest
 
 from captcha_tasks import solve
 from captcha_tasks.core.outcome import parse_iso
-from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = pytest.mark.e2e

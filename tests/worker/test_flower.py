@@ -18,7 +18,7 @@ import redis
 import requests
 from browser import chromium
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, free_port, wait_until
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.flower_auth import (
     EXIT_CONFIG,

@@ -34,8 +34,8 @@ from typing import Any
 import pytest
 import redis
 
-from captcha_tasks.dev.devstack import CeleryProcess, RedisServer, queue_names
-from captcha_tasks.keys import Keys
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import CeleryProcess, RedisServer, queue_names
 
 pytestmark = pytest.mark.e2e
 

@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 from captcha_tasks import errors
-from captcha_tasks.dev.devstack import RedisServer, wait_until
 from captcha_tasks.state import State
+from captcha_tasks.testing.processes import RedisServer, wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.edges import Message
 from captcha_tasks.worker.results import Results

@@ -21,9 +21,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from captcha_tasks import report, solve
 from captcha_tasks.core.answers import Answer
 from captcha_tasks.core.dialects import DIALECTS
-from captcha_tasks.dev.devstack import SandboxProcess, free_port, wait_until
-from captcha_tasks.dev.jsonface import COSTS
-from captcha_tasks.jsonclient import JSONClient
+from captcha_tasks.providers.jsonapi import JSONClient
+from captcha_tasks.testing.jsonface import COSTS
+from captcha_tasks.testing.processes import SandboxProcess, free_port, wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e]

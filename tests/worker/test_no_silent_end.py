@@ -19,8 +19,8 @@ import pytest
 from followups import record, recorded
 
 from captcha_tasks import errors, solve
-from captcha_tasks.dev.devstack import wait_until
 from captcha_tasks.stream import stream
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]

@@ -10,8 +10,8 @@ import pytest
 from celery import Celery, Task
 from celery.exceptions import Reject
 
-from captcha_tasks.dev.devstack import free_port
 from captcha_tasks.errors import StoreUnavailable
+from captcha_tasks.testing.processes import free_port
 from captcha_tasks.worker.tasks import OutageTask, solve, submit
 
 # A real broker that is down: nothing listens on the port (a socket, so the redis tier).

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from captcha_tasks import solve
-from captcha_tasks.dev.devstack import CeleryProcess, wait_until
 from captcha_tasks.state.pools import PoolNotFound
+from captcha_tasks.testing.processes import CeleryProcess, wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.tasks import take_token
 

@@ -18,10 +18,10 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 
 from captcha_tasks import errors, solve
 from captcha_tasks.core.job import Job
-from captcha_tasks.dev.devstack import SandboxProcess, free_port, wait_until
 from captcha_tasks.receiver.callbacks import Receiver
 from captcha_tasks.receiver.server import PingbackServer
 from captcha_tasks.state import owed_config
+from captcha_tasks.testing.processes import SandboxProcess, free_port, wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.runtime import Runtime
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from captcha_tasks import errors, solve
-from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.toolkit.proxies import ProxyPool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("worker", "clean_state")]

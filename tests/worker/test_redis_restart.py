@@ -26,15 +26,15 @@ import pytest
 import redis
 import requests
 
-from captcha_tasks.dev.devstack import (
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import (
     CeleryProcess,
     RedisServer,
     free_port,
     queue_names,
     wait_until,
-    write_tasks,
 )
-from captcha_tasks.keys import Keys
+from harness.batch_files import write_tasks
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from captcha_tasks.dev.devstack import free_port
+from captcha_tasks.testing.processes import free_port
 from captcha_tasks.worker.startup import EXIT_CONFIG
 
 pytestmark = pytest.mark.e2e
@@ -182,7 +182,7 @@ def test_a_worker_whose_second_provider_refuses_its_key_refuses_to_start(sandbox
 @pytest.fixture(scope="module")
 def json_sandbox() -> Any:
     """A sandbox speaking Anti-Captcha's JSON dialect (createTask, getBalance...)."""
-    from captcha_tasks.dev.sandbox import SandboxConfig, SandboxServer
+    from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
 
     with SandboxServer(SandboxConfig(kind="anticaptcha", api_keys=("json-key",))) as server:
         yield server

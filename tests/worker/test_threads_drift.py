@@ -13,7 +13,7 @@ import pytest
 import requests
 
 from captcha_tasks import solve
-from captcha_tasks.dev.devstack import wait_until
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]

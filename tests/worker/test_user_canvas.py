@@ -19,7 +19,7 @@ from celery import _state as celery_state
 from celery.contrib.testing.worker import start_worker
 
 from captcha_tasks import errors, solve
-from captcha_tasks.dev.devstack import CeleryProcess, wait_until
+from captcha_tasks.testing.processes import CeleryProcess, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 

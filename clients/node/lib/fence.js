@@ -1,6 +1,6 @@
 "use strict";
 // The replica fence of a sentinel:// deployment, as the Python package's
-// captcha_tasks/connections.py ReplicaFence: a take is delivered only once a replica
+// captcha_tasks/state/connections.py ReplicaFence: a take is delivered only once a replica
 // holds it (WAIT 1 <ms> queued after it, on its connection), or when the sentinels know
 // of no replica that could be promoted.  Behind Sentinel a write the old master took after
 // a replica was promoted is lost: a take no replica holds could see its token handed out

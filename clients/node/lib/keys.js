@@ -1,5 +1,5 @@
 "use strict";
-// The key names of captcha_tasks/keys.py that this client reads or writes, built the same
+// The key names of captcha_tasks/state/keys.py that this client reads or writes, built the same
 // way (a test compares every one with Python's, for a key prefix too).  No other module of
 // this package writes a key string.
 

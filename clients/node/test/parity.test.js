@@ -22,7 +22,7 @@ test("the scripts this package loads are the Python package's files, assembled a
   for (const name of SCRIPTS) assert.ok(name in python, `${name} is a script of the Python package`);
 });
 
-test("key names are keys.py's, for any prefix", { skip }, async () => {
+test("key names are state/keys.py's, for any prefix", { skip }, async () => {
   const sample = { name: "login", domain: "shop.example", owner: "w-1", proxyId: "0123abcd" };
   for (const keyPrefix of ["captcha", "ct-x:tenant"]) {
     const python = await py("unused", ["keys", keyPrefix]);

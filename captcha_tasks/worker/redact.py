@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .settings import get_settings
+from ..settings import get_settings
 
 #: Solve parameters that must never appear in a log line, a task event or Flower.
 SECRET_PARAMS = frozenset({"proxy", "cookies"})

@@ -1,7 +1,7 @@
 """A whole deployment behind Redis Sentinel, and a batch run through failovers: for the
 failover test (``tests/ha/test_failover_batch.py``) and ``scripts/bench_failover.py``.
 
-:class:`FailoverDeployment` starts, on a :class:`~.devstack.SentinelCluster`, a sandbox
+:class:`SentinelDeployment` starts, on a :class:`~.sentinel_cluster.SentinelCluster`, a sandbox
 provider that journals every captcha it is paid for, two workers, beat, the metrics
 exporter and the pingback receiver.  :func:`run_batch` runs ``captcha-tasks batch`` on it,
 notes when each result line arrives, and fires the events it is given (a graceful switch,
@@ -24,16 +24,17 @@ from typing import Any
 
 import requests
 
-from ..keys import Keys
-from .devstack import (
+from captcha_tasks.state.keys import Keys
+from captcha_tasks.testing.processes import (
     CeleryProcess,
     SandboxProcess,
-    SentinelCluster,
     free_port,
     redis_client,
     wait_until,
-    write_tasks,
 )
+
+from .batch_files import write_tasks
+from .sentinel_cluster import SentinelCluster
 
 PAGE = "https://example.com/failover"
 #: Short HTTP timeouts allow a short visibility timeout (messages a lost connection left
@@ -54,7 +55,7 @@ FAST = {
 SANDBOX_OPTIONS = ("--threads", "60", "--solve-time", "0.6", "--jitter", "0.2")
 
 
-class FailoverDeployment:
+class SentinelDeployment:
     """The sandbox, two workers, beat, the exporter and the receiver on ``cluster``."""
 
     def __init__(
@@ -75,7 +76,7 @@ class FailoverDeployment:
         self.celery: list[CeleryProcess] = []
         self.servers: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
 
-    def start(self) -> FailoverDeployment:
+    def start(self) -> SentinelDeployment:
         try:
             self.sandbox.start()
             for n in range(2):
@@ -136,7 +137,7 @@ class FailoverDeployment:
             celery.stop()
         self.sandbox.stop()
 
-    def __enter__(self) -> FailoverDeployment:
+    def __enter__(self) -> SentinelDeployment:
         return self
 
     def __exit__(self, *_: object) -> None:
@@ -183,7 +184,7 @@ class BatchRun:
 
 
 def run_batch(
-    deployment: FailoverDeployment,
+    deployment: SentinelDeployment,
     count: int,
     events: Sequence[Event],
     timeout_per_task: float,

@@ -9,7 +9,7 @@ request, then one more header line every ``--drip`` seconds and never finishes i
 ``--pause`` seconds, so a server that refuses or times out connections also gets a
 steady flood of new ones::
 
-    python -m captcha_tasks.dev.slowloris 127.0.0.1:8766 \\
+    python -m harness.slowloris 127.0.0.1:8766 \\
         --crowd 127.0.0.2=600 --crowd 127.0.0.3-42=10
 
 Prints a JSON line of counts per crowd every ``--every`` seconds and a last one when
@@ -30,6 +30,7 @@ import sys
 import threading
 from dataclasses import asdict, dataclass
 from ipaddress import IPv4Address
+from pathlib import Path
 from typing import Any
 
 HEAD = b"GET /captcha/pingback/slow HTTP/1.1\r\nHost: receiver\r\n"
@@ -160,7 +161,9 @@ class Attack:
         argv = [sys.executable, "-m", __name__, f"{host}:{port}"]
         for crowd in crowds:
             argv += ["--crowd", crowd]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        # From the repository's root, where ``python -m harness.slowloris`` finds it.
+        root = Path(__file__).resolve().parents[1]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=root)
         self.last: dict[str, Any] = {}
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

@@ -23,11 +23,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Self
 
-from ..errors import ConfigurationError
-from .devstack import ChildProcess, free_port, wait_until
+from captcha_tasks.errors import ConfigurationError
+from captcha_tasks.testing.processes import ChildProcess, free_port, wait_until
 
 #: The pom that names the broker's artifacts (in a source checkout).
-POM = Path(__file__).resolve().parents[2] / "scripts" / "kafka" / "pom.xml"
+POM = Path(__file__).resolve().parents[1] / "scripts" / "kafka" / "pom.xml"
 MIN_JAVA = 17
 #: Generous: the first run downloads about 45 MB of jars.
 MAVEN_TIMEOUT_S = 600

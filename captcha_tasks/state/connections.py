@@ -53,7 +53,7 @@ from redis.exceptions import InvalidResponse, ReadOnlyError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
-from .settings import RedisSentinel, Settings, mask_url
+from ..settings import RedisSentinel, Settings, mask_url
 
 #: Seconds to wait for a connection, and for a reply, of the state layer's client.
 CONNECT_TIMEOUT_S = 5

@@ -2,8 +2,8 @@
 Anti-Captcha, CapSolver, CapMonster Cloud; each spoken through its
 :class:`~captcha_tasks.core.dialects.Dialect`.
 
-The same interface as :class:`captcha_tasks.client.CaptchaAIClient`
-(:class:`~captcha_tasks.client.ProviderAPI`: ``submit`` -> id, ``answered`` -> the answer
+The same interface as :class:`captcha_tasks.providers.inphp.CaptchaAIClient`
+(:class:`~captcha_tasks.providers.inphp.ProviderAPI`: ``submit`` -> id, ``answered`` -> the answer
 that came with it, ``get`` / ``get_many`` -> answer, :data:`NOT_READY` or a typed error,
 ``balance``, ``report``); :func:`api_for` builds the one a provider's kind speaks.
 :func:`parse_task_reply` is pure: "not ready" is a value, an ``errorId > 0`` becomes the
@@ -23,12 +23,12 @@ from typing import Any, TypeVar
 
 import urllib3
 
-from . import errors
-from .client import CaptchaAIClient, ProviderAPI, Timeout, pool_manager, retry_after
-from .core.answers import NOT_READY, Answer, NotReady
-from .core.dialects import DIALECTS, Dialect, build_task
-from .core.providers import ProviderSpec
-from .methods import SolveRequest
+from .. import errors
+from ..core.answers import NOT_READY, Answer, NotReady
+from ..core.dialects import DIALECTS, Dialect, build_task
+from ..core.providers import ProviderSpec
+from ..methods import SolveRequest
+from .inphp import CaptchaAIClient, ProviderAPI, Timeout, pool_manager, retry_after
 
 #: The ``solution`` fields that hold a token or text, in the order they are looked for.
 _SOLUTION_FIELDS = ("gRecaptchaResponse", "token", "text")

@@ -28,9 +28,9 @@ from typing import Any, Protocol
 
 import urllib3
 
-from . import errors
-from .core.answers import NOT_READY, Answer, NotReady
-from .methods import SolveRequest
+from .. import errors
+from ..core.answers import NOT_READY, Answer, NotReady
+from ..methods import SolveRequest
 
 NOT_READY_TEXT = "CAPCHA_NOT_READY"
 BULK_MAX_IDS = 100
@@ -47,7 +47,7 @@ class Timeout:
 class ProviderAPI(Protocol):
     """What the worker asks of one provider's API, whichever protocol it speaks: this
     module's :class:`CaptchaAIClient` (``in.php`` / ``res.php``) and
-    :class:`captcha_tasks.jsonclient.JSONClient` (``createTask`` / ``getTaskResult``)."""
+    :class:`captcha_tasks.providers.jsonapi.JSONClient` (``createTask`` / ``getTaskResult``)."""
 
     def submit(self, request: SolveRequest, pingback: str | None = None) -> str: ...
 

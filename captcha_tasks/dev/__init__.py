@@ -1,1 +1,0 @@
-"""Development tooling: the sandbox API, local process stacks, the quickstart, a Kafka broker."""
