@@ -123,11 +123,14 @@ class Settings:
     #: ttl, min_remaining, ...extra solve parameters}``.
     pools: tuple[Any, ...] = ()
     #: CAPTCHAAI_TENANTS: the tenants sharing the account, a JSON object of name ->
-    #: ``{weight, max_threads, daily_captchas, key_env, requests_per_s}`` (each optional):
-    #: freed threads go to them in proportion to ``weight``, ``max_threads`` caps one,
-    #: ``daily_captchas`` is its budget per UTC day; for the gateway, ``key_env`` names the
-    #: variable holding its key and ``requests_per_s`` caps its requests to one gateway
-    #: process (default 100); ``default`` exists undeclared.
+    #: ``{weight, max_threads, daily_captchas, key_env, requests_per_s, callback_hosts}``
+    #: (each optional): freed threads go to them in proportion to ``weight``,
+    #: ``max_threads`` caps one, ``daily_captchas`` is its budget per UTC day; for the
+    #: gateway, ``key_env`` names the variable holding its key, ``requests_per_s`` caps its
+    #: requests to one gateway process (default 100) and ``callback_hosts`` lists the hosts
+    #: (``name``, ``name:port``, an IP address; lower-cased, exact; no port: 80 / 443 only)
+    #: its ``pingback`` / ``callbackUrl`` may name (default none: refused); ``default``
+    #: exists undeclared.
     tenants: Mapping[str, Tenant] = field(default_factory=dict)
     #: CAPTCHAAI_PROXIES: proxies for the shared pool, comma or newline separated.
     proxies: tuple[str, ...] = field(default=(), repr=False)

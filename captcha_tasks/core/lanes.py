@@ -23,10 +23,11 @@ tenant holds; ``daily_captchas`` is its budget of submitted captchas per UTC day
 without a tenant belongs to :data:`DEFAULT_TENANT`, which exists without being declared
 (weight 1, no cap, no budget, unless ``CAPTCHAAI_TENANTS`` declares it).
 
-Two fields concern the gateway (``captcha-tasks gateway``) only: ``key_env`` names the
+Three fields concern the gateway (``captcha-tasks gateway``) only: ``key_env`` names the
 environment variable holding the tenant's gateway key (the variable's name is in the
-settings, never the key), and ``requests_per_s`` caps the tenant's requests to one gateway
-process.
+settings, never the key), ``requests_per_s`` caps the tenant's requests to one gateway
+process, and ``callback_hosts`` lists the hosts its ``pingback`` / ``callbackUrl`` may
+name (:mod:`~captcha_tasks.core.callback_urls`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ValidationError
+from .callback_urls import parse_hosts
 
 __all__ = [
     "BACKGROUND",
@@ -69,6 +71,7 @@ _FIELDS = (
     "daily_captchas",
     "key_env",
     "requests_per_s",
+    "callback_hosts",
 )
 #: Requests per second a tenant may send one gateway process, unless it says otherwise:
 #: far above what a well-behaved SDK sends (a poll every 5 s per captcha in flight).
@@ -91,6 +94,9 @@ class Tenant:
     key_env: str | None = None
     #: Requests per second it may send one gateway process.
     requests_per_s: float = DEFAULT_REQUESTS_PER_S
+    #: The hosts its ``pingback`` / ``callbackUrl`` may name (see
+    #: :mod:`~captcha_tasks.core.callback_urls`; empty: no client callbacks).
+    callback_hosts: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"weight": self.weight}
@@ -102,6 +108,8 @@ class Tenant:
             data["key_env"] = self.key_env
         if self.requests_per_s != DEFAULT_REQUESTS_PER_S:
             data["requests_per_s"] = self.requests_per_s
+        if self.callback_hosts:
+            data["callback_hosts"] = list(self.callback_hosts)
         return data
 
 
@@ -140,6 +148,7 @@ def _tenant(name: str, spec: Any) -> Tenant:
         _count(name, "daily_captchas", spec.get("daily_captchas"), least=0),
         _key_env(name, spec.get("key_env")),
         _rate(name, spec.get("requests_per_s", DEFAULT_REQUESTS_PER_S)),
+        parse_hosts(name, spec.get("callback_hosts")),
     )
 
 

@@ -10,7 +10,9 @@ name (``captcha-tasks gateway``).
 * :mod:`.service`: what a request does (a ``solve``, a pooled token, an answer read from
   the result backend, a report, the balance, the threads);
 * :mod:`.inphp` and :mod:`.jsonapi`: the two faces; :mod:`.tasktypes`: the JSON face's
-  task types; :mod:`.forms`: reading bodies; :mod:`.server`, :mod:`.cli`: the process.
+  task types; :mod:`.forms`: reading bodies; :mod:`.server`, :mod:`.cli`: the process;
+* :mod:`.delivery`: a client's own callback (``pingback``, ``callbackUrl``), sent by a
+  worker (every worker registers its task).
 """
 
 from .server import GatewayServer, serve

@@ -8,10 +8,13 @@ multipart fields (in the query or the body), answers as text or, with ``json=1``
 
 ``in.php`` takes every method :mod:`captcha_tasks.methods` knows, with the field names the
 provider's API uses (``googlekey``, ``gt``, ``captcha_id``, ``image_base64_1..9``, a
-``file`` part for ``method=post``), and ``lane`` (default ``interactive``).  Fields are
-checked as ``solve.delay`` checks them; a bad one is answered with the provider's error
-code (and our reason in ``error_text`` with ``json=1``).  A request that cannot be read at
-all gets the same codes; nothing is answered with a 500.
+``file`` part for ``method=post``), ``lane`` (default ``interactive``), and ``pingback``:
+a URL the tenant's ``callback_hosts`` allow, which gets ``id=<id>&code=<token or error
+code>`` (a form ``POST``, as 2captcha sends it) when the answer is ready
+(:mod:`.delivery`); any other is refused with ``ERROR_BAD_PARAMETERS`` and nothing is
+submitted.  Fields are checked as ``solve.delay`` checks them; a bad one is answered with
+the provider's error code (and our reason in ``error_text`` with ``json=1``).  A request
+that cannot be read at all gets the same codes; nothing is answered with a 500.
 """
 
 from __future__ import annotations
@@ -22,10 +25,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import errors
+from ..core import callback_urls
 from ..core.lanes import Tenant
 from ..serving import Response
 from .replies import Reply
-from .service import Answer, BudgetSpent, Gateway
+from .service import IN_PHP_FACE, Answer, BudgetSpent, Callback, Gateway
 
 #: Fields of the protocol, not of the captcha: read here, never passed to ``solve``.
 PROTOCOL_FIELDS = frozenset({"key", "json", "method", "soft_id", "header_acao", "lane", "pingback"})
@@ -35,6 +39,9 @@ SITEKEY_FIELDS = {"userrecaptcha": "googlekey", "geetest": "gt", "lemin": "captc
 RENAMED = {"apiServer": "api_server", "user_agent": "userAgent"}
 #: Most ids one ``res.php?action=get&ids=`` may ask for (the provider's limit).
 MAX_BULK_IDS = 100
+#: The code of a ``pingback`` the tenant's ``callback_hosts`` do not allow (or that cannot
+#: be read): the request is wrong, as 2captcha's SDKs take ``ERROR_BAD_PARAMETERS``.
+CALLBACK_REFUSED = "ERROR_BAD_PARAMETERS"
 _BLS_FIELDS = tuple(f"image_base64_{n}" for n in range(1, 10))
 _JSON = "application/json"
 
@@ -111,16 +118,17 @@ def in_php(
     gateway: Gateway, tenant: Tenant, fields: Mapping[str, str], files: Mapping[str, bytes]
 ) -> Reply:
     as_json = wants_json(fields)
-    if fields.get("pingback", "").strip():
-        return refusal(
-            "ERROR_BAD_PARAMETERS",
-            as_json,
-            "this gateway does not call clients back: poll res.php (leave out pingback)",
-        )
+    callback = None
+    pingback = fields.get("pingback", "").strip()
+    if pingback:
+        judged = callback_urls.judge(pingback, tenant.callback_hosts)
+        if isinstance(judged, callback_urls.Refused):
+            return refusal(CALLBACK_REFUSED, as_json, f"pingback refused: {judged.reason}")
+        callback = Callback(judged.url, IN_PHP_FACE)
     kwargs: dict[str, Any] = {}
     try:
         kwargs = submit_fields(fields, files)
-        captcha_id = gateway.submit(tenant, kwargs, fields.get("lane") or None)
+        captcha_id = gateway.submit(tenant, kwargs, fields.get("lane") or None, callback)
     except Refused as exc:
         return refusal(exc.code, as_json, exc.message, exc.status)
     except BudgetSpent as exc:
@@ -197,7 +205,7 @@ def solved(answer: Answer, as_json: bool) -> Reply:
     agent it must be used with, as CaptchaAI and 2captcha send them."""
     token = answer.token
     if not as_json:
-        return Reply(Response.text(200, f"OK|{_text(token)}"))
+        return Reply(Response.text(200, f"OK|{text_of(token)}"))
     agent = answer.user_agent
     if agent is None:
         return ok(token, True)
@@ -205,12 +213,13 @@ def solved(answer: Answer, as_json: bool) -> Reply:
     return ok(token, True, result=token, user_agent=agent, useragent=agent)
 
 
-def _text(token: Any) -> str:
+def text_of(token: Any) -> str:
+    """A token as ``res.php`` answers it in text (an object or a list as JSON)."""
     return token if isinstance(token, str) else json.dumps(token, separators=(",", ":"))
 
 
 def _bulk_item(answer: Answer) -> str:
-    return _text(answer.token) if answer.state == "solved" else answer.code
+    return text_of(answer.token) if answer.state == "solved" else answer.code
 
 
 def _threads(gateway: Gateway, tenant: Tenant, as_json: bool) -> Reply:

@@ -14,8 +14,11 @@ Every error is ``{"errorId": 1, "errorCode": "ERROR_...", "errorDescription": ".
 (CapMonster and CapSolver number every error 1): an unknown key
 ``ERROR_KEY_DOES_NOT_EXIST``, an unknown task type ``ERROR_TASK_NOT_SUPPORTED``, a field
 the type does not take ``ERROR_INVALID_TASK_DATA``, a body that is not a JSON object
-``ERROR_BAD_PARAMETERS`` (HTTP 400), a failed solve its provider code.  Task types and
-their fields: :mod:`.tasktypes`.
+``ERROR_BAD_PARAMETERS`` (HTTP 400), a ``callbackUrl`` the tenant's ``callback_hosts`` do
+not allow ``ERROR_BAD_PARAMETERS`` (nothing is submitted), a failed solve its provider
+code.  An allowed ``callbackUrl`` is ``POST``ed ``getTaskResult``'s answer (with
+``taskId``) when the task is done, as Anti-Captcha does (:mod:`.delivery`).  Task types
+and their fields: :mod:`.tasktypes`.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import errors
+from ..core import callback_urls
 from ..core.lanes import Tenant
 from ..serving import Response
 from . import tasktypes
-from .inphp import validation_code
+from .inphp import CALLBACK_REFUSED, validation_code
 from .replies import Reply
-from .service import BudgetSpent, Gateway
+from .service import JSON_FACE, Answer, BudgetSpent, Callback, Gateway
 
 _JSON = "application/json"
 
@@ -51,15 +55,17 @@ def error(
 
 
 def create_task(gateway: Gateway, tenant: Tenant, body: Mapping[str, Any]) -> Reply:
-    if body.get("callbackUrl"):
-        return error(
-            "ERROR_BAD_PARAMETERS",
-            "this gateway does not call clients back: poll getTaskResult (leave out callbackUrl)",
-        )
+    callback = None
+    if body.get("callbackUrl") is not None:
+        judged = callback_urls.judge(body["callbackUrl"], tenant.callback_hosts)
+        if isinstance(judged, callback_urls.Refused):
+            return error(CALLBACK_REFUSED, f"callbackUrl refused: {judged.reason}")
+        callback = Callback(judged.url, JSON_FACE)
     lane = body.get("lane")
     try:
         kwargs = tasktypes.solve_kwargs(body.get("task"))
-        captcha_id = gateway.submit(tenant, kwargs, lane if isinstance(lane, str) else None)
+        lane = lane if isinstance(lane, str) else None
+        captcha_id = gateway.submit(tenant, kwargs, lane, callback)
     except tasktypes.BadTask as exc:
         return error(exc.code, str(exc))
     except BudgetSpent as exc:
@@ -87,13 +93,24 @@ def get_task_result(gateway: Gateway, tenant: Tenant, body: Mapping[str, Any]) -
     [answer] = gateway.answers(tenant, [captcha_id])
     if answer.state == "unknown":
         return error("ERROR_NO_SUCH_CAPCHA_ID", "no task of yours has this id")
+    data = task_result(answer)
+    encoded = json.dumps(data, separators=(",", ":")).encode()
+    return Reply(Response(200, encoded, _JSON), data.get("errorCode"))
+
+
+def task_result(answer: Answer) -> dict[str, Any]:
+    """``getTaskResult``'s answer for a known task (what a ``callbackUrl`` is sent too)."""
     if answer.state == "pending":
-        return reply({"status": "processing"})
+        return {"errorId": 0, "status": "processing"}
     if answer.state == "failed" or answer.outcome is None:
-        return error(answer.code, answer.message)
+        return {
+            "errorId": 1,
+            "errorCode": answer.code,
+            "errorDescription": answer.message or answer.code,
+        }
     method = str(answer.outcome.get("method", ""))
     found = tasktypes.solution(method, answer.token, answer.user_agent)
-    return reply({"status": "ready", "solution": found, "cost": "0", "solveCount": 1})
+    return {"errorId": 0, "status": "ready", "solution": found, "cost": "0", "solveCount": 1}
 
 
 def get_balance(gateway: Gateway, tenant: Tenant, body: Mapping[str, Any]) -> Reply:

@@ -7,6 +7,11 @@ captcha, read answers, the balance, reports, the threads.  Both faces (:mod:`.in
   lane; or, when a declared pool fits the request and has a token, that token at once
   (``take_token``: no worker hop).  Either way the client gets a new id
   (:class:`~captcha_tasks.state.gateway.GatewayTickets`).
+* A submit with the client's own callback URL (``pingback``, ``callbackUrl``; judged by
+  the face against the tenant's ``callback_hosts`` first) keeps it in the ticket and links
+  the gateway's delivery task to the solve (``link`` and ``link_error``): the worker that
+  completes the solve sends it, the way it runs any follow-up (owed in Redis until sent),
+  and :mod:`.delivery` calls the client.
 * An answer is read from the result backend (one ``MGET`` for any number of ids): nothing
   here waits for a solve.
 * A tenant with a ``daily_captchas`` budget that is spent is refused at submit
@@ -25,10 +30,14 @@ from ..core.lanes import Tenant
 from ..methods import build_request
 from ..state import State
 from ..state.gateway import Ticket
+from ..worker import names
 from ..worker.app import app
 from ..worker.callsite import normalize_solve_args
 from ..worker.results import Results
 from ..worker.tasks import report, solve, take_token
+
+#: The faces a client callback comes in by (how the answer is sent to it).
+IN_PHP_FACE, JSON_FACE = "in.php", "json"
 
 #: Failures whose code only this package knows, as a provider would answer them: an SDK
 #: knows what to do with these (try again, or top up).
@@ -99,6 +108,15 @@ class Answer:
         return None if self.outcome is None else self.outcome.get("user_agent")
 
 
+@dataclass(frozen=True)
+class Callback:
+    """A client's own callback URL, allowed by its tenant's ``callback_hosts``, and the
+    face it came in by (:data:`IN_PHP_FACE` or :data:`JSON_FACE`)."""
+
+    url: str
+    face: str
+
+
 UNKNOWN = Answer("unknown", code="ERROR_WRONG_CAPTCHA_ID")
 PENDING = Answer("pending", code="CAPCHA_NOT_READY")
 
@@ -123,22 +141,45 @@ class Gateway:
         self.settings = app.runtime().settings
         self.results = Results(app)
 
-    def submit(self, tenant: Tenant, fields: Mapping[str, Any], lane: str | None) -> str:
+    def submit(
+        self,
+        tenant: Tenant,
+        fields: Mapping[str, Any],
+        lane: str | None,
+        callback: Callback | None = None,
+    ) -> str:
         """Submit a captcha for ``tenant``; its id.  ``fields``: ``solve``'s keyword
-        arguments.  Raises :class:`~captcha_tasks.errors.ValidationError` (bad fields),
-        :class:`BudgetSpent`, :class:`~captcha_tasks.errors.StoreUnavailable`."""
+        arguments; ``callback``: where to send the answer too.  Raises
+        :class:`~captcha_tasks.errors.ValidationError` (bad fields), :class:`BudgetSpent`,
+        :class:`~captcha_tasks.errors.StoreUnavailable`."""
         kwargs = {**fields, "tenant": tenant.name, "lane": lane}
         normalized = normalize_solve_args((), kwargs, self.settings)
         method = str(normalized["method"])
         self._check_budget(tenant)
         pooled = self._from_pool(normalized)
         ttl = self.results.ttl_s
+        url, face = (callback.url, callback.face) if callback else (None, None)
         if pooled is not None:
-            return self.state.gateway.issue(Ticket(tenant.name, method, outcome=pooled), ttl)
+            ticket = Ticket(tenant.name, method, outcome=pooled, callback=url, face=face)
+            captcha_id = self.state.gateway.issue(ticket, ttl)
+            if callback is not None:
+                self._delivery(captcha_id).apply_async()
+            return captcha_id
         task_id = str(uuid.uuid4())
-        captcha_id = self.state.gateway.issue(Ticket(tenant.name, method, task_id), ttl)
-        solve.apply_async(kwargs=normalized, task_id=task_id)
+        ticket = Ticket(tenant.name, method, task_id, callback=url, face=face)
+        captcha_id = self.state.gateway.issue(ticket, ttl)
+        options: dict[str, Any] = {}
+        if callback is not None:
+            delivery = self._delivery(captcha_id)
+            options.update(link=delivery, link_error=delivery)
+        solve.apply_async(kwargs=normalized, task_id=task_id, **options)
         return captcha_id
+
+    @staticmethod
+    def _delivery(captcha_id: str) -> Any:
+        # Immutable: the delivery reads the answer from the result backend, so no token
+        # travels in its message (and Celery hands it neither the outcome nor the error).
+        return app.signature(names.GATEWAY_CALLBACK, args=(captcha_id,), immutable=True)
 
     def _check_budget(self, tenant: Tenant) -> None:
         if tenant.daily_captchas is None:

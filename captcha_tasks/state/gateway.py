@@ -7,7 +7,8 @@ its counters.
 * **What an id stands for** (:class:`Ticket`): the tenant that submitted it, and the
   ``solve``'s task id (its outcome is read from the result backend) or, for a token taken
   from a pool at once, the outcome itself.  Kept as long as the result backend keeps
-  outcomes.  No key is stored: the tenant is named.
+  outcomes.  No key is stored: the tenant is named.  A client's own callback URL is kept
+  in it too (:attr:`Ticket.callback`), for the worker that delivers the answer there.
 * **Counters** for the metrics exporter: requests and errors by tenant, protocol and
   endpoint, and a histogram of the time an answer took (:class:`GatewayStats`).  A gateway
   adds its counts up in memory and writes them at most once a second, so counting costs a
@@ -50,6 +51,10 @@ class Ticket:
     task_id: str | None = None
     #: The outcome of a token taken from a pool at submit.
     outcome: Mapping[str, Any] | None = None
+    #: The client's own callback URL (``pingback``, ``callbackUrl``; not a secret), and
+    #: the face that took it (``in.php`` or ``json``): how the answer is sent there.
+    callback: str | None = None
+    face: str | None = None
 
     def to_json(self) -> str:
         data: dict[str, Any] = {"tenant": self.tenant, "method": self.method}
@@ -57,12 +62,21 @@ class Ticket:
             data["task"] = self.task_id
         if self.outcome is not None:
             data["outcome"] = dict(self.outcome)
+        if self.callback is not None:
+            data["callback"], data["face"] = self.callback, self.face
         return json.dumps(data, separators=(",", ":"))
 
     @classmethod
     def from_json(cls, raw: str) -> Ticket:
         data = json.loads(raw)
-        return cls(data["tenant"], data["method"], data.get("task"), data.get("outcome"))
+        return cls(
+            data["tenant"],
+            data["method"],
+            data.get("task"),
+            data.get("outcome"),
+            data.get("callback"),
+            data.get("face"),
+        )
 
 
 class GatewayTickets:

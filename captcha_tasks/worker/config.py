@@ -54,8 +54,9 @@ STATIC: dict[str, Any] = {
     "task_track_started": False,
     "task_time_limit": 120,
     "task_soft_time_limit": 100,
-    # A worker started with -A captcha_tasks.worker.app registers the tasks too.
-    "imports": ("captcha_tasks.worker.tasks",),
+    # A worker started with -A captcha_tasks.worker.app registers the tasks too, and the
+    # gateway's delivery to client callbacks (sent by the completion of a gateway solve).
+    "imports": ("captcha_tasks.worker.tasks", "captcha_tasks.gateway.delivery"),
     # task_routes: the app's own router (captcha_tasks.worker.app.App.route), by the
     # settings of the process that sends.
     "worker_hijack_root_logger": False,

@@ -27,6 +27,7 @@ ALLOWED = {
     "enum",
     "hashlib",
     "hmac",
+    "ipaddress",
     "json",
     "logging",
     "math",

@@ -191,8 +191,10 @@ def _loose(code: str) -> str:
 
 @pytest.mark.unit
 def test_task_names() -> None:
+    captcha_tasks.app.loader.import_default_modules()  # what a worker registers
     names = {t for t in captcha_tasks.app.tasks if t.startswith("captcha_tasks.")}
     assert names == {
+        "captcha_tasks.gateway_callback",
         "captcha_tasks.solve",
         "captcha_tasks.submit",
         "captcha_tasks.poll",

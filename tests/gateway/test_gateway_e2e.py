@@ -19,24 +19,31 @@ from typing import Any
 import pytest
 import requests
 from conftest import API_KEY
+from hooks import Hooks
 from image_files import png
 
 from captcha_tasks import create_pool
 from captcha_tasks.core.acceptance import site_of
 from captcha_tasks.core.outcome import Solved
 from captcha_tasks.gateway import MAX_BODY, GatewayServer
-from captcha_tasks.testing.processes import wait_until
+from captcha_tasks.testing.processes import free_port, wait_until
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean_state")]
 
+#: The shop's callback endpoint (``callback_hosts`` lists it).
+HOOK_PORT = free_port()
 SHOP_KEY = "shop-" + "a" * 27
 CRAWLER_KEY = "crawler-" + "b" * 24
 BUDGET = 3
 MODULE_ENV = {
     "CAPTCHAAI_TENANTS": json.dumps(
         {
-            "shop": {"key_env": "GW_SHOP_KEY", "max_threads": 4},
+            "shop": {
+                "key_env": "GW_SHOP_KEY",
+                "max_threads": 4,
+                "callback_hosts": [f"127.0.0.1:{HOOK_PORT}"],
+            },
             "crawler": {"key_env": "GW_CRAWLER_KEY", "daily_captchas": BUDGET},
         }
     )
@@ -179,7 +186,40 @@ def test_bad_fields_are_answered_as_the_provider_would(gateway: GatewayServer) -
         "ERROR_BAD_PARAMETERS"
     )
     callback = submit(method="turnstile", sitekey="0x4", pageurl=PAGE, pingback="http://x/y")
-    assert callback["request"] == "ERROR_BAD_PARAMETERS" and "call" in callback["error_text"]
+    assert callback["request"] == "ERROR_BAD_PARAMETERS"
+    assert "not on this tenant's callback_hosts" in callback["error_text"]
+
+
+def test_the_worker_calls_each_faces_callback_back(gateway: GatewayServer, sandbox: Any) -> None:
+    hooks = Hooks(HOOK_PORT)
+    try:
+        hook = f"http://127.0.0.1:{HOOK_PORT}/hook"
+        sent = call(
+            gateway,
+            "in.php",
+            "POST",
+            data={
+                "key": SHOP_KEY,
+                "method": "turnstile",
+                "sitekey": "0x4-hook",
+                "pageurl": PAGE,
+                "pingback": hook,
+            },
+        ).text
+        assert sent.startswith("OK|"), sent
+        task = {"type": "TurnstileTaskProxyless", "websiteURL": PAGE, "websiteKey": "0x4-hookj"}
+        body = {"clientKey": SHOP_KEY, "task": task, "callbackUrl": hook}
+        created = call(gateway, "createTask", "POST", json=body).json()
+        assert created["errorId"] == 0, created
+        hits = hooks.wait_for(2)
+    finally:
+        hooks.close()
+    [form] = [h.form for h in hits if h.content_type.startswith("application/x-www")]
+    [result] = [h.json() for h in hits if h.content_type == "application/json"]
+    assert form["id"] == sent[3:] and sandbox.verify(form["code"])["sitekey"] == "0x4-hook"
+    assert result["taskId"] == created["taskId"] and result["status"] == "ready"
+    assert sandbox.verify(result["solution"]["token"])["sitekey"] == "0x4-hookj"
+    SEEN.extend(h.body.decode() for h in hits)  # no provider key in what a client gets
 
 
 def test_wrong_keys_on_both_faces(gateway: GatewayServer, caplog: pytest.LogCaptureFixture) -> None:

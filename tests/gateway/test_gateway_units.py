@@ -279,10 +279,15 @@ def test_the_tenant_fields_of_the_gateway_are_checked() -> None:
     [tenant] = parse_tenants('{"t": {"key_env": "GW_T", "requests_per_s": 5}}').values()
     assert tenant == Tenant("t", key_env="GW_T", requests_per_s=5.0)
     assert tenant.to_dict() == {"weight": 1.0, "key_env": "GW_T", "requests_per_s": 5.0}
+    [hooked] = parse_tenants('{"h": {"callback_hosts": ["Hooks.Example", "10.0.0.9:81"]}}').values()
+    assert hooked.callback_hosts == ("hooks.example", "10.0.0.9:81")
+    assert parse_tenants(json.dumps({"h": hooked.to_dict()}))["h"] == hooked
     for bad, why in [
         ('{"t": {"key_env": "my secret key"}}', "key_env"),
         ('{"t": {"requests_per_s": 0}}', "requests_per_s"),
-        ('{"t": {"callback_hosts": ["x.com"]}}', "unknown field"),
+        ('{"t": {"callback_hosts": ["https://x.com/hook"]}}', "'t': callback_hosts entry"),
+        ('{"t": {"callback_hosts": "x.com"}}', "'t': callback_hosts must be a list"),
+        ('{"t": {"callbacks": ["x.com"]}}', "unknown field"),
     ]:
         with pytest.raises(ValueError, match=why):
             parse_tenants(bad)
