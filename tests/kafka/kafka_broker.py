@@ -84,6 +84,7 @@ def kafka_fixture(
             "KAFKA_TASKS_TOPIC": f"tasks-{suffix}",
             "KAFKA_RESULTS_TOPIC": f"results-{suffix}",
             "KAFKA_DEAD_LETTER_TOPIC": f"dead-{suffix}",
+            "KAFKA_FEEDBACK_TOPIC": f"feedback-{suffix}",
             "KAFKA_GROUP_ID": f"bridge-{suffix}",
             "KAFKA_CLIENT_CONFIG": json.dumps(TEST_CLIENT_CONFIG),
             **{k: str(v) for k, v in settings.items()},
