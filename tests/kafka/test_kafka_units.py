@@ -26,7 +26,7 @@ from captcha_tasks.kafka.client import (
     consumer_config,
     producer_config,
 )
-from captcha_tasks.kafka.feedback import result_of
+from captcha_tasks.kafka.feedback import FeedbackReader, result_of
 from captcha_tasks.kafka.messages import (
     BadMessage,
     Feedback,
@@ -458,6 +458,66 @@ def test_feedback_finds_the_published_result_and_is_recorded_once(
     assert not claims.feedback_recorded("backup", "7000001")  # another provider's captcha
     key = app.runtime().state.keys.kafka_feedback("unit-group", "captchaai", "7000001")
     assert 50_000 < redis_conn.pttl(key) <= 60_000  # KAFKA_RESULT_TTL
+
+
+def queued_reports(redis_conn: Any, queue: str) -> list[list[Any]]:
+    """The arguments of the report tasks waiting in ``queue`` (kombu's Redis messages)."""
+    found = []
+    for raw in reversed(redis_conn.lrange(queue, 0, -1)):  # LPUSHed: the oldest last
+        message = json.loads(raw)
+        if message["headers"]["task"] == "captcha_tasks.report":
+            args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            found.append(args)
+    return found
+
+
+@pytest.mark.redis
+def test_the_feedback_reader_reports_once_and_dead_letters_what_it_cannot_record(
+    clean_state: None, redis_conn: Any
+) -> None:
+    claims = make_claims()
+    claims.claim("t-1", "c1")
+    claims.complete("t-1", json.dumps({**SOLVED, "task_id": "t-1"}))
+    letters: list[tuple[Source, dict[str, Any]]] = []
+    primary = app.runtime().settings.provider(None).name
+    reader = FeedbackReader(
+        "fb", claims, lambda source, _value, _p, letter: letters.append((source, letter)), primary
+    )
+    queue = app.runtime().settings.queue("housekeeping")
+    redis_conn.delete(queue)
+    messages = [
+        {"task_id": "t-1", "good": False, "score": 0.1},
+        {"task_id": "t-1", "good": False},  # the same captcha again: skipped
+        {"captcha_id": "42", "method": "turnstile", "site": "a.example", "good": True},
+        {"task_id": "t-2", "good": True},  # no result kept
+        {"captcha_id": "43", "provider": "nobody", "good": True},  # not configured
+    ]
+    try:
+        for offset, message in enumerate(messages):
+            reader.handle(0, offset, b"k", json.dumps(message).encode())
+        reader.handle(0, len(messages), b"k", b"{not json")
+        reports = queued_reports(redis_conn, queue)
+    finally:
+        redis_conn.delete(queue)
+    # captcha_id, good, provider, method, site, score: as report(result) sends them
+    assert reports == [
+        ["7000001", False, "captchaai", "userrecaptcha", "example.com#6Le", 0.1],
+        ["42", True, None, "turnstile", "a.example", None],
+    ]
+    assert [(s.offset, letter["error"]) for s, letter in letters] == [
+        (3, "ERROR_NO_SUCH_CAPCHA_ID"),
+        (4, "ERROR_VALIDATION"),
+        (5, "ERROR_BAD_MESSAGE"),
+    ]
+    assert [letter["task_id"] for _, letter in letters] == ["t-2", None, None]
+    for source, letter in letters:
+        validate("kafka-dead-letter", letter)
+        assert letter["source"]["topic"] == source.topic == "fb"
+    # the recorded and the skipped are finished; the dead letters wait for their acks
+    assert reader.tracker.commit_points() == {0: 3}
+    assert claims.feedback_recorded(primary, "42")
+    stats = claims.stats()
+    assert (stats["feedback_repeated"], stats["feedback_bad"], stats["feedback_good"]) == (1, 1, 1)
 
 
 # -- the optional extra ---------------------------------------------------------------------
