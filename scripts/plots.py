@@ -269,7 +269,7 @@ def shares(
     ax.set_xlim(left=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    fig.legend(loc="outside lower center", ncols=min(3, len(series)))
+    fig.legend(loc="outside lower center", ncols=min(2, len(series)))
     return _save(fig, path, title, params)
 
 
