@@ -173,7 +173,8 @@ class TopicReader:
 
 
 def group_members(settings: Settings) -> dict[str, list[int]]:
-    """Member id -> assigned partitions of the bridge group (empty while rebalancing)."""
+    """Member id -> assigned partitions of the tasks topic in the bridge group (empty while
+    rebalancing); the members also hold the feedback topic's."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(admin_config(settings))
@@ -182,7 +183,11 @@ def group_members(settings: Settings) -> dict[str, list[int]]:
     if str(group.state).rsplit(".", 1)[-1] != "STABLE":
         return {}
     return {
-        member.member_id: sorted(tp.partition for tp in member.assignment.topic_partitions)
+        member.member_id: sorted(
+            tp.partition
+            for tp in member.assignment.topic_partitions
+            if tp.topic == settings.kafka_tasks_topic
+        )
         for member in group.members
     }
 
