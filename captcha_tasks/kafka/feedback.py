@@ -50,7 +50,10 @@ def result_of(feedback: Feedback, published: str | None) -> dict[str, Any]:
         )
     result = json.loads(published)
     if result.get("status") != "solved" or not result.get("captcha_id"):
-        raise BadMessage(f"task {feedback.task_id} failed: it has no token to report on")
+        raise BadMessage(
+            f"task {feedback.task_id} failed: it has no token to report on",
+            "ERROR_NO_SUCH_CAPCHA_ID",
+        )
     return {k: result[k] for k in ("captcha_id", "provider", "method", "site") if k in result}
 
 

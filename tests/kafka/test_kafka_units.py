@@ -249,8 +249,9 @@ def test_feedback_names_its_result_by_task_id_or_by_its_fields() -> None:
         result_of(by_id, None)
     assert gone.value.code == "ERROR_NO_SUCH_CAPCHA_ID"
     failed = json.dumps({"status": "failed", "error": "ERROR_SOLVE_TIMEOUT", "message": "x"})
-    with pytest.raises(BadMessage, match="failed"):
+    with pytest.raises(BadMessage, match="failed") as no_token:
         result_of(by_id, failed)
+    assert no_token.value.code == "ERROR_NO_SUCH_CAPCHA_ID"
     # the message's own fields win: they need no stored result
     named = Feedback(True, "t-1", {"captcha_id": "9", "provider": "backup"}, 0.3)
     assert result_of(named, stored) == {"captcha_id": "9", "provider": "backup"}
