@@ -6,7 +6,7 @@
     │   ├── PoolNotFound               the named token pool is not declared
     │   ├── BadTicket                  a callback path this deployment did not issue
     │   │   └── BadMac                 ... or whose MAC is wrong (forged, another secret)
-    │   └── BadMessage                 a Kafka task message the bridge cannot answer
+    │   └── BadMessage                 a Kafka message the bridge cannot answer or record
     ├── RetryableError                 back off and try the same request again
     │   ├── NoSlotError                no free provider thread (ERROR_NO_SLOT_AVAILABLE)
     │   ├── ProviderDown               the provider is out of rotation: the captcha goes
@@ -105,8 +105,8 @@ class BadMac(BadTicket):
 
 
 class BadMessage(ValidationError):
-    """A task message the Kafka bridge cannot answer: not JSON, not an object, or no
-    task_id."""
+    """A Kafka message the bridge cannot answer or record: not JSON, not an object, no
+    task_id; a feedback message naming no result it can report on."""
 
     default_code = "ERROR_BAD_MESSAGE"
 

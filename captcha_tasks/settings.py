@@ -219,6 +219,9 @@ class Settings:
     kafka_results_topic: str = "captcha-results"
     #: KAFKA_DEAD_LETTER_TOPIC: unreadable messages and failed tasks, for inspection and replay.
     kafka_dead_letter_topic: str = "captcha-dead-letter"
+    #: KAFKA_FEEDBACK_TOPIC: reports on solved tokens (accepted or not, a v3 score), read by
+    #: the bridge and counted as ``report()`` counts them.
+    kafka_feedback_topic: str = "captcha-feedback"
     #: KAFKA_GROUP_ID: the bridge's consumer group.
     kafka_group_id: str = "captcha-tasks-bridge"
     #: KAFKA_MAX_IN_FLIGHT: unfinished tasks per bridge before it pauses its partitions
@@ -452,6 +455,7 @@ class Settings:
             "KAFKA_TASKS_TOPIC": self.kafka_tasks_topic,
             "KAFKA_RESULTS_TOPIC": self.kafka_results_topic,
             "KAFKA_DEAD_LETTER_TOPIC": self.kafka_dead_letter_topic,
+            "KAFKA_FEEDBACK_TOPIC": self.kafka_feedback_topic,
         }
         for var, topic in topics.items():
             _check(var, bool(topic.strip()), "must not be empty")
@@ -794,6 +798,7 @@ _ENV: dict[str, tuple[str, Callable[[str], Any]]] = {
     "kafka_tasks_topic": ("KAFKA_TASKS_TOPIC", str),
     "kafka_results_topic": ("KAFKA_RESULTS_TOPIC", str),
     "kafka_dead_letter_topic": ("KAFKA_DEAD_LETTER_TOPIC", str),
+    "kafka_feedback_topic": ("KAFKA_FEEDBACK_TOPIC", str),
     "kafka_group_id": ("KAFKA_GROUP_ID", str),
     "kafka_max_in_flight": ("KAFKA_MAX_IN_FLIGHT", int),
     "kafka_result_ttl": ("KAFKA_RESULT_TTL", float),

@@ -95,6 +95,7 @@ def stack_env(redis_url: str, sandbox_url: str, bootstrap: str) -> dict[str, str
         "KAFKA_TASKS_TOPIC": "bench-tasks",
         "KAFKA_RESULTS_TOPIC": "bench-results",
         "KAFKA_DEAD_LETTER_TOPIC": "bench-dead-letter",
+        "KAFKA_FEEDBACK_TOPIC": "bench-feedback",
         "KAFKA_GROUP_ID": "bench-bridge",
     }
 

@@ -20,14 +20,23 @@ port, with its own key, issuing the same captcha ids) and two worker processes:
   one, the same sandbox timings.  Printed per fallback: the longest gap without results
   after the kill, captchas paid twice, and the fallback's captchas per second once it had
   the work.
+* **acceptance** (issue 33): two ``in.php`` providers, 20 threads each, 0.2 s solves; a
+  site that rejects 60% of the primary's tokens and 5% of the backup's, and one that takes
+  them all; 440 captchas through ``solve.delay`` in rounds of 20 alternating the two
+  sites, each token checked at the issuing sandbox's siteverify and reported (the pieces
+  of :mod:`harness.acceptance`, which the e2e test runs too).  Printed: of the
+  first and of the last 100 captchas of each site, the bad site's share at the backup and
+  accepted, the good site's at the primary, and the bad reports each sandbox counted.
 
 Not a timed test: targets are printed as MET / MISSED.
 
-    python scripts/bench_providers.py [--only failover|balance|throughput|json] [--plot DIR]
+    python scripts/bench_providers.py [--only failover|balance|throughput|json|acceptance]
+        [--plot DIR]
 
 ``--plot DIR`` also draws the solved captchas per second by provider of the failover run
-(the kill and the restart marked: ``providers-failover.svg``) and of the balance run (the
-balance running out marked: ``providers-balance.svg``).
+(the kill and the restart marked: ``providers-failover.svg``), of the balance run (the
+balance running out marked: ``providers-balance.svg``), and the acceptance run's shares
+over its rounds (``providers-acceptance.svg``).
 """
 
 from __future__ import annotations
@@ -50,6 +59,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import plots  # noqa: E402
+import repo_root  # noqa: F401, E402  (puts harness/ on sys.path)
 from bench_pipeline import diff, report, spawn, stop, task_totals  # noqa: E402
 
 PAGE = "https://example.com/bench-providers"
@@ -455,15 +465,131 @@ def json_family(log_dir: Path, count: int) -> list[tuple[str, bool]]:
     return checks
 
 
+def acceptance_child(log_dir: Path, out: Path) -> None:
+    """The acceptance run, in a process of its own (see :func:`throughput_child`): writes
+    every captcha's use, the seconds at which each round ended and each sandbox's bad
+    reports to ``out``."""
+    from harness.acceptance import SANDBOX_OPTIONS
+
+    providers = [("main", SANDBOX_OPTIONS), ("backup", SANDBOX_OPTIONS)]
+    extra = {"CAPTCHAAI_THREADS": "20", "CAPTCHAAI_THREADS_CHECK_EVERY": "0"}
+    with deployment(log_dir, providers, extra) as (env, boxes):
+        os.environ.update(env)
+        from harness.acceptance import Site, measure
+
+        started = time.monotonic()
+        ends: list[float] = []
+        site = Site({name: box.url for name, box in boxes.items()})
+        measured = measure(site, on_round=lambda _: ends.append(time.monotonic() - started))
+        counted = {name: box.stats()["reports_bad"] for name, box in boxes.items()}
+    uses = [vars(use) for use in measured.uses]
+    out.write_text(json.dumps({"uses": uses, "ends": ends, "reports_bad": counted}))
+
+
+def acceptance(log_dir: Path, args: argparse.Namespace) -> list[tuple[str, bool]]:
+    from harness import acceptance as run
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    out = log_dir / "acceptance.json"
+    argv = [sys.executable, __file__, "--acceptance-out", str(out)]
+    subprocess.run(argv, check=True, timeout=1200)
+    data = json.loads(out.read_text())
+    measured = run.Measurement([run.Use(**use) for use in data["uses"]])
+    first = run.Measurement(measured.uses[: 2 * run.LAST])  # the first 100 of each site
+    wall = data["ends"][-1] if data["ends"] else 0.0
+    rejects = ", ".join(f"{p} {r:.0%}" for p, r in run.BAD_SITE_REJECTS.items())
+    print(
+        f"\nacceptance: {len(measured.uses)} captchas in {len(data['ends'])} rounds of"
+        f" {run.ROUND_SIZE} alternating two sites, {wall:.1f} s; the bad site rejects {rejects}"
+        " of the tokens, the good one none"
+    )
+    print(f"{'of 100 captchas':<28} {'first 100':>9} {'last 100':>8} {'target':>7}")
+    labels = {
+        "bad_at_backup": ("bad site: at the backup", 80),
+        "bad_accepted": ("bad site: accepted", 85),
+        "good_at_primary": ("good site: at the primary", 90),
+    }
+    before, after = first.figures(), measured.figures()
+    for key, (label, target) in labels.items():
+        print(f"{label:<28} {before[key]:>8}% {after[key]:>7}% {'>= ' + str(target) + '%':>7}")
+    sent = measured.bad_reports()
+    print(
+        "bad reports (sent by the app / counted by the provider that solved them): "
+        + ", ".join(f"{p} {sent[p]} / {data['reports_bad'].get(p)}" for p in sent)
+    )
+    if args.plot:
+        plot_acceptance(args, measured)
+    reached = all(data["reports_bad"].get(p) == n for p, n in sent.items())
+    return [*measured.checks(), ("every bad report reached the provider that solved it", reached)]
+
+
+#: The acceptance plot's window: each point is the share of a site's last this many captchas.
+ACCEPTANCE_WINDOW = 50
+
+
+def acceptance_shares(uses: list[Any], page: str, share: Any) -> list[tuple[float, float]]:
+    """``(captchas so far, share)`` after each round: ``share(use)`` over the last
+    :data:`ACCEPTANCE_WINDOW` captchas of ``page``'s site."""
+    points: list[tuple[float, float]] = []
+    rounds = sorted({use.round for use in uses})
+    for number in rounds:
+        so_far = [use for use in uses if use.round <= number]
+        window = [use for use in so_far if use.page == page][-ACCEPTANCE_WINDOW:]
+        if window:
+            points.append((len(so_far), sum(map(share, window)) / len(window)))
+    return points
+
+
+def plot_acceptance(args: argparse.Namespace, measured: Any) -> None:
+    from harness import acceptance as run
+
+    uses = measured.uses
+    series = {
+        "bad site: at the backup": acceptance_shares(
+            uses, run.BAD_SITE, lambda u: u.provider == "backup"
+        ),
+        "bad site: accepted": acceptance_shares(uses, run.BAD_SITE, lambda u: u.accepted),
+        "good site: at the primary": acceptance_shares(
+            uses, run.GOOD_SITE, lambda u: u.provider == "main"
+        ),
+    }
+    targets = {
+        "bad site: at the backup": 0.80,
+        "bad site: accepted": 0.85,
+        "good site: at the primary": 0.90,
+    }
+    path = plots.shares(
+        plots.target(args, "providers-acceptance"),
+        series,
+        title="A site that rejects the primary's tokens moves to the backup",
+        params=(
+            f"{len(uses)} captchas through solve.delay in rounds of {run.ROUND_SIZE}, alternating"
+            " two sites; each token checked at the issuing provider's siteverify and reported;"
+            " the bad site rejects 60% of main's tokens and 5% of backup's; two in.php"
+            f" providers, 20 threads, 0.2 s solves; each point: a site's last"
+            f" {ACCEPTANCE_WINDOW} captchas; {args.machine}"
+        ),
+        targets=targets,
+        ylabel=f"share of the site's last {ACCEPTANCE_WINDOW} captchas",
+    )
+    print(f"plot: {path}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--only", choices=("failover", "balance", "throughput", "json"))
+    parser.add_argument(
+        "--only", choices=("failover", "balance", "throughput", "json", "acceptance")
+    )
     parser.add_argument("--count", type=int, default=600, help="captchas of the failover run")
     parser.add_argument("--down", type=float, default=15.0, help="seconds the primary is down")
     parser.add_argument("--throughput-kind", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--acceptance-out", type=Path, help=argparse.SUPPRESS)
     plots.add_options(parser)
     args = parser.parse_args()
+    if args.acceptance_out:  # the acceptance run, in its own process (see acceptance_child)
+        acceptance_child(args.acceptance_out.parent / "deployment", args.acceptance_out)
+        return 0
     if args.throughput_kind:  # one throughput run, in its own process (see throughput_child)
         figures = throughput_run(
             args.out.parent / args.throughput_kind, args.count, args.throughput_kind
@@ -481,6 +607,8 @@ def main() -> int:
         checks += throughput(log_dir / "throughput", args.count if args.only else 1500)
     if args.only in (None, "json"):
         checks += json_family(log_dir / "json", args.count)
+    if args.only in (None, "acceptance"):
+        checks += acceptance(log_dir / "acceptance", args)
     print(f"(logs in {log_dir})", flush=True)
     return report(checks)
 

@@ -243,6 +243,37 @@ def timeline(
 
 
 @_styled
+def shares(
+    path: Path,
+    series: Mapping[str, Sequence[tuple[float, float]]],
+    *,
+    title: str,
+    params: str,
+    targets: Mapping[str, float] | None = None,
+    xlabel: str = "captchas so far",
+    ylabel: str = "share",
+) -> Path:
+    """Shares over time: each series' ``(x, share in [0, 1])`` points as a line, and its
+    target (``targets[name]``) as a dotted line of the same colour."""
+    _check(path, series)
+    fig, (ax,) = _figure(1)
+    for n, (name, points) in enumerate(series.items()):
+        color = COLORS[n % len(COLORS)]
+        goal = (targets or {}).get(name)
+        label = name if goal is None else f"{name} (target {goal:.0%})"
+        ax.plot([x for x, _ in points], [y for _, y in points], color=color, label=label)
+        if goal is not None:
+            ax.axhline(goal, color=color, linestyle=":", linewidth=1)
+    ax.yaxis.set_major_formatter(_percent())
+    ax.set_ylim(0, 1.02)
+    ax.set_xlim(left=0)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    fig.legend(loc="outside lower center", ncols=min(2, len(series)))
+    return _save(fig, path, title, params)
+
+
+@_styled
 def bars(path: Path, metrics: Sequence[Metric], *, title: str, params: str) -> Path:
     """Grouped bars, one panel per metric (each with its own unit and scale), the same
     colour for a series in every panel, the value written on each bar."""

@@ -36,6 +36,7 @@ OUTPUT_FIELDS = (
     "method",
     "solved_at",
     "expires_at",
+    "site",
 )
 
 
@@ -200,6 +201,8 @@ def output_row(outcome: dict[str, Any]) -> dict[str, Any]:
         # may still be used.
         row["solved_at"] = outcome.get("solved_at")
         row["expires_at"] = outcome.get("expires_at")
+        # The site the router sent it for: with provider and captcha_id, what report() needs.
+        row["site"] = outcome.get("site")
     else:
         row["error"] = outcome["error"]
         row["message"] = outcome.get("message")

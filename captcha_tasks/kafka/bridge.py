@@ -21,6 +21,10 @@ One :class:`Bridge` is one member of the ``KAFKA_GROUP_ID`` consumer group, in o
 * **Dead letters**: a message without a ``task_id`` goes to ``KAFKA_DEAD_LETTER_TOPIC``
   alone; a task that fails validation or fails its solve gets its failed outcome on
   ``KAFKA_RESULTS_TOPIC`` and a copy, with the original task, on the dead-letter topic.
+* **Feedback**: the same consumer reads ``KAFKA_FEEDBACK_TOPIC``, reports on solved
+  tokens, and hands each to ``report()`` (:mod:`captcha_tasks.kafka.feedback`); its
+  partitions are never paused (a report is queued at once) and their offsets are
+  committed by the same rule.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from .client import (
     consumer_config,
     producer_config,
 )
+from .feedback import FeedbackReader
 from .messages import (
     Headers,
     Source,
@@ -161,6 +166,9 @@ class Bridge:
         self.failovers = state.failovers
         self.results = ResultWatcher(Results(app))
         self.tracker = OffsetTracker()
+        self.feedback = FeedbackReader(
+            s.kafka_feedback_topic, self.claims, self._letter, s.provider(None).name
+        )
         self.waits: dict[str, Wait] = {}  # Celery id -> wait
         self._by_task: dict[str, str] = {}  # task id -> Celery id, for duplicate messages
         self.assigned: set[int] = set()
@@ -175,15 +183,16 @@ class Bridge:
         flight for up to ``drain_timeout`` seconds and leave the group (what is left is
         redelivered to the other members, who wait for its solves)."""
         self.consumer.subscribe(
-            [self.topic],
+            [self.topic, self.feedback.topic],
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
         s = self.settings
         log.info(
-            "kafka bridge consuming %s (group %s, brokers %s) -> %s / %s, max in flight %d",
+            "kafka bridge consuming %s and %s (group %s, brokers %s) -> %s / %s, max in flight %d",
             self.topic,
+            self.feedback.topic,
             s.kafka_group_id,
             s.kafka_bootstrap_servers,
             s.kafka_results_topic,
@@ -222,6 +231,9 @@ class Bridge:
 
     def _drain(self, timeout: float) -> None:
         self._pause(self.assigned)
+        feedback = sorted(self.feedback.assigned)
+        if feedback:
+            self.consumer.pause([TopicPartition(self.feedback.topic, p) for p in feedback])
         deadline = time.monotonic() + timeout
         while self.waits and time.monotonic() < deadline:
             self.consumer.poll(BUSY_POLL_S)  # serve rebalances and heartbeats, no messages
@@ -247,7 +259,13 @@ class Bridge:
             log.warning("consumer error: %s", error)
             return
         number, offset = message.partition(), message.offset()
-        if number is None or offset is None or number not in self.assigned:
+        if number is None or offset is None:
+            return
+        if message.topic() == self.feedback.topic:
+            if number in self.feedback.assigned:
+                self.feedback.handle(number, offset, message.key(), message.value())
+            return
+        if number not in self.assigned:
             return  # revoked since it was fetched: its next owner reads it
         received = Received(
             Source(self.topic, number, offset, message.key()),
@@ -272,6 +290,11 @@ class Bridge:
         letter = dead_letter(exc.message, exc.code, received.source, received.value)
         self.claims.count("dead_letters")
         self._publish([received], key=received.source.key, result=None, letter=letter)
+
+    def _letter(self, source: Source, value: bytes | None, pending: Pending, letter: Any) -> None:
+        # A feedback message's dead letter: its offset is finished once the letter is acked.
+        received = Received(source, value, pending)
+        self._publish([received], key=source.key, result=None, letter=letter)
 
     def _invalid(self, received: Received, task: TaskMessage, exc: CaptchaTasksError) -> None:
         # Validation is deterministic, so a redelivery answers the same: nothing to store.
@@ -411,7 +434,10 @@ class Bridge:
 
     def delivered(self, messages: Iterable[Received]) -> None:
         for received in messages:
-            self.tracker.finish(received.pending)
+            if received.source.topic == self.feedback.topic:
+                self.feedback.tracker.finish(received.pending)
+            else:
+                self.tracker.finish(received.pending)
 
     def _delivery_failed(self, error: KafkaError) -> None:
         # librdkafka has retried for delivery.timeout.ms already.  Stop: the offsets of the
@@ -422,23 +448,38 @@ class Bridge:
     # -- offsets, pausing, rebalances ----------------------------------------------------
 
     def _commit(
-        self, partitions: Iterable[int] | None = None, *, force: bool = False, sync: bool = False
+        self,
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        force: bool = False,
+        sync: bool = False,
     ) -> None:
         now = time.monotonic()
         if not force and now - self._last_commit < COMMIT_EVERY_S:
             return
         self._last_commit = now
-        points = self.tracker.commit_points(partitions, changed_only=not force)
-        if not points:
+        chosen = None if partitions is None else list(partitions)
+        points = {
+            topic: tracker.commit_points(
+                None if chosen is None else {tp.partition for tp in chosen if tp.topic == topic},
+                changed_only=not force,
+            )
+            for topic, tracker in self._trackers()
+        }
+        offsets = [TopicPartition(t, n, o) for t, found in points.items() for n, o in found.items()]
+        if not offsets:
             return
-        offsets = [TopicPartition(self.topic, number, offset) for number, offset in points.items()]
         try:
             self._send_commit(offsets, sync)
         except KafkaException as exc:
             # Not fatal: the messages are redelivered and answered from Redis.
             log.warning("offset commit failed: %s", exc)
             return
-        self.tracker.mark_committed(points)
+        for topic, tracker in self._trackers():
+            tracker.mark_committed(points[topic])
+
+    def _trackers(self) -> list[tuple[str, OffsetTracker]]:
+        return [(self.topic, self.tracker), (self.feedback.topic, self.feedback.tracker)]
 
     def _send_commit(self, offsets: list[TopicPartition], sync: bool) -> None:
         if not sync:
@@ -465,25 +506,42 @@ class Bridge:
         if partitions:
             self.consumer.resume([TopicPartition(self.topic, p) for p in sorted(partitions)])
 
+    def _split(self, partitions: list[TopicPartition]) -> tuple[set[int], set[int]]:
+        """The partition numbers of the tasks topic, and of the feedback topic."""
+        tasks = {tp.partition for tp in partitions if tp.topic == self.topic}
+        feedback = {tp.partition for tp in partitions if tp.topic == self.feedback.topic}
+        return tasks, feedback
+
     def _on_assign(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        numbers = {tp.partition for tp in partitions}
+        numbers, feedback = self._split(partitions)
         self.assigned |= numbers
-        log.info("partitions assigned: %s (now %s)", sorted(numbers), sorted(self.assigned))
+        self.feedback.assigned |= feedback
+        log.info(
+            "partitions assigned: %s, feedback %s (now %s, feedback %s)",
+            sorted(numbers),
+            sorted(feedback),
+            sorted(self.assigned),
+            sorted(self.feedback.assigned),
+        )
 
     def _on_revoke(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        numbers = {tp.partition for tp in partitions}
-        log.info("partitions revoked: %s", sorted(numbers))
+        numbers, feedback = self._split(partitions)
+        log.info("partitions revoked: %s, feedback %s", sorted(numbers), sorted(feedback))
         # Answers on their way count: wait for their acknowledgements, then commit.
         self.producer.flush(REVOKE_FLUSH_S)
-        self._commit(numbers, force=True, sync=True)
-        self._forget(numbers)
+        self._commit(partitions, force=True, sync=True)
+        self._forget(numbers, feedback)
 
     def _on_lost(self, _consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        numbers = {tp.partition for tp in partitions}
-        log.warning("partitions lost (no commit possible): %s", sorted(numbers))
-        self._forget(numbers)
+        numbers, feedback = self._split(partitions)
+        log.warning(
+            "partitions lost (no commit possible): %s, feedback %s",
+            sorted(numbers),
+            sorted(feedback),
+        )
+        self._forget(numbers, feedback)
 
-    def _forget(self, numbers: set[int]) -> None:
+    def _forget(self, numbers: set[int], feedback: set[int]) -> None:
         """Stop working for revoked partitions: their next owner waits for these solves."""
         for celery_id, wait in list(self.waits.items()):
             wait.messages = [m for m in wait.messages if m.source.partition not in numbers]
@@ -493,6 +551,8 @@ class Bridge:
         self.tracker.forget(numbers)
         self.assigned -= numbers
         self.paused -= numbers
+        self.feedback.tracker.forget(feedback)
+        self.feedback.assigned -= feedback
 
 
 class _Acks:

@@ -158,6 +158,24 @@ class ClaimStore:
         args = {"celery_id": celery_id}
         return bool(self._guard(lambda: self._release(self._key(task_id), args)))
 
+    def published(self, task_id: str) -> str | None:
+        """The result (JSON) published for ``task_id``, while it is kept (None: none, or
+        not yet)."""
+        key = self.keys.kafka_claim(self.group, task_id)
+        state, result = self._guard(lambda: self.r.hmget(key, "state", "result"))
+        return text(result) if text(state or b"") == "done" and result else None
+
+    def feedback_recorded(self, provider: str, captcha_id: str) -> bool:
+        """Whether a feedback message on this captcha was recorded already."""
+        key = self.keys.kafka_feedback(self.group, provider, captcha_id)
+        return bool(self._guard(lambda: self.r.exists(key)))
+
+    def record_feedback(self, provider: str, captcha_id: str) -> None:
+        """Note that a feedback message on this captcha was recorded (for
+        ``KAFKA_RESULT_TTL``: a redelivered copy is then skipped)."""
+        key = self.keys.kafka_feedback(self.group, provider, captcha_id)
+        self._guard(lambda: self.r.set(key, 1, px=ms(self.result_ttl)))
+
     def count(self, event: str, n: int = 1) -> None:
         """Add to one of the group's counters (metrics must never stop the bridge)."""
         try:

@@ -91,7 +91,8 @@ def lag(group: str | None, topic: str | None, max_lag: int | None) -> None:
 @click.option("--partitions", type=click.IntRange(min=1), default=6, show_default=True)
 @click.option("--replication-factor", type=click.IntRange(min=1), default=1, show_default=True)
 def create_topics(partitions: int, replication_factor: int) -> None:
-    """Create the tasks, results and dead-letter topics (existing ones are left alone)."""
+    """Create the tasks, results, dead-letter and feedback topics (existing ones are left
+    alone)."""
     from .client import create_topics as create  # optional dependency: confluent-kafka
 
     created = create(partitions=partitions, replication_factor=replication_factor)

@@ -15,15 +15,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..core.lanes import check_lane, check_tenant
-from ..errors import ConfigurationError, KafkaDeliveryError, KafkaUnavailable
+from ..errors import ConfigurationError, KafkaDeliveryError, KafkaUnavailable, ValidationError
 from ..methods import build_request
 from ..settings import Settings, get_settings
-from .messages import check_task_id, task_value
+from .messages import (
+    FEEDBACK_RESULT_FIELDS,
+    Feedback,
+    check_score,
+    check_task_id,
+    feedback_value,
+    task_value,
+)
 
 INSTALL_HINT = "Kafka support is not installed: pip install 'captcha-tasks[kafka]'"
 
@@ -128,7 +135,8 @@ class TaskProducer:
 
     ``enqueue`` validates like ``solve.delay`` and returns at once; :meth:`flush` waits
     for the brokers and raises :class:`KafkaDeliveryError` naming the tasks they refused.
-    Results arrive on ``KAFKA_RESULTS_TOPIC`` keyed by ``task_id``.
+    Results arrive on ``KAFKA_RESULTS_TOPIC`` keyed by ``task_id``; :meth:`feedback`
+    says whether the site accepted a result's token (``KAFKA_FEEDBACK_TOPIC``).
     """
 
     def __init__(self, settings: Settings | None = None) -> None:
@@ -165,7 +173,19 @@ class TaskProducer:
         self._produce(task_id, value)
         return task_id
 
-    def _produce(self, task_id: str, value: bytes) -> None:
+    def feedback(
+        self, result: Mapping[str, Any] | str, *, good: bool, score: float | None = None
+    ) -> None:
+        """Queue a report on a solved token, as ``report()`` sends one: ``result`` is the
+        result read from ``KAFKA_RESULTS_TOPIC`` (any solved outcome dict will do), or
+        its ``task_id``; ``good``: whether the site accepted the token; ``score``: the
+        reCAPTCHA v3 score the site returned (0 to 1).  The bridge reports it to the
+        provider that solved it and counts it for the site's acceptance."""
+        message = feedback_of(result, good, score)
+        key = message.task_id or (message.result or {})["captcha_id"]
+        self._produce(key, feedback_value(message), self.settings.kafka_feedback_topic)
+
+    def _produce(self, task_id: str, value: bytes, topic: str | None = None) -> None:
         def delivered(err: KafkaError | None, _msg: Message) -> None:
             if err is not None:
                 with self._lock:
@@ -174,7 +194,7 @@ class TaskProducer:
         while True:
             try:
                 self._producer.produce(
-                    self.settings.kafka_tasks_topic,
+                    topic or self.settings.kafka_tasks_topic,
                     key=task_id.encode(),
                     value=value,
                     on_delivery=delivered,
@@ -217,6 +237,30 @@ def enqueue(
     return task_id
 
 
+def feedback_of(result: Mapping[str, Any] | str, good: bool, score: float | None) -> Feedback:
+    """The feedback message on ``result`` (a result dict, or a task id)."""
+    if not isinstance(good, bool):
+        raise ValidationError(f"good must be True or False, got {good!r}")
+    checked = check_score(score)
+    if isinstance(result, str):
+        return Feedback(good, check_task_id(result), score=checked)
+    if result.get("status", "solved") != "solved" or not result.get("captcha_id"):
+        raise ValidationError("feedback needs a solved result (with a captcha_id)")
+    fields = {k: str(result[k]) for k in FEEDBACK_RESULT_FIELDS if result.get(k) is not None}
+    task_id = result.get("task_id")
+    return Feedback(good, check_task_id(task_id) if task_id else None, fields, checked)
+
+
+def send_feedback(
+    result: Mapping[str, Any] | str, *, good: bool, score: float | None = None
+) -> None:
+    """Publish one report on a solved token to ``KAFKA_FEEDBACK_TOPIC`` and wait for the
+    brokers' acknowledgement (see :meth:`TaskProducer.feedback`); for many, use a
+    :class:`TaskProducer` and flush once."""
+    with TaskProducer() as producer:
+        producer.feedback(result, good=good, score=score)
+
+
 # -- topics and lag -----------------------------------------------------------------------
 
 
@@ -227,13 +271,15 @@ def create_topics(
     replication_factor: int = 1,
     timeout: float = 30.0,
 ) -> list[str]:
-    """Create the tasks, results and dead-letter topics; returns those that were created."""
+    """Create the tasks, results, dead-letter and feedback topics; returns those that were
+    created."""
     settings = settings or get_settings()
     admin = AdminClient(admin_config(settings))
     names = (
         settings.kafka_tasks_topic,
         settings.kafka_results_topic,
         settings.kafka_dead_letter_topic,
+        settings.kafka_feedback_topic,
     )
     futures = admin.create_topics(
         [NewTopic(name, partitions, replication_factor) for name in names],

@@ -1,4 +1,4 @@
-"""The bridge's three Kafka message shapes, as pure functions (no Kafka client here).
+"""The bridge's four Kafka message shapes, as pure functions (no Kafka client here).
 
 ``captcha-tasks`` (key: ``task_id``)::
 
@@ -19,6 +19,19 @@ plus ``task_id``::
      "original": "<base64 of the original value>", "task": null, "outcome": null,
      "source": {"topic": "captcha-tasks", "partition": 3, "offset": 1207},
      "dead_at": "2026-11-30T14:20:31.120Z"}
+
+``captcha-feedback`` (key: ``task_id``, or ``captcha_id``): a report on a solved token, for
+the provider that solved it and the site's acceptance, as ``report()`` sends it::
+
+    {"task_id": "1b4e28ba-...", "good": false}
+    {"captcha_id": "7000001", "provider": "captchaai", "method": "userrecaptcha",
+     "site": "example.com#6Le...", "good": true, "score": 0.3}
+
+It names its result by ``task_id`` (the bridge reads the result it published, kept for
+``KAFKA_RESULT_TTL``) or by the result's own fields (``captcha_id`` with ``provider``,
+``method`` and ``site``: what ``report()`` reads from a result); ``score`` is the
+reCAPTCHA v3 score the site returned (0 to 1).  One the bridge cannot record goes to
+``captcha-dead-letter``, with its ``source`` on the feedback topic.
 
 ``task`` is the decoded task when there was one and ``outcome`` the failed outcome that
 was also published on ``captcha-results``.  Replaying is producing ``original`` (decoded)
@@ -71,6 +84,23 @@ class Source:
         return {"topic": self.topic, "partition": self.partition, "offset": self.offset}
 
 
+@dataclass(frozen=True)
+class Feedback:
+    """A decoded feedback message: the result it is about (``task_id``, or the result's
+    own fields) and what the site said."""
+
+    good: bool
+    task_id: str | None = None
+    #: The result's fields ``report()`` reads (captcha_id, provider, method, site).
+    result: dict[str, str] | None = None
+    score: float | None = None
+
+
+#: The result fields a feedback message may carry, as report() reads them from a result.
+FEEDBACK_RESULT_FIELDS = ("captcha_id", "provider", "method", "site")
+FEEDBACK_FIELDS = frozenset({"task_id", "good", "score", *FEEDBACK_RESULT_FIELDS})
+
+
 def check_task_id(task_id: object) -> str:
     """The task id if it is usable, else :class:`BadMessage` naming what is wrong."""
     if not isinstance(task_id, str) or not task_id.strip():
@@ -83,6 +113,12 @@ def check_task_id(task_id: object) -> str:
 def parse_task(value: bytes | None) -> TaskMessage:
     """Decode a ``captcha-tasks`` message; raises :class:`BadMessage` when it has no answer
     address.  The solve fields are checked later, by ``solve``'s own validation."""
+    data = _object(value)
+    task_id = check_task_id(data.pop("task_id", None))
+    return TaskMessage(task_id, data)
+
+
+def _object(value: bytes | None) -> dict[str, Any]:
     if value is None:
         raise BadMessage("empty message (no value)")
     try:
@@ -91,8 +127,59 @@ def parse_task(value: bytes | None) -> TaskMessage:
         raise BadMessage(f"not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BadMessage(f"expected a JSON object, got {type(data).__name__}")
-    task_id = check_task_id(data.pop("task_id", None))
-    return TaskMessage(task_id, data)
+    return data
+
+
+def parse_feedback(value: bytes | None) -> Feedback:
+    """Decode a ``captcha-feedback`` message; raises :class:`BadMessage` naming what is
+    wrong (the checks of ``kafka-feedback.schema.json``)."""
+    data = _object(value)
+    unknown = sorted(set(data) - FEEDBACK_FIELDS)
+    if unknown:
+        raise BadMessage(f"unknown field(s): {', '.join(unknown)}")
+    good = data.get("good")
+    if not isinstance(good, bool):
+        raise BadMessage("good is missing or not true/false")
+    task_id = check_task_id(data["task_id"]) if "task_id" in data else None
+    result = _result_fields(data)
+    if task_id is None and result is None:
+        raise BadMessage("names no result: give its task_id or its captcha_id")
+    return Feedback(good, task_id, result, check_score(data.get("score")))
+
+
+def _result_fields(data: dict[str, Any]) -> dict[str, str] | None:
+    for name in FEEDBACK_RESULT_FIELDS:
+        if name in data and (not isinstance(data[name], str) or not data[name].strip()):
+            raise BadMessage(f"{name} is not a non-empty string")
+    if "captcha_id" not in data:
+        named = [name for name in FEEDBACK_RESULT_FIELDS if name in data]
+        if named:
+            raise BadMessage(f"{', '.join(named)} without the captcha_id they go with")
+        return None
+    return {name: data[name] for name in FEEDBACK_RESULT_FIELDS if name in data}
+
+
+def check_score(score: object) -> float | None:
+    """A v3 score if it is one (a number from 0 to 1), else :class:`BadMessage`."""
+    if score is None:
+        return None
+    if isinstance(score, bool) or not isinstance(score, int | float) or not 0 <= score <= 1:
+        raise BadMessage(f"score must be a number from 0 to 1, got {score!r}")
+    return float(score)
+
+
+def feedback_value(feedback: Feedback) -> bytes:
+    """The ``captcha-feedback`` message value for a report."""
+    data: dict[str, Any] = {}
+    if feedback.task_id is not None:
+        data["task_id"] = check_task_id(feedback.task_id)
+    data.update(feedback.result or {})
+    data["good"] = feedback.good
+    if feedback.score is not None:
+        data["score"] = feedback.score
+    value = encode(data)
+    parse_feedback(value)  # what the bridge would refuse is refused here, before sending
+    return value
 
 
 def task_value(task_id: str, fields: dict[str, Any]) -> bytes:
@@ -113,13 +200,15 @@ def dead_letter(
     *,
     task: TaskMessage | None = None,
     outcome: dict[str, Any] | None = None,
+    task_id: str | None = None,
     now: float | None = None,
 ) -> dict[str, Any]:
-    """The ``captcha-dead-letter`` message for a message or task that could not be solved."""
+    """The ``captcha-dead-letter`` message for a message or task that could not be solved
+    (or a feedback message that could not be recorded: its ``task_id``, if it named one)."""
     return {
         "reason": reason,
         "error": error,
-        "task_id": task.task_id if task else None,
+        "task_id": task.task_id if task else task_id,
         "original": base64.b64encode(original or b"").decode("ascii"),
         "task": {"task_id": task.task_id, **task.fields} if task else None,
         "outcome": outcome,

@@ -1,6 +1,6 @@
 """The JSON Schemas (2020-12) of captcha-tasks' plain-JSON contract, shipped in the wheel.
 
-The solve request, the outcome, a batch stream entry and the three Kafka messages; the
+The solve request, the outcome, a batch stream entry and the four Kafka messages; the
 files refer to each other by their ``$id`` (``urn:captcha-tasks:...``).  Clients in other
 languages read the same files (``captcha_tasks/schemas/*.schema.json``).
 """

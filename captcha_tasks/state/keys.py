@@ -348,6 +348,11 @@ class Keys:
         task id, claimed_at ms) and, once done, the result and dead letter published for it."""
         return self._k("kafka", group, "task", task_id)
 
+    def kafka_feedback(self, group: str, provider: str, captcha_id: str) -> str:
+        """String with a TTL: a feedback message on this captcha was recorded (a redelivered
+        copy is not reported twice)."""
+        return self._k("kafka", group, "feedback", provider, captcha_id)
+
     def kafka_stats(self, group: str) -> str:
         """Hash: a bridge group's counters (dispatched, waited, takeovers, republished, ...)."""
         return self._k("kafka", group, "stats")

@@ -118,6 +118,8 @@ def test_cli_batch_writes_jsonl_then_resume_runs_only_unsolved(
     for line in new:
         assert line["method"] == "turnstile", line
         assert parse_iso(line["solved_at"]) < parse_iso(line["expires_at"]), line
+        # the site the router used, for a report per site
+        assert line["site"] == f"example.com#k{line['index']}", line
     assert sandbox.stats()["submits"] == 5
     assert "5 solved, 0 failed" in proc.stderr
 
@@ -137,12 +139,13 @@ def test_cli_batch_csv_in_and_out(
     assert proc.returncode == 0, proc.stderr
     header, *body = out.read_text().splitlines()
     assert header.split(",")[:3] == ["index", "status", "token"]
-    assert header.split(",")[-3:] == ["method", "solved_at", "expires_at"]
+    assert header.split(",")[-4:] == ["method", "solved_at", "expires_at", "site"]
     assert sorted(int(line.split(",")[0]) for line in body) == [0, 1, 2]
     with out.open(newline="") as fh:
         rows = {int(r["index"]): r for r in csv.DictReader(fh)}
     assert [rows[i]["method"] for i in range(3)] == ["turnstile", "userrecaptcha", "turnstile"]
     assert all(parse_iso(r["solved_at"]) < parse_iso(r["expires_at"]) for r in rows.values())
+    assert [rows[i]["site"] for i in range(3)] == [f"example.com#k{i + 1}" for i in range(3)]
 
 
 CAPTCHAAI_ROWS: list[dict[str, Any]] = [

@@ -43,6 +43,7 @@ from captcha_tasks.worker.app import app
 pytestmark = pytest.mark.e2e
 
 PAGE = "https://example.com/drivers"
+SITE = "example.com#0x4AAAAAAAdrivers"
 PASSWORD = "pw-" + os.urandom(4).hex()
 THREADS = 6
 #: Short HTTP timeouts allow a short visibility timeout: messages a restart left
@@ -142,6 +143,8 @@ def test_each_line_has_the_result_shape_with_its_index(driver: Driver, idle: Any
     assert solved["status"] == "solved" and solved["method"] == "turnstile"
     assert parse_iso(solved["solved_at"]) < parse_iso(solved["expires_at"])
     assert failed["status"] == "failed" and failed["method"] == "turnstile"
+    # the site the router used: with provider and captcha_id, what a report per site needs
+    assert (solved["site"], solved["provider"]) == (SITE, "captchaai")
 
 
 def test_a_quiet_wait_longer_than_a_read_is_not_an_outage(

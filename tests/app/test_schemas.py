@@ -27,10 +27,11 @@ NAMES = schemas.names()
 
 
 @pytest.mark.unit
-def test_the_six_schemas_are_valid_json_schema() -> None:
+def test_the_seven_schemas_are_valid_json_schema() -> None:
     assert NAMES == [
         "batch-entry",
         "kafka-dead-letter",
+        "kafka-feedback",
         "kafka-result",
         "kafka-task",
         "outcome",

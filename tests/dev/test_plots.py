@@ -278,6 +278,45 @@ def test_bench_providers_counts_solved_by_provider_and_failures_apart() -> None:
     }
 
 
+def test_a_shares_plot_draws_each_series_with_its_target(tmp_path: Path) -> None:
+    path = plots.shares(
+        tmp_path / "shares.svg",
+        {"at the backup": [(20, 0.0), (40, 0.5), (60, 0.9)], "accepted": [(20, 0.4), (60, 0.95)]},
+        title="A site moves",
+        params="60 captchas",
+        targets={"at the backup": 0.8},
+        ylabel="share of the last 50",
+    )
+    text = svg_text(path)
+    for expected in (
+        "A site moves",
+        "60 captchas",
+        "at the backup (target 80%)",
+        "accepted",
+        "share of the last 50",
+        "captchas so far",
+        "100%",
+    ):
+        assert expected in text, expected
+
+
+def test_bench_providers_draws_the_acceptance_run_over_its_rounds(tmp_path: Path) -> None:
+    import bench_providers
+
+    from harness.acceptance import BAD_SITE, GOOD_SITE, Measurement, Use
+
+    uses = []
+    for number in range(1, 5):  # the bad site moves to the backup from round 3
+        provider = "backup" if number >= 3 else "main"
+        uses += [Use(number, GOOD_SITE, "main", True), Use(number, BAD_SITE, provider, number > 1)]
+    moved = bench_providers.acceptance_shares(uses, BAD_SITE, lambda u: u.provider == "backup")
+    assert moved == [(2, 0.0), (4, 0.0), (6, 1 / 3), (8, 0.5)]
+    bench_providers.plot_acceptance(plot_args(tmp_path), Measurement(uses))
+    text = svg_text(tmp_path / "providers-acceptance.svg")
+    for expected in ("bad site: at the backup (target 80%)", "good site: at the primary"):
+        assert expected in text, expected
+
+
 def test_without_plot_no_script_imports_matplotlib() -> None:
     names = ["bench_core", "bench_aio", "bench_batch", "bench_pipeline", "bench_providers"]
     names += ["bench_failover", "bench_pools"]

@@ -84,6 +84,7 @@ def kafka_fixture(
             "KAFKA_TASKS_TOPIC": f"tasks-{suffix}",
             "KAFKA_RESULTS_TOPIC": f"results-{suffix}",
             "KAFKA_DEAD_LETTER_TOPIC": f"dead-{suffix}",
+            "KAFKA_FEEDBACK_TOPIC": f"feedback-{suffix}",
             "KAFKA_GROUP_ID": f"bridge-{suffix}",
             "KAFKA_CLIENT_CONFIG": json.dumps(TEST_CLIENT_CONFIG),
             **{k: str(v) for k, v in settings.items()},
@@ -172,7 +173,8 @@ class TopicReader:
 
 
 def group_members(settings: Settings) -> dict[str, list[int]]:
-    """Member id -> assigned partitions of the bridge group (empty while rebalancing)."""
+    """Member id -> assigned partitions of the tasks topic in the bridge group (empty while
+    rebalancing); the members also hold the feedback topic's."""
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(admin_config(settings))
@@ -181,7 +183,11 @@ def group_members(settings: Settings) -> dict[str, list[int]]:
     if str(group.state).rsplit(".", 1)[-1] != "STABLE":
         return {}
     return {
-        member.member_id: sorted(tp.partition for tp in member.assignment.topic_partitions)
+        member.member_id: sorted(
+            tp.partition
+            for tp in member.assignment.topic_partitions
+            if tp.topic == settings.kafka_tasks_topic
+        )
         for member in group.members
     }
 

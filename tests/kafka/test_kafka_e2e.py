@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from contract import validate
 from image_files import png
 from kafka_broker import (  # noqa: F401  (the fixtures are used by name)
     KafkaSetup,
@@ -33,6 +34,7 @@ from captcha_tasks.kafka.client import (
     consumer_config,
     consumer_lag,
     producer_config,
+    total_lag,
 )
 from captcha_tasks.kafka.messages import task_value
 from captcha_tasks.testing.processes import wait_until
@@ -376,10 +378,77 @@ def test_a_tasks_tenant_and_lane_are_served_and_an_unknown_tenant_is_a_failed_ta
     )
 
 
-def rewind(setup: KafkaSetup) -> None:
-    """Commit offset 0 for every partition of the (idle) bridge group."""
+@pytest.mark.timeout(120)
+def test_feedback_reaches_the_provider_that_solved_and_counts_once(
+    kafka: Callable[..., KafkaSetup],
+    start_bridge: Any,
+    start_worker: Any,
+    sandbox: Any,
+    clean_state: None,
+) -> None:
+    setup = kafka(partitions=2)
+    s = setup.settings
+    start_worker(concurrency=8, name="kafka-w8")
+    bridge = start_bridge(setup, "bridge-feedback")
+    ids = enqueue_all(setup, 5)
+    results = setup.reader(s.kafka_results_topic).read_until(
+        lambda r: len(r) >= len(ids), 60, "the answers"
+    )
+    by_id = {r.key: r.value for r in results}
+    site = "example.com#0x4AAAAAAAkafka"
+    assert {v["site"] for v in by_id.values()} == {site}
+    with TaskProducer(s) as producer:
+        for task_id in ids[:3]:
+            producer.feedback(task_id, good=False)  # by task id: the bridge kept the result
+        producer.feedback(by_id[ids[3]], good=True)  # by the result's own fields
+        producer.feedback(by_id[ids[4]], good=True, score=0.9)
+    refused = {
+        "ERROR_BAD_MESSAGE": b"not json {",
+        "ERROR_NO_SUCH_CAPCHA_ID": json.dumps({"task_id": "t-never", "good": False}).encode(),
+        "ERROR_VALIDATION": json.dumps(
+            {"captcha_id": "1", "provider": "nobody", "method": "turnstile", "good": False}
+        ).encode(),
+    }
+    raw = Producer(producer_config(s))
+    for value in refused.values():
+        raw.produce(s.kafka_feedback_topic, value=value, key=b"junk")
+    assert raw.flush(10) == 0
+
+    letters = setup.reader(s.kafka_dead_letter_topic)
+    letters.read_until(lambda r: len(r) >= len(refused), 30, "the refused feedback")
+    for letter in letters.records:
+        validate("kafka-dead-letter", letter.value)
+        assert letter.value["source"]["topic"] == s.kafka_feedback_topic
+        assert base64.b64decode(letter.value["original"]) == refused[letter.headers["error"]]
+    by_code = {r.headers["error"]: r.value for r in letters.records}
+    assert by_code["ERROR_NO_SUCH_CAPCHA_ID"]["task_id"] == "t-never"
+    assert "'nobody', which is not configured" in by_code["ERROR_VALIDATION"]["reason"]
+
+    def reported() -> bool:
+        stats = sandbox.stats()
+        return (stats["reports_bad"], stats["reports_good"]) == (3, 2)
+
+    wait_until(reported, 30, 0.05, "three bad and two good reports at the sandbox")
+    counted = app.runtime().state.acceptance.read("turnstile", site).acceptance["captchaai"]
+    assert (round(counted.bad, 2), round(counted.good, 2), round(counted.scores, 2)) == (3, 2, 1)
+    feedback_lag = lambda: total_lag(consumer_lag(s, topic=s.kafka_feedback_topic))  # noqa: E731
+    wait_until(lambda: feedback_lag() == 0, 10, 0.2, "the feedback offsets committed")
+
+    # Delivered again (as after a crash before the commits): no captcha is reported twice.
+    bridge.stop()
+    rewind(setup, s.kafka_feedback_topic)
+    start_bridge(setup, "bridge-feedback-again")
+    letters.read_until(lambda r: len(r) >= 2 * len(refused), 30, "the refused ones again")
+    wait_until(lambda: feedback_lag() == 0, 30, 0.2, "the copies read")
+    assert claims_stats(setup)["feedback_repeated"] == len(ids)
+    assert reported()
+
+
+def rewind(setup: KafkaSetup, topic: str | None = None) -> None:
+    """Commit offset 0 for every partition of the (idle) bridge group on ``topic`` (default:
+    the tasks topic)."""
     consumer = Consumer(consumer_config(setup.settings))
-    topic = setup.settings.kafka_tasks_topic
+    topic = topic or setup.settings.kafka_tasks_topic
     offsets = [TopicPartition(topic, p, 0) for p in range(setup.partitions)]
     try:
         assert all(tp.error is None for tp in consumer.commit(offsets=offsets, asynchronous=False))

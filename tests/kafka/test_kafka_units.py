@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 import pytest
-from contract import validate
+from contract import problems, validate
 from image_files import png
 
 from captcha_tasks.errors import ConfigurationError, ValidationError
@@ -25,11 +25,15 @@ from captcha_tasks.kafka.client import (
     consumer_config,
     producer_config,
 )
+from captcha_tasks.kafka.feedback import FeedbackReader, result_of
 from captcha_tasks.kafka.messages import (
     BadMessage,
+    Feedback,
     Source,
     dead_letter,
     dead_letter_headers,
+    feedback_value,
+    parse_feedback,
     parse_task,
     task_value,
 )
@@ -44,6 +48,7 @@ KAFKA_VARS = {
     "KAFKA_TASKS_TOPIC",
     "KAFKA_RESULTS_TOPIC",
     "KAFKA_DEAD_LETTER_TOPIC",
+    "KAFKA_FEEDBACK_TOPIC",
     "KAFKA_GROUP_ID",
     "KAFKA_MAX_IN_FLIGHT",
     "KAFKA_RESULT_TTL",
@@ -58,11 +63,12 @@ KAFKA_VARS = {
 def test_kafka_settings_have_defaults_and_read_the_environment() -> None:
     assert KAFKA_VARS <= ENVIRONMENT_VARIABLES
     s = Settings.from_env({"CAPTCHAAI_THREADS": "15"})
-    assert (s.kafka_tasks_topic, s.kafka_results_topic, s.kafka_dead_letter_topic) == (
-        "captcha-tasks",
-        "captcha-results",
-        "captcha-dead-letter",
-    )
+    assert (
+        s.kafka_tasks_topic,
+        s.kafka_results_topic,
+        s.kafka_dead_letter_topic,
+        s.kafka_feedback_topic,
+    ) == ("captcha-tasks", "captcha-results", "captcha-dead-letter", "captcha-feedback")
     assert s.kafka_in_flight_limit == 30  # twice the plan's threads
     s = Settings.from_env(
         {
@@ -84,6 +90,7 @@ def test_kafka_settings_have_defaults_and_read_the_environment() -> None:
         ("KAFKA_MAX_IN_FLIGHT", "lots"),
         ("KAFKA_RESULT_TTL", "0"),
         ("KAFKA_RESULTS_TOPIC", "captcha-tasks"),
+        ("KAFKA_FEEDBACK_TOPIC", "captcha-results"),
         ("KAFKA_CLIENT_CONFIG", "[1, 2]"),
         ("KAFKA_CLIENT_CONFIG", '{"sasl.password": "hunter2", "nested": {"a": 1}}'),
         ("KAFKA_CLIENT_CONFIG", '{"sasl.password": "hunter2"'),
@@ -175,6 +182,117 @@ def test_a_dead_letter_keeps_the_original_bytes_and_says_why() -> None:
         ("reason", b"not valid JSON"),
         ("error", b"ERROR_BAD_MESSAGE"),
     ]
+
+
+SOLVED = {
+    "status": "solved",
+    "captcha_id": "7000001",
+    "provider": "captchaai",
+    "method": "userrecaptcha",
+    "site": "example.com#6Le",
+    "source": "api",
+    "elapsed_s": 3.0,
+    "solved_at": "2026-12-06T01:00:00.000Z",
+    "expires_at": "2026-12-06T01:02:00.000Z",
+    "token": "03A-secret",
+}
+FEEDBACK = [
+    {"task_id": "t-1", "good": False},
+    {"task_id": "t-1", "good": True, "score": 0.9},
+    {"captcha_id": "7000001", "good": True, "score": 0},
+    {"captcha_id": "7000001", "provider": "captchaai", "method": "turnstile", "site": "a#k",
+     "good": False},
+    {"task_id": "t-1", "captcha_id": "7000001", "provider": "captchaai", "good": True},
+    # refused
+    {"good": False},
+    {"task_id": "t-1"},
+    {"task_id": "t-1", "good": "false"},
+    {"task_id": "t-1", "good": 0},
+    {"task_id": "", "good": True},
+    {"task_id": "x" * 201, "good": True},
+    {"task_id": "t-1", "good": True, "score": 1.5},
+    {"task_id": "t-1", "good": True, "score": True},
+    {"task_id": "t-1", "good": True, "score": "0.3"},
+    {"captcha_id": " ", "good": True},
+    {"captcha_id": 7000001, "good": True},
+    {"task_id": "t-1", "provider": "captchaai", "good": True},
+    {"captcha_id": "7000001", "site": "", "good": True},
+    {"task_id": "t-1", "good": True, "token": "03A"},
+]  # fmt: skip
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("message", FEEDBACK, ids=lambda m: json.dumps(m)[:60])
+def test_feedback_schema_agrees_with_the_bridge(message: dict[str, Any]) -> None:
+    try:
+        parse_feedback(json.dumps(message).encode())
+        accepted = True
+    except BadMessage:
+        accepted = False
+    assert (not problems("kafka-feedback", message)) == accepted, problems(
+        "kafka-feedback", message
+    )
+
+
+@pytest.mark.unit
+def test_feedback_names_its_result_by_task_id_or_by_its_fields() -> None:
+    by_id = parse_feedback(b'{"task_id": "t-1", "good": false}')
+    assert by_id == Feedback(False, "t-1")
+    stored = json.dumps({**SOLVED, "task_id": "t-1"})
+    assert result_of(by_id, stored) == {
+        "captcha_id": "7000001",
+        "provider": "captchaai",
+        "method": "userrecaptcha",
+        "site": "example.com#6Le",
+    }
+    with pytest.raises(BadMessage) as gone:
+        result_of(by_id, None)
+    assert gone.value.code == "ERROR_NO_SUCH_CAPCHA_ID"
+    failed = json.dumps({"status": "failed", "error": "ERROR_SOLVE_TIMEOUT", "message": "x"})
+    with pytest.raises(BadMessage, match="failed") as no_token:
+        result_of(by_id, failed)
+    assert no_token.value.code == "ERROR_NO_SUCH_CAPCHA_ID"
+    # the message's own fields win: they need no stored result
+    named = Feedback(True, "t-1", {"captcha_id": "9", "provider": "backup"}, 0.3)
+    assert result_of(named, stored) == {"captcha_id": "9", "provider": "backup"}
+    assert parse_feedback(feedback_value(named)) == named
+
+
+@pytest.mark.unit
+def test_send_feedback_builds_the_message_report_would_send(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    producer = TaskProducer(Settings.from_env({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9"}))
+    produced: list[tuple[Any, ...]] = []
+    monkeypatch.setattr(producer, "_produce", lambda *args: produced.append(args))
+    producer.feedback({**SOLVED, "task_id": "t-1"}, good=False, score=0.2)
+    producer.feedback("t-2", good=True)
+    producer.feedback(SOLVED, good=True)  # a solve() outcome: no task id
+    for bad in (
+        lambda: producer.feedback("t-3", good=True, score=2),
+        lambda: producer.feedback({"status": "failed", "error": "E", "message": "m"}, good=False),
+        lambda: producer.feedback("", good=True),
+        lambda: producer.feedback("t-4", good="yes"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(ValidationError):
+            bad()
+    keys = [key for key, _value, _topic in produced]
+    assert keys == ["t-1", "t-2", "7000001"]
+    assert {topic for _key, _value, topic in produced} == {"captcha-feedback"}
+    values = [json.loads(value) for _key, value, _topic in produced]
+    assert values[0] == {
+        "task_id": "t-1",
+        "captcha_id": "7000001",
+        "provider": "captchaai",
+        "method": "userrecaptcha",
+        "site": "example.com#6Le",
+        "good": False,
+        "score": 0.2,
+    }
+    assert values[1] == {"task_id": "t-2", "good": True}
+    assert "token" not in values[2] and "task_id" not in values[2]
+    for value in values:
+        validate("kafka-feedback", value)
 
 
 @pytest.mark.unit
@@ -323,6 +441,84 @@ def test_a_failed_dispatch_releases_its_claim(clean_state: None) -> None:
     assert not claims.release("t-3", "c2")  # a dispatched solve keeps its claim
     claims.count("waited", 2)
     assert claims.stats() == {"waited": 2}
+
+
+@pytest.mark.redis
+def test_feedback_finds_the_published_result_and_is_recorded_once(
+    clean_state: None, redis_conn: Any
+) -> None:
+    claims = make_claims()
+    claims.claim("t-5", "c1")
+    assert claims.published("t-5") is None  # claimed, not answered yet
+    claims.complete("t-5", '{"status": "solved"}')
+    assert claims.published("t-5") == '{"status": "solved"}'
+    assert claims.published("t-unknown") is None
+    assert not claims.feedback_recorded("captchaai", "7000001")
+    claims.record_feedback("captchaai", "7000001")
+    assert claims.feedback_recorded("captchaai", "7000001")
+    assert not claims.feedback_recorded("backup", "7000001")  # another provider's captcha
+    key = app.runtime().state.keys.kafka_feedback("unit-group", "captchaai", "7000001")
+    assert 50_000 < redis_conn.pttl(key) <= 60_000  # KAFKA_RESULT_TTL
+
+
+def queued_reports(redis_conn: Any, queue: str) -> list[list[Any]]:
+    """The arguments of the report tasks waiting in ``queue`` (kombu's Redis messages)."""
+    found = []
+    for raw in reversed(redis_conn.lrange(queue, 0, -1)):  # LPUSHed: the oldest last
+        message = json.loads(raw)
+        if message["headers"]["task"] == "captcha_tasks.report":
+            args, _kwargs, _embed = json.loads(base64.b64decode(message["body"]))
+            found.append(args)
+    return found
+
+
+@pytest.mark.redis
+def test_the_feedback_reader_reports_once_and_dead_letters_what_it_cannot_record(
+    clean_state: None, redis_conn: Any
+) -> None:
+    claims = make_claims()
+    claims.claim("t-1", "c1")
+    claims.complete("t-1", json.dumps({**SOLVED, "task_id": "t-1"}))
+    letters: list[tuple[Source, dict[str, Any]]] = []
+    primary = app.runtime().settings.provider(None).name
+    reader = FeedbackReader(
+        "fb", claims, lambda source, _value, _p, letter: letters.append((source, letter)), primary
+    )
+    queue = app.runtime().settings.queue("housekeeping")
+    redis_conn.delete(queue)
+    messages = [
+        {"task_id": "t-1", "good": False, "score": 0.1},
+        {"task_id": "t-1", "good": False},  # the same captcha again: skipped
+        {"captcha_id": "42", "method": "turnstile", "site": "a.example", "good": True},
+        {"task_id": "t-2", "good": True},  # no result kept
+        {"captcha_id": "43", "provider": "nobody", "good": True},  # not configured
+    ]
+    try:
+        for offset, message in enumerate(messages):
+            reader.handle(0, offset, b"k", json.dumps(message).encode())
+        reader.handle(0, len(messages), b"k", b"{not json")
+        reports = queued_reports(redis_conn, queue)
+    finally:
+        redis_conn.delete(queue)
+    # captcha_id, good, provider, method, site, score: as report(result) sends them
+    assert reports == [
+        ["7000001", False, "captchaai", "userrecaptcha", "example.com#6Le", 0.1],
+        ["42", True, None, "turnstile", "a.example", None],
+    ]
+    assert [(s.offset, letter["error"]) for s, letter in letters] == [
+        (3, "ERROR_NO_SUCH_CAPCHA_ID"),
+        (4, "ERROR_VALIDATION"),
+        (5, "ERROR_BAD_MESSAGE"),
+    ]
+    assert [letter["task_id"] for _, letter in letters] == ["t-2", None, None]
+    for source, letter in letters:
+        validate("kafka-dead-letter", letter)
+        assert letter["source"]["topic"] == source.topic == "fb"
+    # the recorded and the skipped are finished; the dead letters wait for their acks
+    assert reader.tracker.commit_points() == {0: 3}
+    assert claims.feedback_recorded(primary, "42")
+    stats = claims.stats()
+    assert (stats["feedback_repeated"], stats["feedback_bad"], stats["feedback_good"]) == (1, 1, 1)
 
 
 # -- the optional extra ---------------------------------------------------------------------
