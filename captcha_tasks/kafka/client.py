@@ -264,6 +264,13 @@ def send_feedback(
 # -- topics and lag -----------------------------------------------------------------------
 
 
+#: Partitions of the feedback topic that :func:`create_topics` makes.  The bridges' group
+#: balances the partitions of both its topics together: a feedback topic as wide as the
+#: tasks topic could leave a bridge holding feedback partitions only, and the tasks with
+#: fewer bridges.  Reports are few (one per checked token) and need no order: one is enough.
+FEEDBACK_PARTITIONS = 1
+
+
 def create_topics(
     settings: Settings | None = None,
     *,
@@ -271,18 +278,18 @@ def create_topics(
     replication_factor: int = 1,
     timeout: float = 30.0,
 ) -> list[str]:
-    """Create the tasks, results, dead-letter and feedback topics; returns those that were
-    created."""
+    """Create the tasks, results and dead-letter topics (``partitions`` each) and the
+    feedback topic (:data:`FEEDBACK_PARTITIONS`); returns those that were created."""
     settings = settings or get_settings()
     admin = AdminClient(admin_config(settings))
-    names = (
-        settings.kafka_tasks_topic,
-        settings.kafka_results_topic,
-        settings.kafka_dead_letter_topic,
-        settings.kafka_feedback_topic,
-    )
+    sizes = {
+        settings.kafka_tasks_topic: partitions,
+        settings.kafka_results_topic: partitions,
+        settings.kafka_dead_letter_topic: partitions,
+        settings.kafka_feedback_topic: FEEDBACK_PARTITIONS,
+    }
     futures = admin.create_topics(
-        [NewTopic(name, partitions, replication_factor) for name in names],
+        [NewTopic(name, size, replication_factor) for name, size in sizes.items()],
         operation_timeout=timeout,
         request_timeout=timeout,
     )

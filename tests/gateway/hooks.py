@@ -46,6 +46,10 @@ class Hooks:
                     self.headers.get("Content-Type", ""),
                     self.rfile.read(size) if size else b"",
                 )
+                # Noted before the answer: a caller that has its answer finds its hit here.
+                with hooks.changed:
+                    hooks.hits.append(hit)
+                    hooks.changed.notify_all()
                 if self.path.startswith("/redirect"):
                     self.send_response(302)
                     self.send_header("Location", f"{hooks.url}/elsewhere")
@@ -54,9 +58,6 @@ class Hooks:
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"OK")
-                with hooks.changed:
-                    hooks.hits.append(hit)
-                    hooks.changed.notify_all()
 
             do_GET = do_POST
 

@@ -27,6 +27,7 @@ from kafka_broker import (  # noqa: F401  (the fixtures are used by name)
 
 from captcha_tasks.kafka.claims import ClaimStore
 from captcha_tasks.kafka.client import (
+    FEEDBACK_PARTITIONS,
     Consumer,
     Producer,
     TaskProducer,
@@ -449,7 +450,9 @@ def rewind(setup: KafkaSetup, topic: str | None = None) -> None:
     the tasks topic)."""
     consumer = Consumer(consumer_config(setup.settings))
     topic = topic or setup.settings.kafka_tasks_topic
-    offsets = [TopicPartition(topic, p, 0) for p in range(setup.partitions)]
+    feedback = topic == setup.settings.kafka_feedback_topic
+    count = FEEDBACK_PARTITIONS if feedback else setup.partitions
+    offsets = [TopicPartition(topic, p, 0) for p in range(count)]
     try:
         assert all(tp.error is None for tp in consumer.commit(offsets=offsets, asynchronous=False))
     finally:
