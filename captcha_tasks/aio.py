@@ -474,9 +474,23 @@ async def _resend(batch: Batch, action: Resend) -> None:
         batch.resent()
 
 
+#: Batch cancellations under way, kept from the garbage collector until they are done.
+_ABANDONING: set[asyncio.Future[None]] = set()
+
+
 async def _abandon(streams: AsyncBatchStreams, abandon: Abandon | None) -> None:
     if abandon is None:
         return  # nothing was queued (Redis down at the first task, say): nothing to cancel
+    # Shielded: a caller cancelled by a cancel scope (anyio's, as Starlette's when a client
+    # leaves a streaming response) is cancelled again at every await of its cleanup, and
+    # the batch would go on, paid for, until its captchas ran out.
+    done = asyncio.ensure_future(_abandon_now(streams, abandon))
+    _ABANDONING.add(done)
+    done.add_done_callback(_ABANDONING.discard)
+    await asyncio.shield(done)
+
+
+async def _abandon_now(streams: AsyncBatchStreams, abandon: Abandon) -> None:
     try:
         await streams.abandon(abandon.batch_id, cancel=abandon.cancel)
     except Exception as exc:  # never hide the caller's own exception (a cancellation) behind ours

@@ -204,6 +204,47 @@ def test_leaving_the_stream_cancels_what_was_not_submitted(sandbox: Any, redis_c
     assert sandbox.stats()["submits"] == capacity
 
 
+def test_a_cancel_scope_that_cancels_the_cleanup_too_still_cancels_the_batch(
+    sandbox: Any, redis_conn: Any
+) -> None:
+    """anyio's cancel scope (Starlette's, when a client leaves a streaming response) cancels
+    every await of the cancelled task's cleanup as well, the batch's cancellation among
+    them: it is shielded."""
+    import anyio
+
+    capacity = app.runtime().state.limiter.config.capacity
+    total = 4 * capacity
+    sandbox.configure(threads=total, solve_time=0.8, jitter=0.3, hold=True)
+    limiter = app.runtime().state.limiter
+
+    def cancelled() -> list[str]:
+        return list(redis_conn.scan_iter(app.runtime().state.keys.batch_cancelled("*")))
+
+    def every_thread_taken_and_more_waiting() -> bool:
+        return sandbox.stats()["submits"] == capacity and limiter.parked_count() > 0
+
+    async def consume(scope: anyio.CancelScope) -> None:
+        with scope:
+            async with contextlib.aclosing(aio.stream([task() for _ in range(total)])) as out:
+                async for _ in out:
+                    pass
+
+    async def main() -> None:
+        scope = anyio.CancelScope()
+        async with anyio.create_task_group() as group:
+            group.start_soon(consume, scope)
+            await asyncio.wait_for(_until(every_thread_taken_and_more_waiting), 15)
+            scope.cancel()
+        await asyncio.wait_for(_until(cancelled), 5)
+
+    asyncio.run(main())
+    sandbox.configure(hold=False)
+    wait_until(lambda: limiter.in_use() == 0, 15, what="in-flight captchas to finish")
+    assert sandbox.stats()["submits"] == capacity
+    assert limiter.parked_count() == 0
+    wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
+
+
 async def _until(predicate: Callable[[], object]) -> None:
     """Poll a condition (every caller bounds it with ``asyncio.wait_for``)."""
     while not predicate():
