@@ -609,6 +609,21 @@ class ThreadLimiter:
         held = self._guarded(lambda: self._pause(self.lua_keys(), {"ms": ms(seconds)}))
         return int(held) / 1000
 
+    def held_s(self) -> float:
+        """Seconds an HTTP 429 still holds every request of the account (0: none), read
+        without counting a request (``rates.paused`` in ``lib/rates.lua``)."""
+        r = self.db.redis
+
+        def read() -> list[Any]:
+            pipe = r.pipeline(transaction=False)
+            pipe.hget(self.keys.rate("hourly"), "pause")
+            pipe.time()
+            return list(pipe.execute())
+
+        until, (seconds, micros) = self._guarded(read)
+        now_ms = int(seconds) * 1000 + int(micros) // 1000
+        return max(0, int(until or 0) - now_ms) / 1000
+
     def poll_wait(self, requests: int = 1) -> float:
         """0 when ``requests`` ``res.php`` calls may go now (counted); else seconds to wait."""
         cfg = self.config

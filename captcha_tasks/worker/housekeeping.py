@@ -124,6 +124,9 @@ def check_providers(runner: Runner) -> dict[str, Any]:
     CaptchaAI-kind ones, its view of our threads (:func:`check_threads`)."""
     found: dict[str, Any] = {}
     for at in runner.state.providers.values():
+        if at.limiter.held_s() > 0:  # an HTTP 429 holds every request of the account
+            found[at.name] = {"error": "ERROR_RATE_LIMITED"}
+            continue
         try:
             balance = runner.api(at.name).balance()
         except errors.CaptchaTasksError as exc:
