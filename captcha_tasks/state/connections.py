@@ -394,6 +394,12 @@ def reachable(settings: Settings) -> bool:
             close()
 
 
+def unacked_mutex_expire(visibility: float) -> int:
+    """Seconds kombu's lock on putting unacknowledged messages back may outlive its
+    holder: a fraction of the visibility timeout (kombu's own default is 300 s)."""
+    return max(2, int(visibility / 6))
+
+
 def celery_options(settings: Settings) -> dict[str, Any]:
     """Celery's settings that say where Redis is: the broker and result backend URLs and
     the transport options of each, their TLS, and RedBeat's URL and options."""
@@ -405,6 +411,13 @@ def celery_options(settings: Settings) -> dict[str, Any]:
             "visibility_timeout": visibility,
             "unacked_restore_interval": max(1, int(visibility / 12)),
             "unacked_restore_throttle": 1,
+            # The lock one worker takes to put those messages back.  Left by a worker
+            # killed inside it, or by a release that met Redis restarting (kombu releases
+            # it in a finally that fails then), kombu's 5 minutes stopped every restore
+            # for as long: messages that returned after the visibility timeout returned
+            # five minutes late (a chaos run lost a captcha that way).  Restoring is
+            # transactional per message (WATCH), so a lock that lapses early is harmless.
+            "unacked_mutex_expire": unacked_mutex_expire(visibility),
         },
         "result_backend_transport_options": {
             "retry_policy": {"timeout": 5.0},

@@ -160,3 +160,13 @@ def test_the_fence_holds_for_a_while_after_the_master_moves_whatever_the_replica
     assert fence._look(t0 + 2)
     assert fence._look(t0 + 2 + connections.MOVE_SETTLE_S - 0.01)
     assert not fence._look(t0 + 2 + connections.MOVE_SETTLE_S)  # settled: as before
+
+
+def test_a_lock_left_on_restoring_unacked_messages_lapses_within_the_visibility_timeout() -> None:
+    # kombu's default (300 s) stopped every restore for five minutes after a worker died
+    # holding it, or Redis restarted while it was held
+    options = connections.celery_options(PLAIN)["broker_transport_options"]
+    visibility = options["visibility_timeout"]
+    assert options["unacked_mutex_expire"] == connections.unacked_mutex_expire(visibility)
+    assert 2 <= connections.unacked_mutex_expire(10) < 10
+    assert connections.unacked_mutex_expire(60) == 10
