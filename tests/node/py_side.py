@@ -138,11 +138,16 @@ def take(name: str) -> dict[str, Any] | None:
 
 
 def race(name: str, ready_key: str, go_key: str) -> list[str]:
-    """Say ready, wait for the start, then take until the pool is dry: the tokens taken."""
+    """Say ready, wait for the start, take one token and say so, wait until every racer has
+    one, then take until the pool is dry: the tokens taken."""
     r, store = _redis(), _pools()
     r.incr(ready_key)
     r.blpop([go_key], timeout=60)
     taken = []
+    if (record := store.take(name)) is not None:
+        taken.append(record["token"])
+    r.incr(f"{ready_key}:first")
+    r.blpop([f"{go_key}:race"], timeout=60)
     while (record := store.take(name)) is not None:
         taken.append(record["token"])
     return taken
