@@ -258,12 +258,16 @@ def test_ctrl_c_keeps_lines_and_prints_how_to_resume(
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
     try:
         wait_until(lambda: out.exists() and len(read_jsonl(out)) >= 3, 60, what="some results")
+        # The latch: no further answer until the batch has been interrupted, so it cannot
+        # end on its own first, however slowly this process is scheduled.
+        sandbox.configure(hold=True)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     finally:
+        sandbox.configure(hold=False)
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     assert f"--resume {out}" in err
     written = read_jsonl(out)  # every line parses: nothing half-written
     assert 3 <= len(written) < 60
