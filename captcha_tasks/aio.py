@@ -218,7 +218,7 @@ class Hubs:
             for closed in [other for other in self.hubs if other.is_closed()]:
                 del self.hubs[closed]
             client = connections.async_redis_client(self.settings, client_name=CLIENT_NAME)
-            hub = self.hubs[loop] = _Hub(self, loop, client, Keys(self.settings.key_prefix))
+            hub = self.hubs[loop] = _Hub(self, loop, client, Keys(self.settings.redis.key_prefix))
         return hub
 
 

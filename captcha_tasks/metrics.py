@@ -172,17 +172,19 @@ class StoreCollector(Collector):
         in_use = limiter.in_use()
         yield _gauge("threads_in_use", "Provider threads held by captchas in flight.", in_use)
         yield _gauge(
-            "threads_plan", "Concurrent threads of the plan (CAPTCHAAI_THREADS).", settings.threads
+            "threads_plan",
+            "Concurrent threads of the plan (CAPTCHAAI_THREADS).",
+            settings.providers.threads,
         )
         yield _gauge(
             "threads_capacity",
             "Threads this deployment may use (plan minus CAPTCHAAI_THREADS_RESERVED).",
-            settings.capacity,
+            settings.providers.capacity,
         )
         yield _gauge(
             "thread_utilisation_ratio",
             "Threads in use / threads this deployment may use.",
-            in_use / settings.capacity,
+            in_use / settings.providers.capacity,
         )
         yield _gauge(
             "threads_external",
@@ -469,7 +471,7 @@ class StoreCollector(Collector):
     def _tenant_names(self, use: dict[tuple[str, str], LaneUse]) -> list[str]:
         """The tenants declared here and those Redis has counts of (another process may
         declare more)."""
-        return sorted({*self.settings.tenant_names, *(tenant for _, tenant in use)})
+        return sorted({*self.settings.tenants.names, *(tenant for _, tenant in use)})
 
     def _tenants(self) -> Iterator[Metric]:
         settings = self.settings
@@ -496,7 +498,7 @@ class StoreCollector(Collector):
             labels=label,
         )
         for name in names:
-            tenant = settings.tenant(name)
+            tenant = settings.tenants.get(name)
             weight.add_metric([name], tenant.weight)
             submitted.add_metric([name], float(today[name]))
             if tenant.max_threads is not None:
@@ -543,7 +545,7 @@ class StoreCollector(Collector):
         )
         lists = [
             (queue, step, queue if not step else f"{queue}{Channel.sep}{step}")
-            for queue in self.settings.queues
+            for queue in self.settings.celery.queues
             for step in PRIORITY_STEPS
         ]
         pipe = self.state.db.pipeline()

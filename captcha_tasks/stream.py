@@ -136,12 +136,14 @@ def new_batch(
     if lane is not None:
         defaults["lane"] = check_lane(lane)
     if tenant is not None:
-        defaults["tenant"] = check_tenant(tenant, settings.tenants)
+        defaults["tenant"] = check_tenant(tenant, settings.tenants.declared)
     return Batch(
         uuid.uuid4().hex,
         defaults=defaults,
-        window=2 * settings.capacity if window is None else window,
-        timeout_s=settings.solve_timeout + 60 if timeout_per_task is None else timeout_per_task,
+        window=2 * settings.providers.capacity if window is None else window,
+        timeout_s=settings.solving.solve_timeout + 60
+        if timeout_per_task is None
+        else timeout_per_task,
         # A move before the batch started lost none of its writes.
         generation=FAILOVERS.generation,
     )

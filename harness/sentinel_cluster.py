@@ -13,7 +13,7 @@ from typing import Self
 
 import redis
 
-from captcha_tasks.settings import Settings
+from captcha_tasks.settings import RedisSettings, Settings
 from captcha_tasks.state import connections
 from captcha_tasks.testing.processes import (
     ChildProcess,
@@ -68,9 +68,11 @@ class SentinelServer(ChildProcess):
     def settings(self) -> Settings:
         """Settings naming this sentinel alone."""
         return Settings(
-            redis_url=f"sentinel://127.0.0.1:{self.port}",
-            redis_sentinel_master=self.master_name,
-            redis_sentinel_password=self.sentinel_password or "",
+            redis=RedisSettings(
+                url=f"sentinel://127.0.0.1:{self.port}",
+                sentinel_master=self.master_name,
+                sentinel_password=self.sentinel_password or "",
+            )
         )
 
     def client(self) -> redis.Redis:
@@ -180,9 +182,11 @@ class SentinelCluster:
 
     def settings(self) -> Settings:
         return Settings(
-            redis_url=self.url,
-            redis_sentinel_master=self.master_name,
-            redis_sentinel_password=self.sentinel_password or "",
+            redis=RedisSettings(
+                url=self.url,
+                sentinel_master=self.master_name,
+                sentinel_password=self.sentinel_password or "",
+            )
         )
 
     def start(self, timeout: float = 30) -> Self:

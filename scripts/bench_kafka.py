@@ -108,7 +108,7 @@ class Results:
         from captcha_tasks.settings import get_settings
 
         settings = get_settings()
-        self.topic = settings.kafka_results_topic
+        self.topic = settings.kafka.results_topic
         self.consumer = Consumer(consumer_config(settings, group=f"bench-{uuid.uuid4().hex}"))
         partitions = self.consumer.list_topics(self.topic, timeout=10).topics[self.topic].partitions
         ends = [

@@ -74,7 +74,7 @@ def pool_declare(path: Path | None) -> None:
     """Register pools in Redis for beat and every worker, from CAPTCHAAI_POOLS or a file."""
 
     if path is None:
-        specs = app.runtime().settings.pools
+        specs = app.runtime().settings.pools.declared
         where = "CAPTCHAAI_POOLS"
     else:
         specs = parse_pools(path.read_text(encoding="utf-8"), source=str(path))

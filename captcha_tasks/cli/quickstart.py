@@ -129,12 +129,12 @@ class Stack:
             lines = ["# REDIS_URL: yours, with its password (already in your environment)"]
         else:
             lines = [_export("REDIS_URL", url)]
-        lines.append(_export("CAPTCHAAI_BASE_URL", current.base_url))
+        lines.append(_export("CAPTCHAAI_BASE_URL", current.providers.base_url))
         if self.sandbox is not None:
             lines.append(_export("CAPTCHAAI_API_KEY", self.env["CAPTCHAAI_API_KEY"]))
         else:
             lines.append("# CAPTCHAAI_API_KEY: yours (already in your environment)")
-        lines.append(_export("CAPTCHAAI_THREADS", str(current.threads)))
+        lines.append(_export("CAPTCHAAI_THREADS", str(current.providers.threads)))
         for var in (
             "CAPTCHAAI_KEY_PREFIX",
             "CAPTCHAAI_QUEUE_PREFIX",
@@ -189,7 +189,7 @@ def running_stack(log_dir: Path, echo: Echo, workers: int = 1) -> Iterator[Stack
 
 def _ensure_redis(stack: Stack, echo: Echo) -> None:
     configured = settings.Settings.from_env()  # REDIS_URL, or its sentinels and master
-    url = configured.redis_url
+    url = configured.redis.url
     if connections.reachable(configured):
         echo(f"using Redis at {mask_url(url)}")
         stack.env["REDIS_URL"] = url

@@ -128,7 +128,7 @@ def batch(
     route = {"lane": lane} if lane else {}
     if tenant is not None:
         try:
-            route["tenant"] = check_tenant(tenant, settings.tenants)
+            route["tenant"] = check_tenant(tenant, settings.tenants.declared)
         except ValidationError as exc:
             raise click.BadParameter(exc.message, param_hint="--tenant") from None
     count, bad = check_input(input_path, settings, route)

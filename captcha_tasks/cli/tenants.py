@@ -45,14 +45,14 @@ def statuses(settings: Settings, state: State) -> list[TenantStatus]:
     """Every tenant declared (``default`` among them) or seen in Redis, sorted by name."""
     lanes = state.lanes()
     outcomes = state.stats.lane_outcomes()
-    names = {*settings.tenant_names, *(t for _, t in lanes), *(t for _, _, t in outcomes)}
+    names = {*settings.tenants.names, *(t for _, t in lanes), *(t for _, _, t in outcomes)}
     today = state.budgets.submitted_today(sorted(names))
     found = []
     for name in sorted(names):
-        tenant = settings.tenant(name)
+        tenant = settings.tenants.get(name)
         row = TenantStatus(
             name,
-            name in settings.tenant_names,
+            name in settings.tenants.names,
             tenant.weight,
             tenant.max_threads,
             tenant.daily_captchas,

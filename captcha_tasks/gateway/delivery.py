@@ -116,7 +116,7 @@ def deliver(gateway: Gateway, captcha_id: str, lookup: Resolve = resolve) -> Fai
         [ticket] = gateway.state.gateway.look_up([captcha_id])
         if ticket is None or ticket.callback is None:
             return Failed("no callback is known for it (expired?)", again=False)
-        tenant = gateway.settings.tenant(ticket.tenant)
+        tenant = gateway.settings.tenants.get(ticket.tenant)
         judged = callback_urls.judge(ticket.callback, tenant.callback_hosts)
         if isinstance(judged, callback_urls.Refused):
             return Failed(f"{judged.reason} (tenant {tenant.name!r})", again=False)

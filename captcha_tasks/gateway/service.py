@@ -252,7 +252,7 @@ class Gateway:
     def threads(self, tenant: Tenant) -> Threads:
         """The threads ``tenant`` may use (its ``max_threads``, within the account's) and
         those it holds now, at every provider."""
-        account = sum(spec.capacity for spec in self.settings.all_providers)
+        account = sum(spec.capacity for spec in self.settings.providers.all)
         limit = min(tenant.max_threads or account, account)
         held = sum(use.held for (_, name), use in self.state.lanes().items() if name == tenant.name)
         return Threads(limit, held)

@@ -74,8 +74,8 @@ class GatewaySite:
     def __init__(self, gateway: Gateway, keys: TenantKeys, settings: Settings) -> None:
         self.gateway = gateway
         self.keys = keys
-        self.trusted = settings.gateway_trusted_proxies
-        self.allow = settings.gateway_allow
+        self.trusted = settings.gateway.trusted_proxies
+        self.allow = settings.gateway.allow
         self.stats = gateway.state.gateway_stats
 
     # -- who may call (on the event loop) --------------------------------------------------

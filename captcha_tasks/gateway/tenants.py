@@ -48,7 +48,7 @@ class TenantKeys:
         ``environ``; :class:`ConfigurationError` names what is wrong."""
         entries: list[_Entry] = []
         seen: dict[bytes, str] = {}
-        for tenant in settings.tenants.values():
+        for tenant in settings.tenants.declared.values():
             if tenant.key_env is None:
                 continue
             key = environ.get(tenant.key_env, "").strip()

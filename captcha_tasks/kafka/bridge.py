@@ -156,8 +156,8 @@ class Bridge:
         claims: ClaimStore | None = None,
     ) -> None:
         self.settings = s = settings
-        self.topic = s.kafka_tasks_topic
-        self.limit = max_in_flight or s.kafka_in_flight_limit
+        self.topic = s.kafka.tasks_topic
+        self.limit = max_in_flight or s.kafka.in_flight_limit(s.providers.threads)
         # Resume a little below the bound, so partitions do not flap on every answer.
         self.resume_at = self.limit - max(1, self.limit // 4)
         self.consumer = consumer or Consumer(consumer_config(s))
@@ -167,7 +167,7 @@ class Bridge:
         self.results = ResultWatcher(Results(app))
         self.tracker = OffsetTracker()
         self.feedback = FeedbackReader(
-            s.kafka_feedback_topic, self.claims, self._letter, s.provider(None).name
+            s.kafka.feedback_topic, self.claims, self._letter, s.providers.name
         )
         self.waits: dict[str, Wait] = {}  # Celery id -> wait
         self._by_task: dict[str, str] = {}  # task id -> Celery id, for duplicate messages
@@ -193,10 +193,10 @@ class Bridge:
             "kafka bridge consuming %s and %s (group %s, brokers %s) -> %s / %s, max in flight %d",
             self.topic,
             self.feedback.topic,
-            s.kafka_group_id,
-            s.kafka_bootstrap_servers,
-            s.kafka_results_topic,
-            s.kafka_dead_letter_topic,
+            s.kafka.group_id,
+            s.kafka.bootstrap_servers,
+            s.kafka.results_topic,
+            s.kafka.dead_letter_topic,
             self.limit,
         )
         try:
@@ -408,9 +408,9 @@ class Bridge:
         s = self.settings
         sends: list[tuple[str, bytes, Headers]] = []
         if result is not None:
-            sends.append((s.kafka_results_topic, encode(result), []))
+            sends.append((s.kafka.results_topic, encode(result), []))
         if letter is not None:
-            sends.append((s.kafka_dead_letter_topic, encode(letter), dead_letter_headers(letter)))
+            sends.append((s.kafka.dead_letter_topic, encode(letter), dead_letter_headers(letter)))
         acked = _Acks(self, messages, len(sends))
         for topic, value, headers in sends:
             self._produce(topic, key, value, headers, acked)

@@ -105,9 +105,9 @@ class ClaimStore:
         :data:`SOLVE_GRACE_S`."""
         return cls(
             db,
-            settings.kafka_group_id,
-            result_ttl=settings.kafka_result_ttl,
-            solve_grace_s=settings.solve_timeout + SOLVE_GRACE_S,
+            settings.kafka.group_id,
+            result_ttl=settings.kafka.result_ttl,
+            solve_grace_s=settings.solving.solve_timeout + SOLVE_GRACE_S,
         )
 
     @property

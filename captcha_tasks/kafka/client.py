@@ -91,8 +91,8 @@ def _layered(settings: Settings, defaults: dict[str, Any], **required: Any) -> d
     return {
         "client.id": "captcha-tasks",
         **defaults,
-        **settings.kafka_client_config,
-        "bootstrap.servers": settings.kafka_bootstrap_servers,
+        **settings.kafka.client_config,
+        "bootstrap.servers": settings.kafka.bootstrap_servers,
         "logger": _librdkafka_log,
         **required,
     }
@@ -110,7 +110,7 @@ def consumer_config(settings: Settings, group: str | None = None) -> dict[str, A
         settings,
         defaults,
         **{
-            "group.id": group or settings.kafka_group_id,
+            "group.id": group or settings.kafka.group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
         },
@@ -160,7 +160,7 @@ class TaskProducer:
         if lane is not None:
             route["lane"] = check_lane(lane)
         if tenant is not None:
-            route["tenant"] = check_tenant(tenant, self.settings.tenants)
+            route["tenant"] = check_tenant(tenant, self.settings.tenants.declared)
         request = build_request(method, sitekey, pageurl, **params)
         fields: dict[str, Any] = {"method": request.method}
         if request.sitekey is not None:
@@ -183,7 +183,7 @@ class TaskProducer:
         provider that solved it and counts it for the site's acceptance."""
         message = feedback_of(result, good, score)
         key = message.task_id or (message.result or {})["captcha_id"]
-        self._produce(key, feedback_value(message), self.settings.kafka_feedback_topic)
+        self._produce(key, feedback_value(message), self.settings.kafka.feedback_topic)
 
     def _produce(self, task_id: str, value: bytes, topic: str | None = None) -> None:
         def delivered(err: KafkaError | None, _msg: Message) -> None:
@@ -194,7 +194,7 @@ class TaskProducer:
         while True:
             try:
                 self._producer.produce(
-                    topic or self.settings.kafka_tasks_topic,
+                    topic or self.settings.kafka.tasks_topic,
                     key=task_id.encode(),
                     value=value,
                     on_delivery=delivered,
@@ -283,10 +283,10 @@ def create_topics(
     settings = settings or get_settings()
     admin = AdminClient(admin_config(settings))
     sizes = {
-        settings.kafka_tasks_topic: partitions,
-        settings.kafka_results_topic: partitions,
-        settings.kafka_dead_letter_topic: partitions,
-        settings.kafka_feedback_topic: FEEDBACK_PARTITIONS,
+        settings.kafka.tasks_topic: partitions,
+        settings.kafka.results_topic: partitions,
+        settings.kafka.dead_letter_topic: partitions,
+        settings.kafka.feedback_topic: FEEDBACK_PARTITIONS,
     }
     futures = admin.create_topics(
         [NewTopic(name, size, replication_factor) for name, size in sizes.items()],
@@ -330,7 +330,7 @@ def consumer_lag(
 ) -> list[PartitionLag]:
     """Per partition of the tasks topic: the group's committed offset, the end, the lag."""
     settings = settings or get_settings()
-    topic = topic or settings.kafka_tasks_topic
+    topic = topic or settings.kafka.tasks_topic
     # A consumer that never subscribes reads the group's offsets without joining it.
     consumer = Consumer(consumer_config(settings, group))
     try:

@@ -126,7 +126,7 @@ class Receiver:
 
     def __init__(self, runner: Runner, strikes: Strikes | None = None) -> None:
         self.settings = runner.settings
-        if len(self.settings.pingback_secret) < 16:
+        if len(self.settings.pingback.secret) < 16:
             raise errors.ConfigurationError(
                 "CAPTCHAAI_PINGBACK_SECRET must be set (at least 16 characters) to receive"
                 " callbacks"
@@ -139,15 +139,15 @@ class Receiver:
         """The address to pass to :meth:`handle_request`: ``peer`` (the connection's
         address), or, when ``peer`` is one of ``CAPTCHAAI_PINGBACK_TRUSTED_PROXIES``, the
         client its ``X-Forwarded-For`` header (``forwarded_for``) names."""
-        return addresses.client_address(peer, forwarded_for, self.settings.pingback_trusted_proxies)
+        return addresses.client_address(peer, forwarded_for, self.settings.pingback.trusted_proxies)
 
     def allows(self, address: str) -> bool:
         """Whether ``CAPTCHAAI_PINGBACK_ALLOW`` lets ``address`` call (empty: anyone)."""
-        return addresses.allowed(address, self.settings.pingback_allow)
+        return addresses.allowed(address, self.settings.pingback.allow)
 
     def is_proxy(self, address: str) -> bool:
         """Whether ``address`` is one of ``CAPTCHAAI_PINGBACK_TRUSTED_PROXIES``."""
-        return addresses.within(address, self.settings.pingback_trusted_proxies)
+        return addresses.within(address, self.settings.pingback.trusted_proxies)
 
     def handle_request(
         self,
@@ -178,7 +178,7 @@ class Receiver:
         if body_size > MAX_BODY:
             return _reject("too_large")
         try:
-            ticket = pingback.read_ticket(self.settings.pingback_secret, segment)
+            ticket = pingback.read_ticket(self.settings.pingback.secret, segment)
         except pingback.BadMac:
             return _reject("bad_mac")
         except pingback.BadTicket:

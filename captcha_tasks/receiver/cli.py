@@ -88,7 +88,7 @@ def pingback() -> None:
 def register(url: str | None) -> None:
     """Register the callback address with the provider (2captcha requires it)."""
     runtime = app.runtime()
-    address = url or runtime.settings.pingback_url
+    address = url or runtime.settings.pingback.url
     if not address:
         raise ConfigurationError("CAPTCHAAI_PINGBACK_URL is not set (or pass --url)")
     runtime.api().add_pingback(address)

@@ -158,21 +158,21 @@ class State:
         ``REDIS_URL``).  No I/O: nothing talks to Redis until it is used."""
         db = Db(
             client if client is not None else redis_client(settings),
-            Keys(settings.key_prefix),
+            Keys(settings.redis.key_prefix),
             replica_fence(settings),
         )
         board = board_config(settings)
         providers = {
-            spec.name: provider_state(settings, spec, db, board) for spec in settings.all_providers
+            spec.name: provider_state(settings, spec, db, board) for spec in settings.providers.all
         }
         names = list(providers)
         return cls(
             db=db,
             providers=providers,
-            circuits=Circuits(db, names, settings.circuit_failures),
+            circuits=Circuits(db, names, settings.providers.circuit_failures),
             owed=OwedMessages(db, owed_config(settings)),
-            pools=PoolStore(db, declared=settings.pools),
-            proxies=ProxyLeases(db, quarantine_s=settings.proxy_cooloff),
+            pools=PoolStore(db, declared=settings.pools.declared),
+            proxies=ProxyLeases(db, quarantine_s=settings.proxies.cooloff),
             secrets=RequestSecrets(db),
             batches=BatchStreams(db),
             records=Records(db),
@@ -182,7 +182,7 @@ class State:
             gateway=GatewayTickets(db),
             gateway_stats=GatewayStats(db),
             acceptance=AcceptanceStore(
-                db, settings.acceptance_sites, settings.acceptance_half_life
+                db, settings.acceptance.sites, settings.acceptance.half_life
             ),
         )
 
@@ -205,45 +205,49 @@ def provider_state(
 
 
 def limiter_config(settings: Settings, spec: ProviderSpec | None = None) -> LimiterConfig:
-    spec = spec or settings.primary
+    spec = spec or settings.providers.primary
     budgets = spec.budgets
     capacity = spec.capacity
-    reserve = settings.refill_reserve if spec.primary else max(1, capacity // 5)
+    reserve = (
+        settings.pools.refill_reserve(settings.providers.capacity)
+        if spec.primary
+        else max(1, capacity // 5)
+    )
     return LimiterConfig(
         capacity=capacity,
         reserve=min(reserve, capacity),
-        lease_s=settings.slot_lease,
+        lease_s=settings.solving.slot_lease,
         in_per_window=budgets.submit_rate or 0,
         in_window_s=budgets.submit_window_s,
         no_slot_ratio=budgets.no_slot_ratio or 0.0,
         res_per_captcha=budgets.res_per_captcha,
         res_base=budgets.res_base,
-        claim_s=settings.connect_timeout + settings.read_timeout + 10,
-        tenants=settings.tenants,
+        claim_s=settings.providers.connect_timeout + settings.providers.read_timeout + 10,
+        tenants=settings.tenants.declared,
     )
 
 
 def owed_config(settings: Settings) -> OwedConfig:
     # a solve message waits longer than a dead worker's unacknowledged ones take to come back
-    return OwedConfig(message_grace_s=settings.visibility_timeout + 10)
+    return OwedConfig(message_grace_s=settings.celery.visibility_timeout + 10)
 
 
 def board_config(settings: Settings) -> BoardConfig:
     return BoardConfig(
-        round_gap_s=settings.bulk_window_s,
-        round_ahead_s=settings.bulk_window_s * rounds.AHEAD_WINDOWS,
-        round_hold_s=settings.connect_timeout + settings.read_timeout + 5,
-        record_ttl_s=int(settings.solve_timeout + 2 * settings.visibility_timeout)
+        round_gap_s=settings.solving.bulk_window_s,
+        round_ahead_s=settings.solving.bulk_window_s * rounds.AHEAD_WINDOWS,
+        round_hold_s=settings.providers.connect_timeout + settings.providers.read_timeout + 5,
+        record_ttl_s=int(settings.solving.solve_timeout + 2 * settings.celery.visibility_timeout)
         + RECORD_MARGIN_S,
         # longer than running a follow-up takes, shorter than a caller's patience
-        followup_grace_s=settings.visibility_timeout / 2,
+        followup_grace_s=settings.celery.visibility_timeout / 2,
     )
 
 
 def timing_config(settings: Settings) -> TimingConfig:
     return TimingConfig(
-        poll_interval=settings.poll_interval,
-        min_samples=settings.adaptive_min_samples,
-        percentile=settings.adaptive_percentile,
-        initial_wait=settings.initial_wait,
+        poll_interval=settings.solving.poll_interval,
+        min_samples=settings.solving.adaptive_min_samples,
+        percentile=settings.solving.adaptive_percentile,
+        initial_wait=settings.solving.initial_wait,
     )

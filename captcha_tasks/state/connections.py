@@ -290,7 +290,7 @@ def _candidate(replica: dict[str, Any]) -> bool:
 def replica_fence(settings: Settings) -> ReplicaFence | None:
     """The fence of a ``sentinel://`` deployment (None for one Redis: nothing to fail over
     to, and ``WAIT`` would wait for replicas that do not exist)."""
-    where = settings.redis_sentinel
+    where = settings.redis.sentinel
     if where is None:
         return None
     return ReplicaFence(sentinels(settings), where.master)
@@ -321,9 +321,9 @@ def _moved(connection: Any, master: Any) -> redis.ConnectionError | None:
 
 def redis_client(settings: Settings) -> redis.Redis:
     """The state layer's client (replies decoded to ``str``)."""
-    where = settings.redis_sentinel
+    where = settings.redis.sentinel
     if where is None:
-        return redis.Redis.from_url(settings.redis_url, **_STATE_OPTIONS)
+        return redis.Redis.from_url(settings.redis.url, **_STATE_OPTIONS)
     client: redis.Redis = sentinels(settings).master_for(  # type: ignore[no-untyped-call,unused-ignore]
         where.master,
         redis_class=redis.Redis,
@@ -345,9 +345,9 @@ def async_redis_client(settings: Settings, **options: Any) -> aioredis.Redis:
         "socket_keepalive": True,
         **options,
     }
-    where = settings.redis_sentinel
+    where = settings.redis.sentinel
     if where is None:
-        return aioredis.Redis.from_url(settings.redis_url, **kwargs)
+        return aioredis.Redis.from_url(settings.redis.url, **kwargs)
     manager = AsyncSentinel(  # type: ignore[no-untyped-call,unused-ignore]
         where.sentinels,
         sentinel_kwargs=_sentinel_kwargs(where, asyncio=True),
@@ -371,7 +371,7 @@ def following_connection(tls: bool) -> type[MasterFollowingConnection]:
 def sentinels(settings: Settings) -> Sentinel:
     """The sentinels of a ``sentinel://`` REDIS_URL (redis-py's :class:`Sentinel`: ask it
     ``discover_master``, or send ``SENTINEL`` commands through its ``sentinels``)."""
-    where = settings.redis_sentinel
+    where = settings.redis.sentinel
     if where is None:
         raise ValueError("REDIS_URL names no sentinels")
     return Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
@@ -403,10 +403,10 @@ def unacked_mutex_expire(visibility: float) -> int:
 def celery_options(settings: Settings) -> dict[str, Any]:
     """Celery's settings that say where Redis is: the broker and result backend URLs and
     the transport options of each, their TLS, and RedBeat's URL and options."""
-    visibility = settings.visibility_timeout
+    visibility = settings.celery.visibility_timeout
     options: dict[str, Any] = {
-        "broker_url": settings.redis_url,
-        "result_backend": settings.redis_url,
+        "broker_url": settings.redis.url,
+        "result_backend": settings.redis.url,
         "broker_transport_options": {
             "visibility_timeout": visibility,
             "unacked_restore_interval": max(1, int(visibility / 12)),
@@ -430,10 +430,10 @@ def celery_options(settings: Settings) -> dict[str, Any]:
         "broker_channel_error_retry": True,
         "broker_use_ssl": False,  # Celery's defaults: rediss:// carries its own TLS options
         "redis_backend_use_ssl": None,
-        "redbeat_redis_url": settings.redis_url,
+        "redbeat_redis_url": settings.redis.url,
         "redbeat_redis_options": {},
     }
-    where = settings.redis_sentinel
+    where = settings.redis.sentinel
     return options if where is None else {**options, **_celery_sentinel(where, options)}
 
 

@@ -29,7 +29,7 @@ import redis
 import requests
 
 from ..errors import ConfigurationError
-from ..settings import QUEUE_KINDS, Settings
+from ..settings import QUEUE_KINDS, RedisSettings, Settings
 from ..state import connections
 from .sandbox import FIRST_CAPTCHA_ID, journal_path
 
@@ -81,7 +81,7 @@ def find_redis_server() -> str:
 def redis_reachable(url: str) -> bool:
     """Whether a Redis server answers at ``url`` (``redis://``, ``rediss://``, ``unix://``)."""
     try:
-        settings = Settings(redis_url=url)
+        settings = Settings(redis=RedisSettings(url=url))
     except ConfigurationError:
         return False
     return connections.reachable(settings)
@@ -90,7 +90,7 @@ def redis_reachable(url: str) -> bool:
 def redis_client(url: str) -> redis.Redis:
     """A client of the one server at ``url`` (replies decoded), built as the state
     layer's is."""
-    return connections.redis_client(Settings(redis_url=url))
+    return connections.redis_client(Settings(redis=RedisSettings(url=url)))
 
 
 class ChildProcess:

@@ -49,7 +49,9 @@ class ProxyPool(ProxyLeases):
         ``CAPTCHAAI_PROXY_COOLOFF`` (default: read from the environment)."""
         settings = settings or get_settings()
         return cls(
-            redis_client(settings), Keys(settings.key_prefix), quarantine_s=settings.proxy_cooloff
+            redis_client(settings),
+            Keys(settings.redis.key_prefix),
+            quarantine_s=settings.proxies.cooloff,
         )
 
     def remove(self, proxy: str) -> bool:

@@ -194,7 +194,7 @@ class CookieStore:
         """The deployment's cookie store: ``REDIS_URL`` and ``CAPTCHAAI_KEY_PREFIX``
         (default: read from the environment)."""
         settings = settings or get_settings()
-        return cls(redis_client(settings), Keys(settings.key_prefix), ttl_s)
+        return cls(redis_client(settings), Keys(settings.redis.key_prefix), ttl_s)
 
     def save(self, domain: str, cookies: Mapping[str, str], ttl_s: float | None = None) -> int:
         """Replace the domain's cookies atomically; returns the new version."""

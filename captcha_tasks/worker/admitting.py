@@ -36,7 +36,7 @@ class Admitter:
         """Route the submit (for task ``message``) and admit it there: the job as admitted
         (at its provider) and what the admission means for it."""
         circuits = self.state.circuits
-        providers = self.edges.settings.all_providers
+        providers = self.edges.settings.providers.all
         site, pick, was = self._pick(job)
         fresh, routed = False, 0
         while True:
@@ -67,10 +67,10 @@ class Admitter:
         routed last (None: one provider, or nothing to route by)."""
         settings = self.edges.settings
         site = site_of(job.request.pageurl, job.request.sitekey)
-        if site is None or len(settings.all_providers) < 2:
+        if site is None or len(settings.providers.all) < 2:
             return None, None, None
         view = self.state.acceptance.read(job.request.method, site)
-        pick = routing.Pick(view.acceptance, random.random(), settings.acceptance)
+        pick = routing.Pick(view.acceptance, random.random(), settings.acceptance.policy)
         return site, pick, view.route
 
     def _routed(self, job: Job, site: str, to: routing.Destination, was: str | None) -> None:

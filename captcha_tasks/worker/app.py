@@ -138,8 +138,8 @@ class App(Celery):
         settings = self.runtime().settings
         if name == names.SOLVE:
             lane = (kwargs or {}).get("lane") if isinstance(kwargs, dict) else None
-            return {"queue": settings.solve_queue(lane if lane in LANES else INTERACTIVE)}
-        return {"queue": settings.queue(kind)}
+            return {"queue": settings.celery.solve_queue(lane if lane in LANES else INTERACTIVE)}
+        return {"queue": settings.celery.queue(kind)}
 
 
 app = App("captcha_tasks", set_as_current=False)

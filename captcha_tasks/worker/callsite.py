@@ -41,7 +41,7 @@ def normalize_solve_args(
     if kwargs.get("lane") is not None:
         route["lane"] = check_lane(kwargs["lane"])
     if kwargs.get("tenant") is not None:
-        tenants = (settings or app.settings()).tenants
+        tenants = (settings or app.settings()).tenants.declared
         route["tenant"] = check_tenant(kwargs["tenant"], tenants)
     kwargs.pop("lane", None)
     kwargs.pop("tenant", None)

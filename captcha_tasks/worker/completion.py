@@ -140,7 +140,7 @@ class Completer:
 
         A countdown message held past the broker's visibility timeout is delivered twice,
         so a longer wait is cut to half of it: the submit runs early and waits again."""
-        limit = self.settings.visibility_timeout / 2
+        limit = self.settings.celery.visibility_timeout / 2
         self.app.send_task(
             names.SUBMIT,
             args=(job.to_dict(),),

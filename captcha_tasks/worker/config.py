@@ -94,19 +94,19 @@ def deployment_config(settings: Settings) -> dict[str, Any]:
         "broker_transport_options": where["broker_transport_options"],
         "result_backend_transport_options": where["result_backend_transport_options"],
         "broker_channel_error_retry": where["broker_channel_error_retry"],
-        "task_default_queue": settings.queue("solve"),
-        "task_queues": tuple(Queue(name) for name in settings.queues),  # type: ignore[no-untyped-call]
+        "task_default_queue": settings.celery.queue("solve"),
+        "task_queues": tuple(Queue(name) for name in settings.celery.queues),  # type: ignore[no-untyped-call]
         # Beat: hand freed slots to parked submits and keep token pools filled before they
         # expire.
         "beat_schedule": {
             "captcha-tasks-prewarm": {
                 "task": PREWARM,
-                "schedule": settings.prewarm_every,
+                "schedule": settings.pools.prewarm_every,
                 # Nobody reads a tick's result: storing it would keep a record for an hour.
-                "options": {"expires": settings.prewarm_every, "ignore_result": True},
+                "options": {"expires": settings.pools.prewarm_every, "ignore_result": True},
             },
         },
         "redbeat_redis_url": where["redbeat_redis_url"],
         "redbeat_redis_options": where["redbeat_redis_options"],
-        "redbeat_key_prefix": Keys(settings.key_prefix).redbeat_prefix(),
+        "redbeat_key_prefix": Keys(settings.redis.key_prefix).redbeat_prefix(),
     }

@@ -56,14 +56,14 @@ def at_step(name: str) -> Iterator[None]:
 def policy(settings: Settings) -> Policy:
     """The settings the steps decide by."""
     return Policy(
-        solve_timeout=settings.solve_timeout,
-        poll_interval=settings.poll_interval,
-        bulk_interval=settings.bulk_window_s,
-        transport_retries=settings.transport_retries,
-        max_resubmits=settings.max_resubmits,
-        token_lifetimes=dict(settings.token_lifetimes),
-        pingback_fallback=settings.pingback_fallback_poll if settings.pingback else None,
-        overflow_after=settings.overflow_after,
+        solve_timeout=settings.solving.solve_timeout,
+        poll_interval=settings.solving.poll_interval,
+        bulk_interval=settings.solving.bulk_window_s,
+        transport_retries=settings.providers.transport_retries,
+        max_resubmits=settings.solving.max_resubmits,
+        token_lifetimes=dict(settings.solving.token_lifetimes),
+        pingback_fallback=settings.pingback.fallback_poll if settings.pingback.enabled else None,
+        overflow_after=settings.providers.overflow_after,
     )
 
 
@@ -152,7 +152,7 @@ class Edges:
         than half the visibility timeout would be delivered twice: such a round runs early,
         finds nothing due and schedules the next."""
         if due is not None:
-            countdown = min(due.countdown_s, self.settings.visibility_timeout / 2)
+            countdown = min(due.countdown_s, self.settings.celery.visibility_timeout / 2)
             at = self.state.provider(provider)
             args: tuple[Any, ...] = (due.at_ms,) if at.spec.primary else (due.at_ms, at.name)
             self.app.send_task(

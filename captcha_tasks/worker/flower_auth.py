@@ -113,7 +113,7 @@ def _check_flower_start(**_: Any) -> None:
     problem = auth_problem(options.basic_auth, options.auth)
     if problem is None:
         return
-    if get_settings().flower_no_auth:
+    if get_settings().celery.flower_no_auth:
         log.warning("Flower runs WITHOUT authentication (CAPTCHAAI_FLOWER_NO_AUTH is set)")
         return
     click.echo(problem, err=True)

@@ -52,7 +52,7 @@ class Health:
 
     def _opened(self, name: str, write: health.CountFailure) -> None:
         spec = self.state.provider(name).spec
-        others = [p.name for p in self.edges.settings.all_providers if p.name != name]
+        others = [p.name for p in self.edges.settings.providers.all if p.name != name]
         log.warning(
             "provider %s is out of rotation: %s%s; new captchas go to %s until a probe"
             " finds it back",
@@ -80,7 +80,7 @@ class Health:
         """Whether pipe-safe captchas are polled in bulk at ``provider``: the setting, and
         whether its API honours ``ids=`` (read from Redis at most every
         :data:`BULK_CHECK_S`).  The JSON family has no bulk poll: one task per request."""
-        if self.edges.settings.bulk_poll != "auto":
+        if self.edges.settings.solving.bulk_poll != "auto":
             return False
         at = self.state.provider(provider)
         if at.spec.protocol != "in.php":

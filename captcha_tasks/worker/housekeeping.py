@@ -52,7 +52,7 @@ def tick(runner: Runner) -> bool:
     """One housekeeping pass; False when another process did this tick's."""
     state, settings = runner.state, runner.settings
     follow_master(runner)
-    swept = state.owed.sweep(TICK_S, settings.solve_queues, settings.queue("submit"))
+    swept = state.owed.sweep(TICK_S, settings.celery.solve_queues, settings.celery.queue("submit"))
     if swept is None:
         return False
     for at in state.providers.values():
@@ -78,7 +78,7 @@ def tick(runner: Runner) -> bool:
     for solve_id, followup in state.followups.lost():
         log.warning("solve %s: what was chained to it had not run; running it", solve_id)
         _rerun_followup(runner, solve_id, followup)
-    every = settings.threads_check_every
+    every = settings.providers.threads_check_every
     if every > 0 and state.limiter.check_due(every):
         # off the timer thread: the checks are HTTP requests
         runner.app.send_task(names.CHECK_THREADS, expires=every)
@@ -175,7 +175,7 @@ def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
     """Compare a provider's working threads with the slots we hold: threads it counts
     beyond ours belong to another client of the key, and ours shrink to leave them alone
     (until the next check finds them gone).  None when the API does not say."""
-    every = runner.settings.threads_check_every
+    every = runner.settings.providers.threads_check_every
     at = runner.state.provider(provider)
     limiter = at.limiter
     if limiter.poll_wait(1) > 0:  # the res.php budget, or an HTTP 429, holds the account
@@ -311,7 +311,7 @@ def top_up(runner: Runner, spec: PoolSpec) -> int:
         count = pools.plan(
             spec.name,
             solve_time_s=timing.typical,
-            margin_s=settings.prewarm_every + settings.poll_interval,
+            margin_s=settings.pools.prewarm_every + settings.solving.poll_interval,
             free_slots=state.limiter.free_for_refills(),
         )
         for _ in range(count):
@@ -323,7 +323,7 @@ def top_up(runner: Runner, spec: PoolSpec) -> int:
 
 def _start_refill(runner: Runner, pool: str, request: SolveRequest) -> None:
     refill_id = f"refill-{uuid.uuid4().hex}"
-    timeout = runner.settings.solve_timeout
+    timeout = runner.settings.solving.solve_timeout
     job = Job.new(refill_id, request, time.time(), timeout, pool=pool, lane=BACKGROUND)
     runner.state.pools.refill_started(pool, refill_id, timeout)
     runner.resend(job, 0.0, unclaim=False)

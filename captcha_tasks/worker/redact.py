@@ -38,11 +38,11 @@ def secrets_of(settings: Settings, environ: Mapping[str, str] | None = None) -> 
     each tenant's gateway key (from its ``key_env`` in ``environ``, as the gateway reads
     it) and the pingback secret; longest first, so a key inside another is not half-cut."""
     env = os.environ if environ is None else environ
-    values = {settings.api_key, settings.pingback_secret}
-    values.update(provider.api_key for provider in settings.providers)
+    values = {settings.providers.api_key, settings.pingback.secret}
+    values.update(provider.api_key for provider in settings.providers.extra)
     values.update(
         env.get(tenant.key_env, "").strip()
-        for tenant in settings.tenants.values()
+        for tenant in settings.tenants.declared.values()
         if tenant.key_env
     )
     kept = (value for value in values if len(value) >= SECRET_MIN_LEN)

@@ -104,7 +104,9 @@ class Rounds:
         )
         now = time.time()
         again = [rounds.again(d.entry, p, now) for d, p in decisions if isinstance(p, PollAt)]
-        gap = rounds.next_gap(paces, len(entries), self.edges.settings.bulk_window_s, now - started)
+        gap = rounds.next_gap(
+            paces, len(entries), self.edges.settings.solving.bulk_window_s, now - started
+        )
         board = self.state.provider(provider).board
         self.edges.publish_round(board.end_round(asked_at, again, gap), provider)
 

@@ -33,7 +33,7 @@ def api_client(settings: Settings, spec: ProviderSpec | None = None) -> Provider
     the protocol of its kind: one pooled HTTP session, the key from the settings.
     ``CAPTCHAAI_SOFT_ID`` goes to the primary only: a developer id belongs to one
     provider."""
-    spec = spec or settings.primary
+    spec = spec or settings.providers.primary
     if not spec.api_key:
         raise ConfigurationError(
             f"{spec.key_env} is not set: the API calls of workers and of "
@@ -41,8 +41,8 @@ def api_client(settings: Settings, spec: ProviderSpec | None = None) -> Provider
         )
     return api_for(
         spec,
-        timeout=Timeout(settings.connect_timeout, settings.read_timeout),
-        soft_id=settings.soft_id if spec.primary else None,
+        timeout=Timeout(settings.providers.connect_timeout, settings.providers.read_timeout),
+        soft_id=settings.providers.soft_id if spec.primary else None,
     )
 
 
@@ -61,7 +61,7 @@ class Runtime:
         self.state = state if state is not None else State.build(settings)
         self._apis: dict[str, ProviderAPI] = {}
         if api is not None:
-            self._apis[settings.primary.name] = api
+            self._apis[settings.providers.primary.name] = api
         self._lock = threading.Lock()
         self._resources: dict[str, Any] = {}
         #: The worker this process runs (set by the worker's housekeeping step), whose
@@ -76,9 +76,9 @@ class Runtime:
         configured: the primary), built on first use: only workers and some commands hold
         the keys; :class:`ConfigurationError` without one."""
         try:
-            spec = self.settings.provider(provider)
+            spec = self.settings.providers.named(provider)
         except KeyError:
-            spec = self.settings.primary
+            spec = self.settings.providers.primary
         client = self._apis.get(spec.name)
         if client is None:
             with self._lock:
@@ -108,6 +108,6 @@ class Runtime:
         """Register the pools of ``CAPTCHAAI_POOLS`` and the proxies of
         ``CAPTCHAAI_PROXIES`` in Redis (idempotent); returns the pools registered."""
         self.state.pools.ensure_declared()
-        if self.settings.proxies:
-            self.state.proxies.add(*self.settings.proxies)
-        return len(self.settings.pools)
+        if self.settings.proxies.listed:
+            self.state.proxies.add(*self.settings.proxies.listed)
+        return len(self.settings.pools.declared)

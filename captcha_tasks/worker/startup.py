@@ -48,11 +48,11 @@ def problem(command: str) -> ConfigurationError | None:
 def _missing(command: str, settings: Settings) -> ConfigurationError | None:
     if command != "worker":
         return None
-    if not settings.api_key:
+    if not settings.providers.api_key:
         return ConfigurationError(
             "CAPTCHAAI_API_KEY is not set: a worker needs the account key to call the API"
         )
-    for spec in settings.providers:
+    for spec in settings.providers.extra:
         if not spec.api_key:
             return ConfigurationError(
                 f"CAPTCHAAI_PROVIDERS: provider {spec.name!r} reads its key from"
@@ -70,10 +70,10 @@ def _key_refused(settings: Settings) -> ConfigurationError | None:
     """The first provider (of all) that refuses its key, as an error naming the key's
     variable; an unreachable provider does not stop the worker (its circuit will say)."""
     timeout = Timeout(
-        connect=min(settings.connect_timeout, _CHECK_TIMEOUT.connect),
-        read=min(settings.read_timeout, _CHECK_TIMEOUT.read),
+        connect=min(settings.providers.connect_timeout, _CHECK_TIMEOUT.connect),
+        read=min(settings.providers.read_timeout, _CHECK_TIMEOUT.read),
     )
-    for spec in settings.all_providers:
+    for spec in settings.providers.all:
         client = api_for(spec, timeout=timeout, pool_size=1)
         try:
             client.balance()

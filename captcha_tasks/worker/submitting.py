@@ -197,7 +197,7 @@ class Submitter:
     def _pingback(self, job: Job) -> str | None:
         """The callback URL of this attempt, when callbacks are on."""
         settings = self.edges.settings
-        base = settings.pingback_url
+        base = settings.pingback.url
         if base is None or not steps.uses_pingback(job):
             return None
         at = self.state.provider(job.provider)
@@ -205,7 +205,7 @@ class Submitter:
             return None  # the receiver does not take the JSON family's callbacks yet
         named = None if at.spec.primary else at.name
         return pingback.callback_url(
-            base, settings.pingback_secret, job.solve_id, job.attempt, named
+            base, settings.pingback.secret, job.solve_id, job.attempt, named
         )
 
     # -- acting on a decision ----------------------------------------------------------

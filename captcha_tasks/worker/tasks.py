@@ -268,7 +268,7 @@ def report_task(
 
 def _configured(settings: Settings, provider: str | None) -> str | None:
     try:
-        return settings.provider(provider).name
+        return settings.providers.named(provider).name
     except KeyError:  # no longer configured: its counts would route nothing
         return None
 
@@ -287,7 +287,7 @@ def report(result: dict[str, Any], *, good: bool, score: float | None = None) ->
         raise errors.ValidationError("report() needs a solve result with a captcha_id")
     provider = result.get("provider")
     if provider is not None:
-        known = [p.name for p in app.runtime().settings.all_providers]
+        known = [p.name for p in app.runtime().settings.providers.all]
         if provider not in known:
             raise errors.ValidationError(
                 f"report(): the result names provider {provider!r}, which is not configured"

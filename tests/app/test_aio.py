@@ -70,7 +70,7 @@ def test_failure_raises_the_same_typed_error(sandbox: Any) -> None:
 def test_bad_input_raises_at_the_call_site_and_queues_nothing(
     sandbox: Any, redis_conn: Any
 ) -> None:
-    before = {q: redis_conn.llen(q) for q in app.runtime().settings.queues}
+    before = {q: redis_conn.llen(q) for q in app.runtime().settings.celery.queues}
     keys_before = set(redis_conn.scan_iter(count=1000))
     cases = [
         task(pageurl="javascript:alert(1)"),

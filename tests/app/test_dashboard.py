@@ -350,7 +350,7 @@ def _fill_a_pool() -> None:
 
 def _reject_a_callback() -> None:
     """One forged provider callback, refused by a real receiver."""
-    settings = app.runtime().settings.replace(pingback_secret=SECRET)
+    settings = app.runtime().settings.replace(pingback={"secret": SECRET})
     receiver = Receiver(Runtime(app, settings, app.runtime().state).runner)
     server = PingbackServer(receiver).start()
     try:

@@ -221,8 +221,8 @@ def test_lanes_tenants_and_budgets_are_counted(metrics_url: str, clean_state: No
 @pytest.mark.redis
 def test_every_queue_and_priority_sub_list_is_counted(redis_conn: Any) -> None:
     # queues of their own, which no worker of this module consumes
-    settings = app.runtime().settings.replace(queue_prefix=f"idle-{os.getpid()}")
-    bulk, submit = settings.solve_queue("bulk"), settings.queue("submit")
+    settings = app.runtime().settings.replace(celery={"queue_prefix": f"idle-{os.getpid()}"})
+    bulk, submit = settings.celery.solve_queue("bulk"), settings.celery.queue("submit")
     redis_conn.rpush(bulk, "m1", "m2")
     redis_conn.rpush(f"{submit}\x06\x169", "m3")  # how kombu keeps a priority-9 message
     try:
@@ -231,7 +231,7 @@ def test_every_queue_and_priority_sub_list_is_counted(redis_conn: Any) -> None:
     finally:
         redis_conn.delete(bulk, f"{submit}\x06\x169")
     sizes = {(s.labels["queue"], s.labels["priority"]): s.value for s in family.samples}
-    assert len(sizes) == len(settings.queues) * 4  # each queue, each of its sub-lists
+    assert len(sizes) == len(settings.celery.queues) * 4  # each queue, each of its sub-lists
     assert (sizes[(bulk, "0")], sizes[(bulk, "3")], sizes[(submit, "9")]) == (2, 0, 1)
     assert sum(sizes.values()) == 3
 

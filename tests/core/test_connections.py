@@ -12,21 +12,20 @@ import redis
 from redis.exceptions import ReadOnlyError
 from redis.sentinel import SentinelConnectionPool
 
-from captcha_tasks.settings import Settings
+from captcha_tasks.settings import RedisSettings, Settings
 from captcha_tasks.state import connections, db
 
 pytestmark = pytest.mark.unit
 
-PLAIN = Settings(redis_url="redis://:secret@cache:6379/3")
+PLAIN = Settings(redis=RedisSettings(url="redis://:secret@cache:6379/3"))
 SENTINEL_URL = "sentinel://:secret@s1:26379/3;sentinel://s2:26380/3"
 
 
 def sentinel_settings(**extra: Any) -> Settings:
     return Settings(
-        redis_url=SENTINEL_URL,
-        redis_sentinel_master="main",
-        redis_sentinel_password="s-secret",
-        **extra,
+        redis=RedisSettings(
+            url=SENTINEL_URL, sentinel_master="main", sentinel_password="s-secret", **extra
+        )
     )
 
 
@@ -44,8 +43,8 @@ def test_a_demoted_master_counts_as_unreachable_for_the_state_layer() -> None:
 
 def test_one_redis_keeps_its_url_everywhere() -> None:
     options = connections.celery_options(PLAIN)
-    assert options["broker_url"] == options["result_backend"] == PLAIN.redis_url
-    assert options["redbeat_redis_url"] == PLAIN.redis_url
+    assert options["broker_url"] == options["result_backend"] == PLAIN.redis.url
+    assert options["redbeat_redis_url"] == PLAIN.redis.url
     assert "master_name" not in options["broker_transport_options"]
     assert "master_name" not in options["result_backend_transport_options"]
     backend = options["result_backend_transport_options"]
@@ -62,7 +61,7 @@ def test_broker_and_result_backend_each_get_the_master_and_the_sentinels_passwor
         assert transport["sentinel_kwargs"]["password"] == "s-secret", name
         assert "ssl" not in transport["sentinel_kwargs"], name
     broker = options["broker_transport_options"]
-    assert broker["visibility_timeout"] == sentinel_settings().visibility_timeout
+    assert broker["visibility_timeout"] == sentinel_settings().celery.visibility_timeout
     assert broker["socket_timeout"] > 0  # a frozen master cannot hold a publish forever
     assert options["broker_use_ssl"] is False and options["redis_backend_use_ssl"] is None
 
@@ -79,7 +78,7 @@ def test_redbeat_gets_its_sentinel_scheme_and_options() -> None:
 
 def test_tls_reaches_the_sentinels_and_the_servers_of_every_client(ca_file: str) -> None:
     options = connections.celery_options(
-        sentinel_settings(redis_sentinel_tls=True, redis_sentinel_tls_ca_file=ca_file)
+        sentinel_settings(sentinel_tls=True, sentinel_tls_ca_file=ca_file)
     )
     wanted = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": ca_file}
     for name in ("broker_transport_options", "result_backend_transport_options"):
@@ -101,7 +100,7 @@ def test_the_state_clients_ask_the_sentinels_and_follow_the_master(ca_file: str)
     sentinel = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
     assert (sentinel["host"], sentinel["port"], sentinel["password"]) == ("s1", 26379, "s-secret")
 
-    tls = sentinel_settings(redis_sentinel_tls=True, redis_sentinel_tls_ca_file=ca_file)
+    tls = sentinel_settings(sentinel_tls=True, sentinel_tls_ca_file=ca_file)
     secure = connections.redis_client(tls).connection_pool
     assert secure.connection_class is connections.MasterFollowingSSLConnection
     assert secure.connection_kwargs["ssl_ca_certs"] == ca_file
@@ -126,7 +125,9 @@ def test_the_replica_fence_counts_replicas_that_could_take_over() -> None:
     assert not _candidate({"flags": "slave,o_down"})
     # the replica being promoted has left the old master: the old master's writes wait
     assert _candidate({"flags": "slave,disconnected"})
-    assert replica_fence(Settings(redis_url="redis://localhost:6379/0")) is None  # one Redis
+    assert (
+        replica_fence(Settings(redis=RedisSettings(url="redis://localhost:6379/0"))) is None
+    )  # one Redis
 
 
 class Sentinels:

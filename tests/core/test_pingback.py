@@ -83,9 +83,9 @@ def test_settings_with_callbacks_on() -> None:
             "CAPTCHAAI_PINGBACK_SECRET": SECRET,
         }
     )
-    assert settings.pingback and settings.pingback_url == "https://hooks.example.com/cb"
+    assert settings.pingback.enabled and settings.pingback.url == "https://hooks.example.com/cb"
     assert SECRET not in repr(settings)
-    assert not Settings.from_env({}).pingback
+    assert not Settings.from_env({}).pingback.enabled
 
 
 def test_a_ticket_names_its_provider_and_speaks_for_it_alone() -> None:

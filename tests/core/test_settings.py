@@ -1,22 +1,29 @@
 from __future__ import annotations
 
+from dataclasses import fields
 from ipaddress import ip_network
 from pathlib import Path
 
 import pytest
 
 from captcha_tasks.errors import ConfigurationError
-from captcha_tasks.settings import DEFAULT_BASE_URL, ENVIRONMENT_VARIABLES, Settings, mask_url
+from captcha_tasks.settings import (
+    DEFAULT_BASE_URL,
+    ENVIRONMENT_VARIABLES,
+    Settings,
+    documented,
+    mask_url,
+)
 
 pytestmark = pytest.mark.unit
 
 
 def test_defaults() -> None:
     s = Settings.from_env({})
-    assert s.base_url == DEFAULT_BASE_URL
-    assert s.poll_interval == 5.0
-    assert s.solve_timeout == 300.0
-    assert s.initial_wait is None
+    assert s.providers.base_url == DEFAULT_BASE_URL
+    assert s.solving.poll_interval == 5.0
+    assert s.solving.solve_timeout == 300.0
+    assert s.solving.initial_wait is None
 
 
 def test_reads_environment() -> None:
@@ -30,9 +37,9 @@ def test_reads_environment() -> None:
             "CAPTCHAAI_BASE_URL": "http://127.0.0.1:9/",
         }
     )
-    assert (s.threads, s.poll_interval, s.initial_wait) == (15, 0.5, 1.0)
-    assert s.token_lifetimes == {"turnstile": 60.0}
-    assert s.base_url == "http://127.0.0.1:9"
+    assert (s.providers.threads, s.solving.poll_interval, s.solving.initial_wait) == (15, 0.5, 1.0)
+    assert s.solving.token_lifetimes == {"turnstile": 60.0}
+    assert s.providers.base_url == "http://127.0.0.1:9"
 
 
 @pytest.mark.parametrize(
@@ -62,8 +69,8 @@ def test_bad_values_name_the_variable(var: str, value: str) -> None:
 
 
 def test_a_soft_id_is_read_as_given() -> None:
-    assert Settings.from_env({}).soft_id is None
-    assert Settings.from_env({"CAPTCHAAI_SOFT_ID": " 4580 "}).soft_id == "4580"
+    assert Settings.from_env({}).providers.soft_id is None
+    assert Settings.from_env({"CAPTCHAAI_SOFT_ID": " 4580 "}).providers.soft_id == "4580"
 
 
 def test_secrets_not_in_repr() -> None:
@@ -74,24 +81,36 @@ def test_secrets_not_in_repr() -> None:
     assert "hunter2" not in repr(s)
 
 
-def test_every_setting_has_its_environment_variable() -> None:
-    from dataclasses import fields
+def test_every_setting_has_its_own_environment_variable() -> None:
+    docs = documented()
+    assert len(ENVIRONMENT_VARIABLES) == len(docs)  # no variable read twice
+    defaults = Settings()
+    for concern in fields(defaults):
+        for f in fields(getattr(defaults, concern.name)):
+            assert f.metadata["env"] in ENVIRONMENT_VARIABLES, f"{concern.name}.{f.name}"
 
-    from captcha_tasks.settings import _ENV
 
-    assert {f.name for f in fields(Settings)} == set(_ENV)
-    assert len(ENVIRONMENT_VARIABLES) == len(_ENV)
-
-
-def test_every_setting_documents_its_variable_default_and_meaning() -> None:
-    from captcha_tasks.settings import documented
-
+def test_every_setting_documents_its_variable_default_type_and_meaning() -> None:
     docs = documented()
     assert {doc.variable for doc in docs} == ENVIRONMENT_VARIABLES
     defaults = Settings()
     for doc in docs:
-        assert doc.meaning.strip(), doc.variable
-        assert doc.default == getattr(defaults, doc.field), doc.variable
+        concern, name = doc.path.split(".")
+        assert doc.meaning.strip() and doc.type, doc.variable
+        assert doc.default == getattr(getattr(defaults, concern), name), doc.variable
+
+
+def test_the_environment_is_read_in_one_place() -> None:
+    # Every concern is read by the one builder, each field from its own variable.
+    env = {
+        "CAPTCHAAI_PINGBACK_FALLBACK_POLL": "2.5",
+        "KAFKA_GROUP_ID": "g",
+        "REDIS_URL": "redis://h/1",
+    }
+    s = Settings.from_env(env)
+    assert (s.pingback.fallback_poll, s.kafka.group_id, s.redis.url) == (2.5, "g", "redis://h/1")
+    assert s.replace(kafka={"group_id": "h"}).kafka.group_id == "h"
+    assert s.replace(kafka={"group_id": "h"}).redis == s.redis
 
 
 # -- Redis behind Sentinel -----------------------------------------------------------------
@@ -111,8 +130,8 @@ def test_a_sentinel_url_is_parsed_once_into_one_value(tmp_path: Path) -> None:
             "REDIS_SENTINEL_TLS_CA_FILE": str(ca),
         }
     )
-    where = s.redis_sentinel
-    assert where is not None and where is s.redis_sentinel  # parsed once
+    where = s.redis.sentinel
+    assert where is not None and where is s.redis.sentinel  # parsed once
     assert where.sentinels == (("10.0.0.1", 26379), ("10.0.0.2", 26380), ("10.0.0.3", 26379))
     assert (where.master, where.db, where.password) == ("main", 2, "p@ss")
     assert where.sentinel_password == "sentinel-secret"
@@ -122,7 +141,7 @@ def test_a_sentinel_url_is_parsed_once_into_one_value(tmp_path: Path) -> None:
 
 
 def test_a_plain_url_has_no_sentinels() -> None:
-    assert Settings.from_env({"REDIS_URL": "redis://h:6379/0"}).redis_sentinel is None
+    assert Settings.from_env({"REDIS_URL": "redis://h:6379/0"}).redis.sentinel is None
 
 
 def _sentinel_env(url: str, **extra: str) -> dict[str, str]:
@@ -182,13 +201,13 @@ def test_pingback_networks() -> None:
             "CAPTCHAAI_PINGBACK_TRUSTED_PROXIES": "10.1.2.3/8",
         }
     )
-    assert s.pingback_allow == (
+    assert s.pingback.allow == (
         ip_network("203.0.113.0/24"),
         ip_network("198.51.100.7/32"),
         ip_network("2001:db8::/32"),
     )
-    assert s.pingback_trusted_proxies == (ip_network("10.0.0.0/8"),)
-    assert Settings.from_env({}).pingback_allow == ()
+    assert s.pingback.trusted_proxies == (ip_network("10.0.0.0/8"),)
+    assert Settings.from_env({}).pingback.allow == ()
 
 
 @pytest.mark.parametrize("var", ["CAPTCHAAI_PINGBACK_ALLOW", "CAPTCHAAI_PINGBACK_TRUSTED_PROXIES"])
@@ -199,7 +218,8 @@ def test_a_bad_network_is_one_line_naming_it(var: str) -> None:
     assert f"{var} has an invalid value: '203.0.113.300' is not an address" in message
     assert "\n" not in message
     with pytest.raises(ConfigurationError, match=var):
-        Settings().replace(**{var.lower().removeprefix("captchaai_"): ("10.0.0.0/8",)})
+        field = var.lower().removeprefix("captchaai_pingback_")
+        Settings().replace(pingback={field: ("10.0.0.0/8",)})
 
 
 def providers_env(entries: str, **more: str) -> dict[str, str]:
@@ -215,7 +235,7 @@ def test_further_providers_read_their_key_from_the_variable_they_name() -> None:
     s = Settings.from_env(
         providers_env(f'[{BACKUP}, "methods": ["turnstile"], "role": "overflow"}}]')
     )
-    primary, backup = s.all_providers
+    primary, backup = s.providers.all
     assert (primary.name, primary.role, primary.kind) == ("captchaai", "primary", "captchaai")
     assert (backup.name, backup.role, backup.kind, backup.threads) == (
         "backup",
@@ -230,16 +250,21 @@ def test_further_providers_read_their_key_from_the_variable_they_name() -> None:
 
 def test_budgets_belong_to_the_kind_and_can_be_overridden() -> None:
     s = Settings.from_env(providers_env(f'[{BACKUP}, "submit_rate": null, "res_base": 50}}]'))
-    primary, backup = s.all_providers
+    primary, backup = s.providers.all
     assert primary.budgets.submit_rate is None  # CaptchaAI sells threads: no in.php cap
     assert primary.budgets.res_per_captcha is None
     assert backup.budgets.submit_rate is None and backup.budgets.res_base == 50
     assert backup.budgets.no_slot_ratio == 3.0 and backup.budgets.res_per_captcha == 20
-    twocaptcha = Settings.from_env({"CAPTCHAAI_PROVIDER_KIND": "2captcha"}).primary
+    twocaptcha = Settings.from_env({"CAPTCHAAI_PROVIDER_KIND": "2captcha"}).providers.primary
     assert twocaptcha.budgets.submit_rate == 60
-    assert Settings.from_env({"CAPTCHAAI_SUBMIT_RATE": "120"}).primary.budgets.submit_rate == 120
     assert (
-        Settings.from_env({"CAPTCHAAI_BUDGETS": '{"submit_rate": 5}'}).primary.budgets.submit_rate
+        Settings.from_env({"CAPTCHAAI_SUBMIT_RATE": "120"}).providers.primary.budgets.submit_rate
+        == 120
+    )
+    assert (
+        Settings.from_env(
+            {"CAPTCHAAI_BUDGETS": '{"submit_rate": 5}'}
+        ).providers.primary.budgets.submit_rate
         == 5
     )
 
@@ -253,13 +278,13 @@ def test_the_json_kinds_are_providers_of_their_protocol() -> None:
         for kind in ("anticaptcha", "capsolver", "capmonster")
     )
     s = Settings.from_env(providers_env(f"[{entries}]"))
-    _, *json_kinds = s.all_providers
+    _, *json_kinds = s.providers.all
     assert [(p.kind, p.protocol) for p in json_kinds] == [
         ("anticaptcha", "json"),
         ("capsolver", "json"),
         ("capmonster", "json"),
     ]
-    assert s.primary.protocol == "in.php"
+    assert s.providers.primary.protocol == "in.php"
     assert json_kinds[0].base_url == "https://api.anticaptcha.example"
     assert json_kinds[0].describe()["protocol"] == "json"
     # the JSON family's budgets are per task (the dialect's): no account budget
@@ -267,14 +292,14 @@ def test_the_json_kinds_are_providers_of_their_protocol() -> None:
     # a dialect without a method's task type does not take it (no CaptchaFox)
     assert all(not p.supports("captchafox") for p in json_kinds)
     assert all(p.supports("userrecaptcha") and p.supports("base64") for p in json_kinds)
-    assert s.primary.supports("captchafox")
+    assert s.providers.primary.supports("captchafox")
 
 
 def test_the_primary_may_be_of_a_json_kind() -> None:
     s = Settings.from_env(
         {"CAPTCHAAI_PROVIDER_KIND": "CapSolver", "CAPTCHAAI_BASE_URL": "https://api.capsolver.com"}
     )
-    assert (s.primary.kind, s.primary.protocol) == ("capsolver", "json")
+    assert (s.providers.primary.kind, s.providers.primary.protocol) == ("capsolver", "json")
     with pytest.raises(ConfigurationError) as info:
         Settings.from_env({"CAPTCHAAI_PROVIDER_KIND": "capsolva"})
     assert info.value.message.startswith("CAPTCHAAI_PROVIDER_KIND is 'capsolva', not one of")

@@ -19,7 +19,7 @@ from captcha_tasks.core.lanes import (
 )
 from captcha_tasks.core.steps import Route
 from captcha_tasks.errors import ConfigurationError, ValidationError
-from captcha_tasks.settings import Settings
+from captcha_tasks.settings import CelerySettings, Settings
 
 pytestmark = pytest.mark.unit
 
@@ -70,12 +70,12 @@ def test_a_bad_captchaai_tenants_stops_start_up_naming_the_variable() -> None:
 
 def test_settings_know_the_declared_tenants_and_the_default_one() -> None:
     settings = Settings.from_env({"CAPTCHAAI_TENANTS": ISSUE_EXAMPLE})
-    assert settings.tenant_names == ("crawler", "default", "shop")
-    assert settings.tenant("crawler").daily_captchas == 5000
-    assert settings.tenant(DEFAULT_TENANT) == Tenant(DEFAULT_TENANT)  # weight 1, no cap
+    assert settings.tenants.names == ("crawler", "default", "shop")
+    assert settings.tenants.get("crawler").daily_captchas == 5000
+    assert settings.tenants.get(DEFAULT_TENANT) == Tenant(DEFAULT_TENANT)  # weight 1, no cap
     declared = Settings.from_env({"CAPTCHAAI_TENANTS": '{"default": {"weight": 3}}'})
-    assert declared.tenant(DEFAULT_TENANT).weight == 3
-    assert Settings().tenant_names == (DEFAULT_TENANT,)
+    assert declared.tenants.get(DEFAULT_TENANT).weight == 3
+    assert Settings().tenants.names == (DEFAULT_TENANT,)
 
 
 def test_call_site_checks() -> None:
@@ -95,10 +95,10 @@ def test_each_entry_point_has_its_default_lane() -> None:
 
 
 def test_each_lane_has_its_solve_queue() -> None:
-    settings = Settings(queue_prefix="q")
-    assert settings.solve_queues == ("q.solve", "q.solve.bulk", "q.solve.background")
-    assert set(settings.solve_queues) <= set(settings.queues)
-    assert settings.solve_queue() == "q.solve"
+    settings = Settings(celery=CelerySettings(queue_prefix="q"))
+    assert settings.celery.solve_queues == ("q.solve", "q.solve.bulk", "q.solve.background")
+    assert set(settings.celery.solve_queues) <= set(settings.celery.queues)
+    assert settings.celery.solve_queue() == "q.solve"
 
 
 def test_a_solve_message_names_its_route_and_the_request_is_what_is_left() -> None:

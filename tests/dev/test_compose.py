@@ -20,7 +20,12 @@ from celery.bin.celery import celery as celery_group
 
 import captcha_tasks
 from captcha_tasks.cli import cli
-from captcha_tasks.settings import ENVIRONMENT_VARIABLES, PROVIDER_KEY_SLOTS, Settings
+from captcha_tasks.settings import (
+    ENVIRONMENT_VARIABLES,
+    PROVIDER_KEY_SLOTS,
+    RedisSettings,
+    Settings,
+)
 from captcha_tasks.testing.processes import RedisServer, find_redis_server, free_port, wait_until
 
 pytestmark = pytest.mark.system
@@ -442,8 +447,8 @@ def test_the_sentinels_config_runs_a_real_sentinel_watching_the_master(tmp_path:
 def test_the_env_example_sentinel_url_names_the_ha_sentinels() -> None:
     [line] = [line for line in ENV_EXAMPLE_LINES if line.startswith("# REDIS_URL=sentinel://")]
     url = line.removeprefix("# REDIS_URL=").replace("${REDIS_PASSWORD}", "secret")
-    settings = Settings(redis_url=url, redis_sentinel_master="captcha-tasks")
-    assert settings.redis_sentinel is not None
-    assert settings.redis_sentinel.sentinels == tuple((name, 26379) for name in SENTINELS)
-    assert settings.redis_sentinel.password == "secret"
+    settings = Settings(redis=RedisSettings(url=url, sentinel_master="captcha-tasks"))
+    assert settings.redis.sentinel is not None
+    assert settings.redis.sentinel.sentinels == tuple((name, 26379) for name in SENTINELS)
+    assert settings.redis.sentinel.password == "secret"
     assert "captcha-tasks" in _sentinel_script()  # the name the sentinels watch by default

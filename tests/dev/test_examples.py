@@ -254,7 +254,7 @@ def published() -> Iterator[list[str]]:
 
 
 def _queue_lengths(redis_conn: Any) -> dict[str, int]:
-    queues = captcha_tasks.app.runtime().settings.queues
+    queues = captcha_tasks.app.runtime().settings.celery.queues
     return {queue: int(redis_conn.llen(queue)) for queue in queues}
 
 

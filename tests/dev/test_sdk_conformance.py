@@ -46,7 +46,7 @@ class _ScaledTime:
 @pytest.fixture
 def make_sdk(sandbox: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
     """CaptchaAI's sync client on the sandbox (the sandbox also knows the SDK's key)."""
-    sandbox.configure(api_keys=[app.runtime().settings.api_key, SDK_KEY])
+    sandbox.configure(api_keys=[app.runtime().settings.providers.api_key, SDK_KEY])
     monkeypatch.setattr(captchaai.client, "time", _ScaledTime())
     made: list[captchaai.CaptchaAI] = []
 

@@ -147,7 +147,7 @@ def settled() -> Iterator[None]:
 def shared_cookies(redis_conn: Any) -> Iterator[None]:
     """``CookieStore.from_settings()`` writes under the environment's key prefix: cleaned."""
     yield
-    keys = Keys(get_settings().key_prefix)
+    keys = Keys(get_settings().redis.key_prefix)
     for domain in DOMAINS:
         redis_conn.delete(keys.cookies(domain), keys.session_lock(domain))
         redis_conn.delete(keys.session_version(domain))

@@ -91,7 +91,7 @@ def test_connections_per_address_are_capped_and_the_allowlist_holds(serve: Any) 
 
 def test_wrong_keys_and_rates_are_the_clients_behind_a_trusted_proxy(serve: Any) -> None:
     proxy = "127.0.0.20"
-    server = serve(gateway_trusted_proxies=(ip_network(f"{proxy}/32"),))
+    server = serve(gateway={"trusted_proxies": (ip_network(f"{proxy}/32"),)})
 
     def via_proxy(client: str, key: str) -> requests.Response:
         session = requests.Session()

@@ -18,7 +18,7 @@ from captcha_tasks.gateway.forms import Unreadable, read_fields, read_json
 from captcha_tasks.gateway.service import provider_code
 from captcha_tasks.gateway.tenants import TenantKeys
 from captcha_tasks.serving import Request
-from captcha_tasks.settings import Settings
+from captcha_tasks.settings import Settings, TenantSettings
 from captcha_tasks.state.gateway import LATENCY_BUCKETS, Ticket, _tabulate
 from captcha_tasks.worker.callsite import normalize_solve_args
 
@@ -231,7 +231,7 @@ def test_solutions_by_method() -> None:
 
 
 def settings_with(tenants: dict[str, Any]) -> Settings:
-    return Settings(tenants=parse_tenants(json.dumps(tenants)))
+    return Settings(tenants=TenantSettings(parse_tenants(json.dumps(tenants))))
 
 
 def test_tenants_by_key() -> None:

@@ -178,7 +178,7 @@ def group_members(settings: Settings) -> dict[str, list[int]]:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient(admin_config(settings))
-    future = admin.describe_consumer_groups([settings.kafka_group_id])[settings.kafka_group_id]
+    future = admin.describe_consumer_groups([settings.kafka.group_id])[settings.kafka.group_id]
     group = future.result(10)
     if str(group.state).rsplit(".", 1)[-1] != "STABLE":
         return {}
@@ -186,7 +186,7 @@ def group_members(settings: Settings) -> dict[str, list[int]]:
         member.member_id: sorted(
             tp.partition
             for tp in member.assignment.topic_partitions
-            if tp.topic == settings.kafka_tasks_topic
+            if tp.topic == settings.kafka.tasks_topic
         )
         for member in group.members
     }

@@ -70,7 +70,10 @@ def celery_backlog() -> int:
     briefly have two (its countdown poll and one a bulk poll woke)."""
     r = app.runtime().state.redis
     settings = app.runtime().settings
-    names = (*settings.solve_queues, settings.queue("submit"))  # the bridge's are bulk
+    names = (
+        *settings.celery.solve_queues,
+        settings.celery.queue("submit"),
+    )  # the bridge's are bulk
     queued = sum(int(r.llen(q)) for q in names)  # type: ignore[arg-type]
     return queued + app.runtime().state.limiter.parked_count()
 
@@ -101,7 +104,7 @@ def test_500_tasks_over_three_bridges_use_the_whole_plan(
     sandbox: Any,
     clean_state: None,
 ) -> None:
-    threads = app.runtime().settings.threads
+    threads = app.runtime().settings.providers.threads
     setup = kafka(partitions=6)
     sandbox.configure(threads=threads, solve_time=0.2, jitter=0.05)
     for n in range(3):
@@ -109,11 +112,11 @@ def test_500_tasks_over_three_bridges_use_the_whole_plan(
     members = wait_for_members(setup, 3)
     ids = enqueue_all(setup, 500)
     # No worker yet: each bridge dispatches up to its bound and pauses its partitions.
-    bound = 3 * setup.settings.kafka_in_flight_limit
+    bound = 3 * setup.settings.kafka.in_flight_limit(setup.settings.providers.threads)
     wait_until(lambda: celery_backlog() == bound, 30, 0.05, "every bridge at its bound")
     start_worker(concurrency=16, name="kafka-w1")
 
-    results = setup.reader(setup.settings.kafka_results_topic)
+    results = setup.reader(setup.settings.kafka.results_topic)
     limiter = app.runtime().state.limiter
     backlog_seen = slots_seen = 0
 
@@ -158,12 +161,12 @@ def test_killed_bridge_loses_nothing_and_pays_once(
     clean_state: None,
 ) -> None:
     setup = kafka(partitions=6)
-    sandbox.configure(threads=app.runtime().settings.threads, solve_time=0.2, jitter=0.05)
+    sandbox.configure(threads=app.runtime().settings.providers.threads, solve_time=0.2, jitter=0.05)
     start_worker(concurrency=16, name="kafka-w2")
     bridges = [start_bridge(setup, f"doomed-{n}") for n in range(3)]
     wait_for_members(setup, 3)
     ids = enqueue_all(setup, 300)
-    results = setup.reader(setup.settings.kafka_results_topic)
+    results = setup.reader(setup.settings.kafka.results_topic)
     results.read_until(lambda r: len(r) >= 100, 60, "a third of the results")
 
     bridges[0].kill()  # SIGKILL: no revoke, no commit, tasks in flight
@@ -209,21 +212,21 @@ def test_poison_messages_go_to_dead_letters_without_stalling(
     producer = Producer(producer_config(s))
     # Everything on partition 0, poison first: the good tasks must not be held up.
     for raw in no_id:
-        producer.produce(s.kafka_tasks_topic, value=raw, key=b"junk", partition=0)
+        producer.produce(s.kafka.tasks_topic, value=raw, key=b"junk", partition=0)
     for task_id, fields in invalid.items():
-        producer.produce(s.kafka_tasks_topic, value=task_value(task_id, fields), partition=0)
-    producer.produce(s.kafka_tasks_topic, value=task_value("t-fatal", fatal), partition=0)
+        producer.produce(s.kafka.tasks_topic, value=task_value(task_id, fields), partition=0)
+    producer.produce(s.kafka.tasks_topic, value=task_value("t-fatal", fatal), partition=0)
     for task_id in good:
         fields = {"method": "turnstile", "sitekey": "k", "pageurl": PAGE}
-        producer.produce(s.kafka_tasks_topic, value=task_value(task_id, fields), partition=0)
+        producer.produce(s.kafka.tasks_topic, value=task_value(task_id, fields), partition=0)
     assert producer.flush(10) == 0
     start_worker(concurrency=16, name="kafka-w3")
     start_bridge(setup, "bridge-poison")
 
-    results = setup.reader(s.kafka_results_topic).read_until(
+    results = setup.reader(s.kafka.results_topic).read_until(
         lambda r: len(r) >= 8, 60, "eight results"
     )
-    letters = setup.reader(s.kafka_dead_letter_topic).read_until(
+    letters = setup.reader(s.kafka.dead_letter_topic).read_until(
         lambda r: len(r) >= 7, 30, "seven dead letters"
     )
     by_id = {r.key: r.value for r in results}
@@ -262,7 +265,7 @@ def test_lag_reports_before_and_after_consumption(
     fields = {"method": "turnstile", "sitekey": "k", "pageurl": PAGE}
     for n in range(7):
         value = task_value(f"lag-{n}", fields)
-        producer.produce(s.kafka_tasks_topic, value=value, partition=0 if n < 4 else 1)
+        producer.produce(s.kafka.tasks_topic, value=value, partition=0 if n < 4 else 1)
     assert producer.flush(10) == 0
 
     before = lag_cli(setup, "--max-lag", "5")
@@ -277,7 +280,7 @@ def test_lag_reports_before_and_after_consumption(
 
     start_worker(concurrency=16, name="kafka-w4")
     start_bridge(setup, "bridge-lag")
-    reader = setup.reader(s.kafka_results_topic)
+    reader = setup.reader(s.kafka.results_topic)
     reader.read_until(lambda r: len(r) >= 7, 60, "seven results")
     wait_until(lambda: sum(p.lag for p in consumer_lag(s)) == 0, 10, 0.2, "commits")
 
@@ -297,7 +300,7 @@ def test_answered_tasks_redelivered_are_republished_not_solved_again(
     start_worker(concurrency=16, name="kafka-w5")
     ids = enqueue_all(setup, 6)
     first = start_bridge(setup, "bridge-first")
-    results = setup.reader(setup.settings.kafka_results_topic)
+    results = setup.reader(setup.settings.kafka.results_topic)
     results.read_until(lambda r: len(r) >= len(ids), 60, "the first answers")
     wait_until(lambda: sum(p.lag for p in consumer_lag(setup.settings)) == 0, 10, 0.2, "commits")
     first.stop()
@@ -334,7 +337,7 @@ def test_captchaai_methods_answer_with_their_shape_and_user_agent(
         for task_id, fields in tasks.items():
             producer.enqueue(task_id, **fields)
     start_bridge(setup, "bridge-captchaai")
-    results = setup.reader(setup.settings.kafka_results_topic)
+    results = setup.reader(setup.settings.kafka.results_topic)
     results.read_until(lambda r: len(r) >= len(tasks), 60, "the answers")
     by_id = {r.key: r.value for r in results.records}
     assert set(by_id) == set(tasks)
@@ -361,10 +364,10 @@ def test_a_tasks_tenant_and_lane_are_served_and_an_unknown_tenant_is_a_failed_ta
         producer.enqueue("t-now", "turnstile", "k", PAGE, tenant="scrapers", lane="interactive")
     producer = Producer(producer_config(setup.settings))  # a producer that checks nothing
     fields = {"method": "turnstile", "sitekey": "k", "pageurl": PAGE, "tenant": "nobody"}
-    producer.produce(setup.settings.kafka_tasks_topic, task_value("t-nobody", fields), b"t-nobody")
+    producer.produce(setup.settings.kafka.tasks_topic, task_value("t-nobody", fields), b"t-nobody")
     producer.flush(10)
     start_bridge(setup, "bridge-tenants")
-    results = setup.reader(setup.settings.kafka_results_topic)
+    results = setup.reader(setup.settings.kafka.results_topic)
     results.read_until(lambda r: len(r) >= 3, 60, "the answers")
     by_id = {r.key: r.value for r in results.records}
     assert by_id["t-bulk"]["status"] == by_id["t-now"]["status"] == "solved"
@@ -392,7 +395,7 @@ def test_feedback_reaches_the_provider_that_solved_and_counts_once(
     start_worker(concurrency=8, name="kafka-w8")
     bridge = start_bridge(setup, "bridge-feedback")
     ids = enqueue_all(setup, 5)
-    results = setup.reader(s.kafka_results_topic).read_until(
+    results = setup.reader(s.kafka.results_topic).read_until(
         lambda r: len(r) >= len(ids), 60, "the answers"
     )
     by_id = {r.key: r.value for r in results}
@@ -412,14 +415,14 @@ def test_feedback_reaches_the_provider_that_solved_and_counts_once(
     }
     raw = Producer(producer_config(s))
     for value in refused.values():
-        raw.produce(s.kafka_feedback_topic, value=value, key=b"junk")
+        raw.produce(s.kafka.feedback_topic, value=value, key=b"junk")
     assert raw.flush(10) == 0
 
-    letters = setup.reader(s.kafka_dead_letter_topic)
+    letters = setup.reader(s.kafka.dead_letter_topic)
     letters.read_until(lambda r: len(r) >= len(refused), 30, "the refused feedback")
     for letter in letters.records:
         validate("kafka-dead-letter", letter.value)
-        assert letter.value["source"]["topic"] == s.kafka_feedback_topic
+        assert letter.value["source"]["topic"] == s.kafka.feedback_topic
         assert base64.b64decode(letter.value["original"]) == refused[letter.headers["error"]]
     by_code = {r.headers["error"]: r.value for r in letters.records}
     assert by_code["ERROR_NO_SUCH_CAPCHA_ID"]["task_id"] == "t-never"
@@ -430,14 +433,14 @@ def test_feedback_reaches_the_provider_that_solved_and_counts_once(
         return (stats["reports_bad"], stats["reports_good"]) == (3, 2)
 
     wait_until(reported, 30, 0.05, "three bad and two good reports at the sandbox")
-    counted = app.runtime().state.acceptance.read("turnstile", site).acceptance["captchaai"]
+    counted = app.runtime().state.acceptance.read("turnstile", site).acceptance.policy["captchaai"]
     assert (round(counted.bad, 2), round(counted.good, 2), round(counted.scores, 2)) == (3, 2, 1)
-    feedback_lag = lambda: total_lag(consumer_lag(s, topic=s.kafka_feedback_topic))  # noqa: E731
+    feedback_lag = lambda: total_lag(consumer_lag(s, topic=s.kafka.feedback_topic))  # noqa: E731
     wait_until(lambda: feedback_lag() == 0, 10, 0.2, "the feedback offsets committed")
 
     # Delivered again (as after a crash before the commits): no captcha is reported twice.
     bridge.stop()
-    rewind(setup, s.kafka_feedback_topic)
+    rewind(setup, s.kafka.feedback_topic)
     start_bridge(setup, "bridge-feedback-again")
     letters.read_until(lambda r: len(r) >= 2 * len(refused), 30, "the refused ones again")
     wait_until(lambda: feedback_lag() == 0, 30, 0.2, "the copies read")
@@ -449,8 +452,8 @@ def rewind(setup: KafkaSetup, topic: str | None = None) -> None:
     """Commit offset 0 for every partition of the (idle) bridge group on ``topic`` (default:
     the tasks topic)."""
     consumer = Consumer(consumer_config(setup.settings))
-    topic = topic or setup.settings.kafka_tasks_topic
-    feedback = topic == setup.settings.kafka_feedback_topic
+    topic = topic or setup.settings.kafka.tasks_topic
+    feedback = topic == setup.settings.kafka.feedback_topic
     count = FEEDBACK_PARTITIONS if feedback else setup.partitions
     offsets = [TopicPartition(topic, p, 0) for p in range(count)]
     try:

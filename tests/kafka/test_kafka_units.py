@@ -64,12 +64,12 @@ def test_kafka_settings_have_defaults_and_read_the_environment() -> None:
     assert KAFKA_VARS <= ENVIRONMENT_VARIABLES
     s = Settings.from_env({"CAPTCHAAI_THREADS": "15"})
     assert (
-        s.kafka_tasks_topic,
-        s.kafka_results_topic,
-        s.kafka_dead_letter_topic,
-        s.kafka_feedback_topic,
+        s.kafka.tasks_topic,
+        s.kafka.results_topic,
+        s.kafka.dead_letter_topic,
+        s.kafka.feedback_topic,
     ) == ("captcha-tasks", "captcha-results", "captcha-dead-letter", "captcha-feedback")
-    assert s.kafka_in_flight_limit == 30  # twice the plan's threads
+    assert s.kafka.in_flight_limit(s.providers.threads) == 30  # twice the plan's threads
     s = Settings.from_env(
         {
             "KAFKA_BOOTSTRAP_SERVERS": "k1:9092,k2:9092",
@@ -77,8 +77,11 @@ def test_kafka_settings_have_defaults_and_read_the_environment() -> None:
             "KAFKA_CLIENT_CONFIG": '{"security.protocol": "SASL_SSL", "sasl.password": "hunter2"}',
         }
     )
-    assert (s.kafka_bootstrap_servers, s.kafka_in_flight_limit) == ("k1:9092,k2:9092", 7)
-    assert s.kafka_client_config["sasl.password"] == "hunter2"
+    assert (s.kafka.bootstrap_servers, s.kafka.in_flight_limit(s.providers.threads)) == (
+        "k1:9092,k2:9092",
+        7,
+    )
+    assert s.kafka.client_config["sasl.password"] == "hunter2"
     assert "hunter2" not in repr(s)
 
 
@@ -480,11 +483,11 @@ def test_the_feedback_reader_reports_once_and_dead_letters_what_it_cannot_record
     claims.claim("t-1", "c1")
     claims.complete("t-1", json.dumps({**SOLVED, "task_id": "t-1"}))
     letters: list[tuple[Source, dict[str, Any]]] = []
-    primary = app.runtime().settings.provider(None).name
+    primary = app.runtime().settings.providers.named(None).name
     reader = FeedbackReader(
         "fb", claims, lambda source, _value, _p, letter: letters.append((source, letter)), primary
     )
-    queue = app.runtime().settings.queue("housekeeping")
+    queue = app.runtime().settings.celery.queue("housekeeping")
     redis_conn.delete(queue)
     messages = [
         {"task_id": "t-1", "good": False, "score": 0.1},

@@ -62,7 +62,7 @@ def test_node_client_solves_a_batch_through_kafka(
     start_bridge(setup, "bridge-node")
     # a message with no answer address, from another producer: a dead letter of its own
     poison = Producer(producer_config(s))
-    poison.produce(s.kafka_tasks_topic, value=b"not json {", key=b"junk")
+    poison.produce(s.kafka.tasks_topic, value=b"not json {", key=b"junk")
     assert poison.flush(10) == 0
 
     good = [{"method": "turnstile", "sitekey": f"0x4AAA{i}", "pageurl": PAGE} for i in range(8)]
@@ -93,11 +93,11 @@ def test_node_client_solves_a_batch_through_kafka(
     assert "done: 8 solved, 2 failed" in run.stderr
 
     # The same messages, as every other consumer of the topics sees them.
-    sent = raw_records(setup, s.kafka_tasks_topic, len(tasks) + 1)
-    results = setup.reader(s.kafka_results_topic).read_until(
+    sent = raw_records(setup, s.kafka.tasks_topic, len(tasks) + 1)
+    results = setup.reader(s.kafka.results_topic).read_until(
         lambda r: len(r) >= len(tasks), 30, "the results"
     )
-    letters = setup.reader(s.kafka_dead_letter_topic).read_until(
+    letters = setup.reader(s.kafka.dead_letter_topic).read_until(
         lambda r: len(r) >= 3, 30, "three dead letters"
     )
     node_tasks = {key: json.loads(value) for key, value in sent if key != "junk"}

@@ -31,7 +31,7 @@ PAGE = "https://example.com/early"
 @pytest.fixture
 def receiver(settings: Any, state: Any) -> Receiver:
     url = "http://127.0.0.1:9/captcha/pingback"  # the test calls the receiver itself
-    mine = settings.replace(pingback_secret=SECRET, pingback_url=url)
+    mine = settings.replace(pingback={"secret": SECRET, "url": url})
     return Receiver(Runtime(app, mine, state).runner)
 
 

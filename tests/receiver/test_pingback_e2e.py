@@ -56,7 +56,7 @@ def unpolled_env(port: int) -> dict[str, str]:
 
 @pytest.fixture
 def receiver() -> Receiver:
-    settings = app.runtime().settings.replace(pingback_secret=SECRET)
+    settings = app.runtime().settings.replace(pingback={"secret": SECRET})
     return Receiver(Runtime(app, settings, app.runtime().state).runner)
 
 
@@ -220,7 +220,7 @@ def test_an_error_in_a_callback_takes_the_polls_route(
     start_worker(unpolled_env(server.port))
     with pytest.raises(errors.UnsolvableError):
         solve.delay(method="turnstile", sitekey="0x4A", pageurl=PAGE).get(timeout=GET_TIMEOUT)
-    attempts = 1 + app.runtime().settings.max_resubmits
+    attempts = 1 + app.runtime().settings.solving.max_resubmits
     # counted once the receiver's reply is back: maybe after the result
     wait_until(lambda: sandbox.stats()["pingbacks_sent"] == attempts, 10, what="the replies")
     stats = sandbox.stats()
@@ -332,7 +332,12 @@ def test_forged_callbacks_are_refused_and_change_nothing(
 def sandbox_answer(sandbox: Any, captcha_id: str) -> str | None:
     resp = requests.post(
         f"{sandbox.url}/res.php",
-        data={"key": app.runtime().settings.api_key, "action": "get", "id": captcha_id, "json": 1},
+        data={
+            "key": app.runtime().settings.providers.api_key,
+            "action": "get",
+            "id": captcha_id,
+            "json": 1,
+        },
         timeout=5,
     ).json()
     return str(resp["request"]) if resp["status"] == 1 else None

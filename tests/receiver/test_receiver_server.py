@@ -51,11 +51,11 @@ def receiver_of(settings: Any) -> Receiver:
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., PingbackServer]]:
-    """Start a server: ``serve(limits, **settings)`` (settings as Settings fields)."""
+    """Start a server: ``serve(limits, **pingback)`` (fields of the pingback settings)."""
     servers: list[PingbackServer] = []
 
-    def start(limits: Limits | None = None, **settings: Any) -> PingbackServer:
-        config = app.runtime().settings.replace(pingback_secret=SECRET, **settings)
+    def start(limits: Limits | None = None, **pingback: Any) -> PingbackServer:
+        config = app.runtime().settings.replace(pingback={"secret": SECRET, **pingback})
         servers.append(PingbackServer(receiver_of(config), limits=limits).start())
         return servers[-1]
 
@@ -262,7 +262,7 @@ def test_judging_is_bounded_and_health_never_waits_for_it(serve: Any, redis_conn
 
 
 def test_the_allowlist_refuses_other_sources_before_reading(serve: Any) -> None:
-    server = serve(Limits(header_timeout=30), pingback_allow=(ip_network("127.0.0.40/31"),))
+    server = serve(Limits(header_timeout=30), allow=(ip_network("127.0.0.40/31"),))
     port = server.port
     assert request(port, "/health", source="127.0.0.41")[:2] == (200, "ok")
     # at accept, long before any deadline: nothing sent, nothing awaited
@@ -316,7 +316,7 @@ def test_x_forwarded_for_is_read_only_from_trusted_proxies(
 def test_the_wsgi_app_reads_the_client_behind_a_trusted_proxy() -> None:
     proxy = "127.0.0.60"
     settings = app.runtime().settings.replace(
-        pingback_secret=SECRET, pingback_trusted_proxies=(ip_network(f"{proxy}/32"),)
+        pingback={"secret": SECRET, "trusted_proxies": (ip_network(f"{proxy}/32"),)}
     )
     server = wsgi.Server(("127.0.0.1", 0), make_wsgi_app(receiver_of(settings)), numthreads=2)
     server.prepare()

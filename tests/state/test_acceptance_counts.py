@@ -112,10 +112,10 @@ def test_a_route_change_is_said_once(redis_conn: Any, keys: Keys) -> None:
 
 def test_the_exporter_serves_reports_ratios_and_reroutes(redis_conn: Any, keys: Keys) -> None:
     from captcha_tasks.metrics import StoreCollector
-    from captcha_tasks.settings import Settings
+    from captcha_tasks.settings import RedisSettings, Settings
     from captcha_tasks.state import State
 
-    settings = Settings(key_prefix=keys.prefix)
+    settings = Settings(redis=RedisSettings(key_prefix=keys.prefix))
     state = State.build(settings, redis_conn)
     for good in (True, True, True, False):
         state.acceptance.report("captchaai", "turnstile", "shop.test", good)

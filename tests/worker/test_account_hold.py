@@ -20,10 +20,10 @@ def test_the_balance_check_waits_out_a_429_hold(app: Any, sandbox: Any) -> None:
     limiter.pause(30)
     assert 29 < limiter.held_s() <= 30
     found = housekeeping.check_providers(runtime.runner)
-    assert found[runtime.settings.primary.name] == {"error": "ERROR_RATE_LIMITED"}
+    assert found[runtime.settings.providers.primary.name] == {"error": "ERROR_RATE_LIMITED"}
     assert sandbox.stats()["res_php_requests"] == asked  # nothing asked while held
     runtime.state.redis.hdel(runtime.state.keys.rate("hourly"), "pause")  # the hold is over
     assert limiter.held_s() == 0
     found = housekeeping.check_providers(runtime.runner)
-    assert "balance" in found[runtime.settings.primary.name]
+    assert "balance" in found[runtime.settings.providers.primary.name]
     assert sandbox.stats()["res_php_requests"] > asked

@@ -135,7 +135,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
 def test_bad_requests_are_refused_before_anything_is_queued(
     redis_conn: Any, kwargs: dict[str, Any], needle: str
 ) -> None:
-    before = {q: redis_conn.llen(q) for q in app.runtime().settings.queues}
+    before = {q: redis_conn.llen(q) for q in app.runtime().settings.celery.queues}
     keys_before = stored(redis_conn)
     with pytest.raises(errors.ValidationError) as info:
         solve.delay(**kwargs)

@@ -44,7 +44,7 @@ def test_a_solve_message_a_worker_took_and_died_with_before_noting_it_is_sent_ag
     settings = app.runtime().settings
     result = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
     redis = app.runtime().state.redis
-    taken = [m for m in (redis.rpop(q) for q in settings.solve_queues) if m is not None]
+    taken = [m for m in (redis.rpop(q) for q in settings.celery.solve_queues) if m is not None]
     assert len(taken) == 1  # the message, gone from the broker and noted nowhere but owed
 
     start_worker(FAST, name="crash-after-brpop")

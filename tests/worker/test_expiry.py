@@ -22,7 +22,7 @@ def test_expired_answer_is_never_delivered(sandbox: Any, start_worker: Any) -> N
     sandbox.configure(token_ttl={"turnstile": LIFE}, solve_time=0.1, jitter=0.0)
     env = {"CAPTCHAAI_TOKEN_LIFETIMES": json.dumps({"turnstile": LIFE})}
     # Only submits run at first: the poll waits in its queue until the token has expired.
-    queue = app.runtime().settings.queue
+    queue = app.runtime().settings.celery.queue
     start_worker(env, queues=(queue("solve"), queue("submit")), name="submit-only")
     res = solve.delay(method="turnstile", sitekey="k", pageurl="https://example.com/")
     wait_until(lambda: sandbox.stats()["submits"] == 1, 15, what="the first submit")

@@ -89,9 +89,8 @@ class Held:
 
 def start(server: RedisServer, settings: Any, sandbox: Any) -> Held:
     mine = settings.replace(
-        redis_url=server.url,
-        solve_timeout=DEADLINE_S,
-        key_prefix=f"holding-{uuid.uuid4().hex[:8]}",
+        redis={"url": server.url, "key_prefix": f"holding-{uuid.uuid4().hex[:8]}"},
+        solving={"solve_timeout": DEADLINE_S},
     )
     runtime = Runtime(app, mine, State.build(mine))
     runtime.runner.edges.policy = dataclasses.replace(runtime.runner.policy, hold_grace=GRACE_S)
@@ -141,7 +140,7 @@ def test_redis_that_never_comes_back_ends_the_wait_and_the_captcha_is_logged_los
     assert not held.thread.is_alive()  # the wait is bounded ...
     assert time.time() >= held.deadline + GRACE_S  # ... by the deadline and the grace
     [lost] = [line for line in said.lines if " is lost: " in line]
-    provider = held.runtime.settings.primary.name
+    provider = held.runtime.settings.providers.primary.name
     found = re.search(rf"captcha (\S+) at {provider} was paid for", lost)
     assert found is not None and found.group(1).isdigit(), lost
     assert sandbox.stats()["submits"] == 1

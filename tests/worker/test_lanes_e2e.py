@@ -94,7 +94,7 @@ def test_an_interactive_solve_takes_the_next_thread_ahead_of_a_bulk_backlog(
     # parked before the view's solve went to the provider after it
     behind = [o for o in bulk if int(o["captcha_id"]) > int(view["captcha_id"])]
     assert len(behind) >= backlog - 2, (len(behind), backlog)
-    assert sandbox.stats()["peak_in_flight"] <= app.runtime().settings.capacity
+    assert sandbox.stats()["peak_in_flight"] <= app.runtime().settings.providers.capacity
 
 
 def test_freed_threads_follow_the_tenants_weights(sandbox: Any, two_workers: list[Any]) -> None:
@@ -103,7 +103,7 @@ def test_freed_threads_follow_the_tenants_weights(sandbox: Any, two_workers: lis
     # loaded the machine is, and each freed thread after the release is a choice.
     sandbox.configure(solve_time=0.3, jitter=0.1, hold=True)
     limiter = app.runtime().state.limiter
-    capacity = app.runtime().settings.capacity
+    capacity = app.runtime().settings.providers.capacity
     arrivals: list[tuple[str, Any]] = []
     n = 150
     crawler = Batch(
@@ -196,7 +196,7 @@ def test_an_unknown_tenant_or_lane_is_refused_before_anything_is_queued(
     redis_conn: Any, env: dict[str, str], tmp_path: Path
 ) -> None:
     settings = app.runtime().settings
-    before = {q: redis_conn.llen(q) for q in settings.queues}
+    before = {q: redis_conn.llen(q) for q in settings.celery.queues}
     with pytest.raises(errors.ValidationError, match="unknown tenant 'shp'"):
         solve.delay(method="turnstile", sitekey="k", pageurl=PAGE, tenant="shp")
     with pytest.raises(errors.ValidationError, match="unknown lane 'urgent'"):
@@ -228,10 +228,10 @@ def test_each_lane_has_its_own_solve_queue(redis_conn: Any) -> None:
     bulk = solve.apply_async(kwargs=task(lane="bulk"))
     view = solve.apply_async(kwargs=task())
     try:
-        assert redis_conn.llen(settings.solve_queue("bulk")) == 1
-        assert redis_conn.llen(settings.solve_queue("interactive")) == 1
+        assert redis_conn.llen(settings.celery.solve_queue("bulk")) == 1
+        assert redis_conn.llen(settings.celery.solve_queue("interactive")) == 1
     finally:
         for result in (bulk, view):
             result.revoke()
-        for queue in settings.solve_queues:
+        for queue in settings.celery.solve_queues:
             redis_conn.delete(queue)

@@ -18,7 +18,7 @@ PAGE = "https://example.com/limiter"
 def test_three_workers_never_exceed_the_plan(
     sandbox: Any, start_worker: Any, clean_state: None
 ) -> None:
-    threads = app.runtime().settings.threads
+    threads = app.runtime().settings.providers.threads
     sandbox.configure(threads=threads, solve_time=0.4, jitter=0.1)
     for n in range(3):
         start_worker(concurrency=16, name=f"limit-w{n}")

@@ -103,12 +103,12 @@ def test_polls_per_solve_with_adaptive_first_poll(sandbox: Any, redis_conn: Any)
     for _ in range(2):
         results = [
             solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
-            for _ in range(settings.adaptive_min_samples)
+            for _ in range(settings.solving.adaptive_min_samples)
         ]
         for r in results:
             r.get(timeout=GET_TIMEOUT)
     samples = redis_conn.llen(app.runtime().state.keys.solve_times("turnstile"))
-    assert samples >= 2 * settings.adaptive_min_samples
+    assert samples >= 2 * settings.solving.adaptive_min_samples
     sandbox.reset()
     warm = [solve.delay(method="turnstile", sitekey="k", pageurl=PAGE) for _ in range(10)]
     for r in warm:
@@ -136,7 +136,7 @@ def test_unsolvable_is_resubmitted_within_budget(sandbox: Any) -> None:
         solve.delay(method="turnstile", sitekey="k", pageurl=PAGE).get(timeout=GET_TIMEOUT)
     assert info.value.code == "ERROR_CAPTCHA_UNSOLVABLE"
     # the first captcha plus the bounded resubmits
-    assert sandbox.stats()["submits"] == 1 + app.runtime().settings.max_resubmits
+    assert sandbox.stats()["submits"] == 1 + app.runtime().settings.solving.max_resubmits
 
 
 def test_fatal_key_error_after_one_request(sandbox: Any) -> None:
@@ -150,7 +150,7 @@ def test_fatal_key_error_after_one_request(sandbox: Any) -> None:
     assert stats["in_php_requests"] == 1
     # no poll (the worker's own balance or threads checks may come at any time)
     assert stats["res_php_get_requests"] == 0
-    assert elapsed < app.runtime().settings.solve_timeout
+    assert elapsed < app.runtime().settings.solving.solve_timeout
 
 
 def test_api_key_not_in_failure(sandbox: Any) -> None:
@@ -158,7 +158,7 @@ def test_api_key_not_in_failure(sandbox: Any) -> None:
     res = solve.delay(method="turnstile", sitekey="k", pageurl=PAGE)
     with pytest.raises(errors.AuthError):
         res.get(timeout=GET_TIMEOUT)
-    assert app.runtime().settings.api_key not in repr(res.backend.get_task_meta(res.id))
+    assert app.runtime().settings.providers.api_key not in repr(res.backend.get_task_meta(res.id))
 
 
 def solve_keys(redis_conn: Any) -> set[str]:
@@ -171,7 +171,7 @@ def solve_keys(redis_conn: Any) -> set[str]:
 
 
 def test_validation_error_before_anything_is_queued(redis_conn: Any) -> None:
-    before = {q: redis_conn.llen(q) for q in app.runtime().settings.queues}
+    before = {q: redis_conn.llen(q) for q in app.runtime().settings.celery.queues}
     keys_before = solve_keys(redis_conn)
     requested_before = redis_conn.zcard(app.runtime().state.keys.requested())
     sent: list[str] = []
@@ -245,4 +245,4 @@ def test_account_command_shows_balance_and_threads(sandbox: Any, env: dict[str, 
     assert f"balance: {config['balance']:.4f}" in done.stdout
     # the sandbox may still be finishing an earlier test's captcha: any count, its plan
     assert re.search(rf"threads \(API\): \d+/{config['threads']} in use", done.stdout)
-    assert f"/{app.runtime().settings.capacity} in use" in done.stdout
+    assert f"/{app.runtime().settings.providers.capacity} in use" in done.stdout

@@ -78,7 +78,7 @@ def _verify(token: str) -> bool:
     """Use the token at once, as a caller would: the sandbox's siteverify."""
     import requests
 
-    url = app.runtime().settings.base_url + "/siteverify"
+    url = app.runtime().settings.providers.base_url + "/siteverify"
     return bool(requests.post(url, data={"response": token}, timeout=5).json()["success"])
 
 

@@ -269,7 +269,7 @@ def test_colliding_ids_and_callbacks_from_both_providers(
     fresh_pair: tuple[SandboxProcess, SandboxProcess], start_worker: Any
 ) -> None:
     main, backup = fresh_pair
-    settings = app.runtime().settings.replace(pingback_secret=SECRET)
+    settings = app.runtime().settings.replace(pingback={"secret": SECRET})
     receiver = Receiver(Runtime(app, settings, app.runtime().state).runner)
     server = PingbackServer(receiver, port=0).start()
     try:

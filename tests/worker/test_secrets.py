@@ -67,7 +67,7 @@ def test_no_secret_in_redis_logs_or_flower(
     single = solve.delay(**secret_task).get(timeout=30)
     tokens = [r["token"] for r in results if r["status"] == "solved"] + [single["token"]]
     assert len(tokens) == 5
-    api_key = app.runtime().settings.api_key
+    api_key = app.runtime().settings.providers.api_key
     everything = dump_redis(redis_conn)
     log = worker.log_text()
     assert "succeeded" in log  # the log did record the tasks

@@ -47,7 +47,7 @@ def other_client_takes_threads(sandbox: Any) -> None:
 def test_threads_another_client_holds_are_left_to_it(
     sandbox: Any, start_worker: Any, busy: dict[str, Any]
 ) -> None:
-    plan = app.runtime().settings.threads
+    plan = app.runtime().settings.providers.threads
     sandbox.configure(threads=plan, api_keys=[os.environ["CAPTCHAAI_API_KEY"], OTHER_KEY], **busy)
     # The worker first: its start (seconds, on a loaded machine) must not eat into the
     # other client's solves, which the worker has to see while they last.
