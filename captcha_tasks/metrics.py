@@ -141,8 +141,12 @@ class StoreCollector(Collector):
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> StoreCollector:
-        """The collector of ``settings`` (default: read from the environment)."""
-        settings = settings or get_settings()
+        """The collector of ``settings`` (default: the package app's, ``app.settings()``
+        at this call: those ``app.use`` gave, else the environment's)."""
+        if settings is None:
+            from .worker.app import app
+
+            settings = app.settings()
         return cls(settings, State.build(settings))
 
     def collect(self) -> Iterator[Metric]:

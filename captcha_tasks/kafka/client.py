@@ -22,7 +22,7 @@ from typing import Any
 from ..core.lanes import check_lane, check_tenant
 from ..errors import ConfigurationError, KafkaDeliveryError, KafkaUnavailable, ValidationError
 from ..methods import build_request
-from ..settings import Settings, get_settings
+from ..settings import Settings
 from .messages import (
     FEEDBACK_RESULT_FIELDS,
     Feedback,
@@ -127,6 +127,14 @@ def admin_config(settings: Settings) -> dict[str, Any]:
     return _layered(settings, {})
 
 
+def _app_settings() -> Settings:
+    # The default of the helpers below: the package app's settings at the call (those
+    # app.use gave, else the environment's).
+    from ..worker.app import app
+
+    return app.settings()
+
+
 # -- producer helper for scrapers ---------------------------------------------------------
 
 
@@ -140,7 +148,7 @@ class TaskProducer:
     """
 
     def __init__(self, settings: Settings | None = None) -> None:
-        self.settings = settings or get_settings()
+        self.settings = settings or _app_settings()
         self._producer = Producer(producer_config(self.settings))
         self._failed: list[tuple[str, str]] = []
         self._lock = threading.Lock()
@@ -280,7 +288,7 @@ def create_topics(
 ) -> list[str]:
     """Create the tasks, results and dead-letter topics (``partitions`` each) and the
     feedback topic (:data:`FEEDBACK_PARTITIONS`); returns those that were created."""
-    settings = settings or get_settings()
+    settings = settings or _app_settings()
     admin = AdminClient(admin_config(settings))
     sizes = {
         settings.kafka.tasks_topic: partitions,
@@ -329,7 +337,7 @@ def consumer_lag(
     timeout: float = 10.0,
 ) -> list[PartitionLag]:
     """Per partition of the tasks topic: the group's committed offset, the end, the lag."""
-    settings = settings or get_settings()
+    settings = settings or _app_settings()
     topic = topic or settings.kafka.tasks_topic
     # A consumer that never subscribes reads the group's offsets without joining it.
     consumer = Consumer(consumer_config(settings, group))

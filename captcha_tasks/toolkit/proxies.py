@@ -15,7 +15,7 @@ from __future__ import annotations
 import redis
 
 from ..core.proxyspec import PROXY_TYPES, mask, parse, proxy_id, split
-from ..settings import Settings, get_settings
+from ..settings import Settings
 from ..state.connections import redis_client
 from ..state.db import Db
 from ..state.keys import Keys
@@ -46,8 +46,12 @@ class ProxyPool(ProxyLeases):
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> ProxyPool:
         """The deployment's pool: ``REDIS_URL``, ``CAPTCHAAI_KEY_PREFIX`` and
-        ``CAPTCHAAI_PROXY_COOLOFF`` (default: read from the environment)."""
-        settings = settings or get_settings()
+        ``CAPTCHAAI_PROXY_COOLOFF`` of ``settings`` (default: the package app's,
+        ``app.settings()`` at this call: those ``app.use`` gave, else the environment's)."""
+        if settings is None:
+            from ..worker.app import app
+
+            settings = app.settings()
         return cls(
             redis_client(settings),
             Keys(settings.redis.key_prefix),

@@ -35,7 +35,7 @@ import redis
 from requests.cookies import RequestsCookieJar
 
 from ..errors import ReauthTimeout, SessionBusy, SessionError
-from ..settings import Settings, get_settings
+from ..settings import Settings
 from ..state.connections import redis_client
 from ..state.keys import Keys
 from ..state.lua import Script, text
@@ -191,9 +191,13 @@ class CookieStore:
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None, ttl_s: float = 3600) -> CookieStore:
-        """The deployment's cookie store: ``REDIS_URL`` and ``CAPTCHAAI_KEY_PREFIX``
-        (default: read from the environment)."""
-        settings = settings or get_settings()
+        """The deployment's cookie store: ``REDIS_URL`` and ``CAPTCHAAI_KEY_PREFIX`` of
+        ``settings`` (default: the package app's, ``app.settings()`` at this call: those
+        ``app.use`` gave, else the environment's)."""
+        if settings is None:
+            from ..worker.app import app
+
+            settings = app.settings()
         return cls(redis_client(settings), Keys(settings.redis.key_prefix), ttl_s)
 
     def save(self, domain: str, cookies: Mapping[str, str], ttl_s: float | None = None) -> int:

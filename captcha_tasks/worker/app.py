@@ -213,5 +213,5 @@ def _report_every(failovers: Any) -> None:
 @after_setup_task_logger.connect
 def _redact_logs(logger: Any = None, **_: Any) -> None:
     # No API key, proxy password, cookie value or whole token in any log line.
-    redact.install(logger)
-    redact.install()
+    redact.install(logger, app.settings)
+    redact.install(None, app.settings)

@@ -35,7 +35,7 @@ import click
 from celery import Celery
 from celery.signals import import_modules
 
-from ..settings import get_settings
+from ..settings import Settings
 from . import startup
 from .startup import EXIT_CONFIG
 
@@ -103,7 +103,7 @@ def _exit_promptly() -> None:
     signal.signal(signal.SIGINT, _stop)
 
 
-def _check_flower_start(**_: Any) -> None:
+def _check_flower_start(sender: Any = None, **_: Any) -> None:
     if not _running_flower():
         return
     _exit_promptly()
@@ -113,12 +113,18 @@ def _check_flower_start(**_: Any) -> None:
     problem = auth_problem(options.basic_auth, options.auth)
     if problem is None:
         return
-    if get_settings().celery.flower_no_auth:
+    if _settings(sender).celery.flower_no_auth:
         log.warning("Flower runs WITHOUT authentication (CAPTCHAAI_FLOWER_NO_AUTH is set)")
         return
     click.echo(problem, err=True)
     # SystemExit passes through Celery's signal dispatch, which only catches Exception.
     sys.exit(EXIT_CONFIG)
+
+
+def _settings(app: Any) -> Settings:
+    # Flower's start-up: its app's settings (captcha-tasks' App), else the environment's.
+    own = getattr(app, "settings", None)
+    return own() if callable(own) else Settings.from_env()
 
 
 def _running_flower() -> bool:

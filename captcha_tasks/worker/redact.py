@@ -12,10 +12,10 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..settings import Settings, get_settings
+from ..settings import Settings
 
 #: Solve parameters that must never appear in a log line, a task event or Flower.
 SECRET_PARAMS = frozenset({"proxy", "cookies"})
@@ -29,8 +29,8 @@ _COOKIES_FIELD = re.compile(r"(?P<head>['\"]cookies['\"]\s*:\s*['\"])(?P<val>[^'
 _KEY_FIELD = re.compile(r"(?P<head>\bkey=)(?P<val>[^&\s'\"]+)")
 #: A shorter value is not taken for a secret (replacing it would mangle every line).
 SECRET_MIN_LEN = 4
-_known: tuple[Settings, tuple[str, ...]] | None = None
-_known_lock = threading.Lock()
+#: Where a filter finds the settings whose secrets it removes (an app's ``settings``).
+SettingsSource = Callable[[], Settings]
 
 
 def secrets_of(settings: Settings, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
@@ -49,14 +49,24 @@ def secrets_of(settings: Settings, environ: Mapping[str, str] | None = None) -> 
     return tuple(sorted(kept, key=len, reverse=True))
 
 
-def _secrets() -> tuple[str, ...]:
-    global _known
-    settings = get_settings()
-    known = _known
-    if known is None or known[0] is not settings:
-        with _known_lock:
-            _known = known = (settings, secrets_of(settings))
-    return known[1]
+class _Secrets:
+    """The secrets of the settings ``source`` gives, worked out again when they change
+    (``app.use``)."""
+
+    def __init__(self, source: SettingsSource | None) -> None:
+        self.source = source
+        self._known: tuple[Settings, tuple[str, ...]] | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self) -> tuple[str, ...]:
+        if self.source is None:
+            return ()
+        settings = self.source()
+        known = self._known
+        if known is None or known[0] is not settings:
+            with self._lock:
+                self._known = known = (settings, secrets_of(settings))
+        return known[1]
 
 
 def mask_proxy(proxy: str) -> str:
@@ -81,10 +91,10 @@ def mask_params(params: Mapping[str, Any]) -> dict[str, Any]:
     return shown
 
 
-def redact_text(text: str) -> str:
-    """Remove every key and secret (:func:`secrets_of`), proxy passwords and cookie values;
-    shorten tokens."""
-    for secret in _secrets():
+def redact_text(text: str, secrets: tuple[str, ...] = ()) -> str:
+    """Remove ``secrets`` (:func:`secrets_of`), every ``key=`` value, proxy passwords and
+    cookie values; shorten tokens."""
+    for secret in secrets:
         if secret in text:
             text = text.replace(secret, "***")
     # Each pattern needs a marker character or word; most log lines have none of them.
@@ -104,21 +114,30 @@ def _short_token(match: re.Match[str]) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter that redacts every record's final message."""
+    """A logging filter that redacts every record's final message: the secrets of the
+    settings ``settings`` returns (an app's ``settings``, read at each record; none: only
+    what every line loses, ``key=`` values, proxy passwords, cookies, whole tokens)."""
+
+    def __init__(self, settings: SettingsSource | None = None) -> None:
+        super().__init__()
+        self._secrets = _Secrets(settings)
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        clean = redact_text(message)
+        secrets = self._secrets()
+        clean = redact_text(message, secrets)
         if clean != message:
             record.msg, record.args = clean, None
         if record.exc_info and record.exc_info[1] is not None:
-            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+            trace = logging.Formatter().formatException(record.exc_info)
+            record.exc_text = redact_text(trace, secrets)
         return True
 
 
-def install(logger: logging.Logger | None = None) -> None:
-    """Add the filter to every handler of ``logger`` (default: the root logger)."""
+def install(logger: logging.Logger | None = None, settings: SettingsSource | None = None) -> None:
+    """Add the filter, removing the secrets of ``settings()`` (an app's ``settings``), to
+    every handler of ``logger`` (default: the root logger)."""
     target = logger or logging.getLogger()
     for handler in target.handlers:
         if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(RedactingFilter())
+            handler.addFilter(RedactingFilter(settings))

@@ -54,7 +54,7 @@ def test_log_lines_lose_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
             "in.php?key=x backup-key-2222 refused; tenant shop-gateway-key-3333; primary-key-1111"
         )
         record = logging.LogRecord("t", logging.WARNING, __file__, 1, line, None, None)
-        assert RedactingFilter().filter(record)
+        assert RedactingFilter(lambda: Settings.from_env(SECRET_ENV)).filter(record)
         assert record.getMessage() == "in.php?key=*** *** refused; tenant ***; ***"
         assert redact_text("nothing secret here") == "nothing secret here"
     finally:
