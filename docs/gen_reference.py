@@ -1,5 +1,7 @@
 """The reference pages, written from the code at every ``mkdocs build`` (mkdocs-gen-files),
-so they cannot drift from it: settings from ``captcha_tasks.settings.documented()``, error
+so they cannot drift from it: settings from the fields of ``captcha_tasks.settings.Settings``
+and its concerns (``documented()``: each field's environment variable, default, type and
+meaning are in its metadata), error
 codes from ``captcha_tasks.errors``, the JSON Schemas from ``captcha_tasks.schemas`` and the
 public import paths from ``captcha_tasks.public``, where they are listed (and pinned by
 tests/core/test_public_api.py)."""
@@ -13,7 +15,7 @@ import mkdocs_gen_files
 
 import captcha_tasks
 from captcha_tasks import errors, public, schemas
-from captcha_tasks.settings import documented
+from captcha_tasks.settings import SettingDoc, concerns, documented
 
 
 def markdown(text: str) -> str:
@@ -35,18 +37,35 @@ def shown(default: Any) -> str:
     return f"`{default}`"
 
 
+def _row(doc: SettingDoc) -> str:
+    # Python-Markdown's tables split no cell at a "|" inside backticks (`str | None`).
+    python = f"`settings.{doc.path}`: `{doc.type}`"
+    return f"| `{doc.variable}` | {shown(doc.default)} | {markdown(doc.meaning)} | {python} |"
+
+
+def _concern(cls: type) -> str:
+    about = markdown(" ".join((cls.__doc__ or "").split()))  # names its attribute
+    return f"- `captcha_tasks.settings.{cls.__name__}`: {about}"
+
+
 def settings_page() -> str:
-    rows = "\n".join(
-        f"| `{s.variable}` | {shown(s.default)} | {markdown(s.meaning)} |" for s in documented()
-    )
+    # One table under the page's title, no heading per concern: the search finds a
+    # variable's row on this page first (a section per concern ranked other pages above).
+    rows = "\n".join(_row(doc) for doc in documented())
+    kinds = "\n".join(_concern(cls) for _, cls in concerns())
     return f"""# Settings reference
 
 Every environment variable captcha-tasks reads, with its default and meaning, generated from
-`captcha_tasks.settings.Settings` when this site was built. How settings are read and checked:
-[Settings](../operations/settings.md).
+the fields of `captcha_tasks.settings.Settings` when this site was built. How settings are
+read and checked: [Settings](../operations/settings.md).
 
-| variable | default | meaning |
-|---|---|---|
+In Python the settings are one frozen object made of one frozen object per concern (the last
+column says where each setting is; `settings` is an app's, `app.settings()`):
+
+{kinds}
+
+| variable | default | meaning | in Python |
+|---|---|---|---|
 {rows}
 
 Flower reads its own `FLOWER_BASIC_AUTH` (`user:password[,user2:password2]`); captcha-tasks

@@ -60,6 +60,7 @@ __all__ = [
     "Settings",
     "SolvingSettings",
     "TenantSettings",
+    "concerns",
     "documented",
     "get_settings",
     "mask_url",
@@ -181,21 +182,26 @@ class SettingDoc:
     concern: str
 
 
+def concerns() -> list[tuple[str, type]]:
+    """Each concern of :class:`Settings` in its order: its attribute name and its class."""
+    return [(concern.name, _CONCERNS[concern.name]) for concern in fields(Settings)]
+
+
 def documented() -> list[SettingDoc]:
     """Every setting, concern by concern in the order of :class:`Settings`: its environment
     variable, attribute path, default, type and meaning, from its field's metadata.  The
     reference in the documentation is built from this, so it cannot drift."""
     docs = []
-    for concern in fields(Settings):
-        for f in fields(_CONCERNS[concern.name]):
+    for name, concern in concerns():
+        for f in fields(concern):
             docs.append(
                 SettingDoc(
                     variable=f.metadata[ENV],
-                    path=f"{concern.name}.{f.name}",
+                    path=f"{name}.{f.name}",
                     default=default_of(f),
                     type=str(f.type),
                     meaning=f.metadata[HELP],
-                    concern=concern.name,
+                    concern=name,
                 )
             )
     return docs

@@ -66,15 +66,19 @@ def test_the_site_names_every_environment_variable_the_settings_read(site: Path)
         assert var in index, f"{var} is not in the search index"
 
 
-def test_each_setting_shows_its_default_and_meaning(site: Path) -> None:
+def test_each_setting_shows_its_default_meaning_and_python_path(site: Path) -> None:
     html = page(site, "reference/settings")
     for doc in documented():
         assert doc.meaning, f"{doc.variable} has no meaning in its field comment"
         row = re.search(
-            rf"<td><code>{doc.variable}</code></td>\s*<td>(.*?)</td>\s*<td>(.*?)</td>", html, re.S
+            rf"<td><code>{doc.variable}</code></td>\s*<td>(.*?)</td>\s*<td>(.*?)</td>"
+            r"\s*<td>(.*?)</td>",
+            html,
+            re.S,
         )
         assert row is not None, doc.variable
         default, meaning = text_of(row.group(1)), text_of(row.group(2))
+        assert text_of(row.group(3)).startswith(f"settings.{doc.path}: "), doc.variable
         assert meaning.split()[:3] == doc.meaning.replace("``", "").split()[:3], doc.variable
         if isinstance(doc.default, int | float) and not isinstance(doc.default, bool):
             assert default == f"{doc.default:g}", (doc.variable, default)
