@@ -19,7 +19,7 @@ from captcha_tasks.settings import SettingDoc, concerns, documented
 
 
 def markdown(text: str) -> str:
-    """Docstrings and field comments use reStructuredText literals; the site, Markdown."""
+    """Docstrings and settings' meanings use reStructuredText literals; the site, Markdown."""
     return text.replace("``", "`")
 
 

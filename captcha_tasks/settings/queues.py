@@ -38,7 +38,7 @@ class CelerySettings:
     flower_no_auth: bool = setting(
         "CAPTCHAAI_FLOWER_NO_AUTH",
         """let ``celery flower`` start without authentication (only behind a proxy that
-        authenticates; see :mod:`captcha_tasks.worker.flower_auth`).""",
+        authenticates; see ``captcha_tasks.worker.flower_auth``).""",
         False,
         parse=flag,
     )

@@ -69,7 +69,7 @@ def test_the_site_names_every_environment_variable_the_settings_read(site: Path)
 def test_each_setting_shows_its_default_meaning_and_python_path(site: Path) -> None:
     html = page(site, "reference/settings")
     for doc in documented():
-        assert doc.meaning, f"{doc.variable} has no meaning in its field comment"
+        assert doc.meaning, f"{doc.variable} has no meaning in its field's metadata"
         row = re.search(
             rf"<td><code>{doc.variable}</code></td>\s*<td>(.*?)</td>\s*<td>(.*?)</td>"
             r"\s*<td>(.*?)</td>",

@@ -77,7 +77,7 @@ def test_a_handshake_headers_and_a_body_that_never_finish(serve: Any, tmp_path: 
 def test_connections_per_address_are_capped_and_the_allowlist_holds(serve: Any) -> None:
     server = serve(
         Limits(max_per_address=3, header_timeout=30),
-        gateway_allow=(ip_network("127.0.0.0/30"),),
+        gateway={"allow": (ip_network("127.0.0.0/30"),)},
     )
     held = [connect(server.port, "127.0.0.2") for _ in range(3)]
     wait_until(lambda: server.stats()["by_address"].get("127.0.0.2") == 3, 5, what="three held")

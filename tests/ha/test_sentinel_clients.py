@@ -21,7 +21,7 @@ from celery.backends.redis import RedisBackend
 from conftest import EVENTS, happen  # tests/ha/conftest.py
 
 from captcha_tasks.errors import RetryableError, StoreUnavailable
-from captcha_tasks.settings import Settings
+from captcha_tasks.settings import RedisSettings, Settings
 from captcha_tasks.state import connections
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.keys import Keys
@@ -195,9 +195,9 @@ def test_every_client_speaks_tls_to_the_sentinels_when_asked(tls: bool) -> None:
     sentinel = FirstBytes()
     try:
         settings = Settings(
-            redis_url=f"sentinel://127.0.0.1:{sentinel.port}",
-            redis_sentinel_master="m",
-            redis_sentinel_tls=tls,
+            redis=RedisSettings(
+                url=f"sentinel://127.0.0.1:{sentinel.port}", sentinel_master="m", sentinel_tls=tls
+            )
         )
         for name, reach in clients_of(settings).items():
             sentinel.seen.clear()

@@ -281,8 +281,8 @@ def test_x_forwarded_for_is_read_only_from_trusted_proxies(
     proxy, direct = "127.0.0.50", "127.0.0.51"
     server = serve(
         Limits(max_per_address=2, header_timeout=30),
-        pingback_trusted_proxies=(ip_network(f"{proxy}/32"),),
-        pingback_allow=(ip_network("203.0.113.0/24"), ip_network(f"{direct}/32")),
+        trusted_proxies=(ip_network(f"{proxy}/32"),),
+        allow=(ip_network("203.0.113.0/24"), ip_network(f"{direct}/32")),
     )
     port = server.port
     path = "/captcha/pingback/not-a-ticket"
