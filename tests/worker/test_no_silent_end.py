@@ -19,7 +19,7 @@ import pytest
 from followups import record, recorded
 
 from captcha_tasks import errors, solve
-from captcha_tasks.stream import stream
+from captcha_tasks.batch import stream
 from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
