@@ -60,6 +60,24 @@ def test_only_the_boundary_imports_celery_internals() -> None:
     assert {"celery.worker.request", "celery.app.task", "kombu.transport"} <= inside
 
 
+#: Attributes of Celery's internals the boundary uses: never outside it.
+INTERNAL_USES = re.compile(
+    r"\.amqp\b|event_dispatcher|_request_dict|\bContext\(|mark_as_(done|failure|revoked)"
+    r"|get_key_for_task|encode_result|decode_result|get_task_meta|call_repeatedly"
+)
+
+
+def test_only_the_boundary_uses_celery_internals() -> None:
+    found = [
+        f"{path.relative_to(PACKAGE)}:{number}: {line.strip()}"
+        for path in _modules()
+        if BOUNDARY not in path.parents
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if INTERNAL_USES.search(line)
+    ]
+    assert found == []
+
+
 def test_every_internal_use_names_the_behaviour_it_depends_on() -> None:
     for path in sorted(BOUNDARY.glob("*.py")):
         if path.name == "__init__.py":

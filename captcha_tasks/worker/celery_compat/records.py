@@ -112,6 +112,14 @@ def _listed(value: Any) -> list[Any]:
     return [maybe_signature(v) for v in (value if isinstance(value, list | tuple) else [value])]
 
 
+def routed(app: Celery, sig: Signature) -> dict[str, Any]:
+    """Where ``app`` would send ``sig``'s task: its router's options (``queue`` a kombu
+    ``Queue``, ``exchange``, ``routing_key``)."""
+    # Celery: app.amqp.router.route is what send_task routes a task with (the app's
+    # task_routes, then its default queue).
+    return dict(app.amqp.router.route(dict(sig.options), sig.task, sig.args, sig.kwargs))
+
+
 def followup_of(carried: Mapping[str, Any] | None, request: Any) -> dict[str, Any] | None:
     """What runs after a solve, as its worker keeps it: what its message ``carried``
     (:func:`take_followups`), and where the solve stands in its canvas."""
