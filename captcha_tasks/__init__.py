@@ -12,19 +12,17 @@ The names below load on first use, all together (Celery and the tasks with them)
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 import typing
 
 if typing.TYPE_CHECKING:
     from . import errors
+    from .batch import stream
     from .core.answers import NOT_READY
     from .core.outcome import Failed, Solved, outcome_from_dict
     from .errors import CaptchaTasksError, ValidationError
     from .methods import METHODS, SolveRequest, build_request
     from .providers.inphp import CaptchaAIClient
     from .settings import Settings, get_settings
-    from .stream import stream
     from .worker.app import app
     from .worker.tasks import create_pool, poll, report, solve, submit, take_token
 
@@ -67,7 +65,7 @@ _SOURCES: dict[str, tuple[str, str | None]] = {
     "outcome_from_dict": (".core.outcome", "outcome_from_dict"),
     "Settings": (".settings", "Settings"),
     "get_settings": (".settings", "get_settings"),
-    "stream": (".stream", "stream"),
+    "stream": (".batch", "stream"),
     "app": (".worker.app", "app"),
     "create_pool": (".worker.tasks", "create_pool"),
     "poll": (".worker.tasks", "poll"),
@@ -108,7 +106,6 @@ def _load() -> None:
         for public, (module, attribute) in _SOURCES.items():
             loaded = importlib.import_module(module, __name__)
             found[public] = loaded if attribute is None else getattr(loaded, attribute)
-        # Last: importing the submodule `captcha_tasks.stream` bound its name to the module.
         globals().update(found)
     finally:
         _loading = False
@@ -116,15 +113,3 @@ def _load() -> None:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value: typing.Any) -> None:
-        # Importing the submodule `captcha_tasks.stream` binds its name here; the public
-        # name `stream` is that module's function, whichever was imported first.
-        if name == "stream" and isinstance(value, types.ModuleType):
-            value = value.stream
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

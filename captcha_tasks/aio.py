@@ -21,7 +21,7 @@ How it waits, with no thread per call and no loop that polls Redis:
   type are those of ``solve.delay(...).get()``.
 * :func:`stream` reads its batch's Redis stream with ``XREAD BLOCK``: it is the asyncio
   driver of :class:`captcha_tasks.core.batching.Batch`, whose other driver is the blocking
-  :func:`captcha_tasks.stream.stream`, so both have the same semantics, Redis outages
+  :func:`captcha_tasks.batch.stream`, so both have the same semantics, Redis outages
   and what a master change lost included (its looks for traceless tasks, re-sends and
   reconnect reports are sync calls, made on the publisher thread).
 
@@ -62,6 +62,14 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import errors
+from .batch import (
+    abandon_failed,
+    abandoned,
+    new_batch,
+    publish,
+    report_reconnects,
+    send_task,
+)
 from .core.batching import Abandon, Batch, Done, Emit, Fail, Look, Pull, Read, Resend, Send, Wait
 from .settings import Settings
 from .state import State, connections
@@ -70,16 +78,8 @@ from .state.connections import FAILOVERS, UNREACHABLE
 from .state.db import Db
 from .state.keys import Keys
 from .state.lua import text
-from .stream import (
-    abandon_failed,
-    abandoned,
-    new_batch,
-    publish,
-    report_reconnects,
-    send_task,
-)
 from .worker.app import app
-from .worker.backend import outage_wait
+from .worker.celery_compat.backend import outage_wait
 from .worker.results import Results
 from .worker.runtime import Runtime
 from .worker.tasks import report as report_task
@@ -143,7 +143,7 @@ def stream(
     tenant: str | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """Solve ``tasks`` and yield each outcome dict, with its input ``index``, in completion
-    order: :func:`captcha_tasks.stream.stream` for ``async for``.
+    order: :func:`captcha_tasks.batch.stream` for ``async for``.
 
     ``tasks`` may be an iterable or an async iterable of ``solve`` keyword arguments;
     ``lane`` and ``tenant`` are the defaults of the tasks that name none, as in ``stream()``.

@@ -74,7 +74,6 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import click
 import redis
-from kombu.transport.redis import PRIORITY_STEPS, Channel
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.metrics_core import (
@@ -94,6 +93,7 @@ from .settings import Settings, get_settings
 from .state import State
 from .state.gateway import LATENCY_BUCKETS
 from .state.limiter import WAIT_BUCKETS_S, LaneUse
+from .worker.celery_compat.transport import priority_lists
 
 log = logging.getLogger(__name__)
 
@@ -548,9 +548,9 @@ class StoreCollector(Collector):
             labels=["queue", "priority"],
         )
         lists = [
-            (queue, step, queue if not step else f"{queue}{Channel.sep}{step}")
+            (queue, step, key)
             for queue in self.settings.celery.queues
-            for step in PRIORITY_STEPS
+            for step, key in priority_lists(queue)
         ]
         pipe = self.state.db.pipeline()
         for _, _, key in lists:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 #: Import paths below the top level that the documentation uses, with what each is for.
 DOCUMENTED: dict[str, str] = {
-    "captcha_tasks.stream.stream": "a batch, in completion order (also `captcha_tasks.stream`)",
+    "captcha_tasks.batch.stream": "a batch, in completion order (also `captcha_tasks.stream`)",
     "captcha_tasks.aio.solve": "await a solve from an asyncio event loop",
     "captcha_tasks.aio.stream": "async for over a batch, in completion order",
     "captcha_tasks.aio.aclose": "close this event loop's Redis connections early",
@@ -41,7 +41,8 @@ DOCUMENTED: dict[str, str] = {
 
 #: Import paths of 0.1.0 that 0.2.0 removed, with what to use instead (the value): the
 #: deprecated re-exports, ``captcha_tasks.dev`` (its sandbox is ``captcha_tasks.testing``),
-#: and the modules folded into packages.
+#: the modules folded into packages, and the module ``captcha_tasks.stream`` (now
+#: ``captcha_tasks.batch``: ``captcha_tasks.stream`` is the function alone).
 REMOVED: dict[str, str] = {
     "captcha_tasks.sessions": "captcha_tasks.toolkit.sessions",
     "captcha_tasks.state.sessions": "captcha_tasks.toolkit.sessions",
@@ -57,6 +58,7 @@ REMOVED: dict[str, str] = {
     "captcha_tasks.connections": "captcha_tasks.state.connections",
     "captcha_tasks.keys": "captcha_tasks.state.keys",
     "captcha_tasks.redact": "captcha_tasks.worker.redact",
+    "captcha_tasks.stream.stream": "captcha_tasks.batch.stream",
 }
 
 

@@ -11,9 +11,9 @@ from typing import Any
 import click
 from tqdm import tqdm
 
+from ..batch import stream
 from ..core.lanes import LANES, check_tenant
 from ..errors import ValidationError
-from ..stream import stream
 from ..worker.app import app
 from ..worker.tasks import solve
 from .batch_io import ResultWriter, check_input, solved_indexes, tasks

@@ -1,9 +1,9 @@
 """The batch reader's decisions, without I/O: one state machine for :func:`~captcha_tasks.
-stream.stream` and :func:`~captcha_tasks.aio.stream`.
+batch.stream` and :func:`~captcha_tasks.aio.stream`.
 
 In the manner of h11, a :class:`Batch` is told what happened and answers what to do next
 as a value; a driver does the I/O and reports back.  The two drivers (redis-py in
-:mod:`captcha_tasks.stream`, ``redis.asyncio`` in :mod:`captcha_tasks.aio`) are each one
+:mod:`captcha_tasks.batch`, ``redis.asyncio`` in :mod:`captcha_tasks.aio`) are each one
 loop over :meth:`Batch.next_action`, so they cannot drift apart.
 
 The conversation::

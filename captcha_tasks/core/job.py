@@ -67,6 +67,9 @@ class Job:
     tenant: str | None = None
     #: When its caller asked for it (Unix time, the caller's clock), if known.
     asked: float | None = None
+    #: The tasks the caller linked to the solve (their ids, fixed when it was asked), as its
+    #: result record lists them: opaque here, JSON-compatible.
+    children: tuple[Any, ...] = ()
 
     @classmethod
     def new(
@@ -82,6 +85,7 @@ class Job:
         lane: str | None = None,
         tenant: str | None = None,
         asked: float | None = None,
+        children: tuple[Any, ...] = (),
     ) -> Job:
         return cls(
             solve_id,
@@ -94,6 +98,7 @@ class Job:
             lane=lane,
             tenant=tenant,
             asked=asked,
+            children=children,
         )
 
     @classmethod
@@ -206,6 +211,8 @@ class Job:
             value = getattr(self, name)
             if value is not None:
                 data[name] = value
+        if self.children:
+            data["children"] = list(self.children)
         return data
 
     def to_json(self) -> str:
@@ -234,6 +241,7 @@ class Job:
             lane=data.get("lane"),
             tenant=data.get("tenant"),
             asked=data.get("asked"),
+            children=tuple(data.get("children") or ()),
         )
 
     @classmethod

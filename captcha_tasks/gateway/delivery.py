@@ -45,7 +45,7 @@ from ..core import callback_urls
 from ..core.callback_urls import Target
 from ..worker import names
 from ..worker.app import app
-from ..worker.tasks import OutageTask
+from ..worker.celery_compat.messages import OutageTask
 from .inphp import text_of
 from .jsonapi import task_result
 from .service import JSON_FACE, Answer, Gateway

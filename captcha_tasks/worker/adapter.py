@@ -95,12 +95,20 @@ class Runner:
         batch: BatchRef | None,
         expired: bool,
         route: tuple[Any, Any] = (None, None),
+        followup: dict[str, Any] | None = None,
     ) -> None:
         """A solve message Celery discarded before it ran (revoked, or past its
         ``expires``): the solve ends revoked (its batch line, the message no longer
-        awaited; counted in the ``route``'s lane and tenant)."""
+        awaited; counted in the ``route``'s lane and tenant), and what its caller chained
+        to it hears so (``followup``: a chord counts it as a part)."""
+        if followup:
+            self._keep(solve_id, followup)
         job = Job.unusable(solve_id, method, time.time(), batch, *route)
         self.completer.complete(job, Fail(errors.Revoked("expired" if expired else "revoked")))
+
+    def _keep(self, solve_id: str, followup: dict[str, Any]) -> None:
+        # Until the solve ends (the completion takes it in its atomic step).
+        self.state.followups.keep(solve_id, dumps(followup), self.state.board.config.record_ttl_s)
 
     # -- solve -------------------------------------------------------------------------
     def solve(
@@ -133,8 +141,7 @@ class Runner:
     ) -> None:
         solve_id = message.id
         if followup:
-            ttl = self.state.board.config.record_ttl_s
-            self.state.followups.keep(solve_id, dumps(followup), ttl)
+            self._keep(solve_id, followup)
         stashed = kwargs.pop("_secrets", None) or []
         secrets = self.stash.stashed(solve_id, stashed)
         now = time.time()
@@ -156,6 +163,7 @@ class Runner:
             lane=route.lane,
             tenant=route.tenant,
             asked=route.asked,
+            children=tuple(followup.get("children") or ()) if followup else (),
         )
         faults.point("solve")
         if self._from_pool(job, request, now):

@@ -19,7 +19,6 @@ import warnings
 from typing import Any
 
 from celery import Celery
-from celery.app.control import Control as CeleryControl
 from celery.exceptions import CPendingDeprecationWarning
 from celery.signals import (
     after_setup_logger,
@@ -40,18 +39,6 @@ from .housekeeping import Housekeeping, KeepTicking
 from .runtime import Runtime
 
 
-class Control(CeleryControl):
-    """Celery's remote control, and one thing more: a revoked solve is remembered in Redis,
-    so that no worker submits it, whether or not it heard the broadcast (a parked solve's
-    message ran long ago; a worker started after the revoke never hears it)."""
-
-    def revoke(self, task_id: Any, *args: Any, **kwargs: Any) -> Any:
-        ids = [task_id] if isinstance(task_id, str) else [str(i) for i in task_id]
-        if isinstance(self.app, App):
-            self.app.runtime().state.records.revoke(ids)
-        return super().revoke(task_id, *args, **kwargs)
-
-
 def _configure(sender: Any = None, **_: Any) -> None:
     # The app is first configured while the `celery` command parses the sub-command's
     # options: the earliest moment to stop `celery -A captcha_tasks worker|beat|...`.
@@ -62,7 +49,8 @@ def _configure(sender: Any = None, **_: Any) -> None:
 class App(Celery):
     """captcha-tasks' Celery app: it builds its process's runtime once, when first needed."""
 
-    control_cls = "captcha_tasks.worker.app:Control"
+    #: Its ``AsyncResult.revoke()`` is remembered in Redis too (:meth:`remember_revoked`).
+    control_cls = "captcha_tasks.worker.celery_compat.messages:Control"
 
     def __init__(self, *args: Any, settings: Settings | None = None, **kwargs: Any) -> None:
         """A Celery app of captcha-tasks, working with ``settings`` (None: the
@@ -106,6 +94,12 @@ class App(Celery):
         if self.configured:
             self.conf.update(deployment_config(settings))
         return runtime
+
+    def remember_revoked(self, task_ids: list[str]) -> None:
+        """Remember revoked solves in Redis, so that no worker submits them, whether or not
+        it heard the broadcast (a parked solve's message ran long ago; a worker started
+        after the revoke never hears it): called by the app's ``control.revoke``."""
+        self.runtime().state.records.revoke(task_ids)
 
     def settings(self) -> Settings:
         """This app's settings: those :meth:`use` gave, else the environment's."""

@@ -11,8 +11,8 @@ So the caller's process routes each follow-up when the solve is applied
 belongs to (its ``task_routes``, its default queue), and freezes the queue, exchange and
 routing key into the signature's options, where every later sender keeps them.  A
 follow-up the caller routed itself (``.set(queue=...)``) and the package's own tasks are
-left as they are.  Only public Celery API is used: ``Signature.app``,
-``app.amqp.router.route`` and ``Signature.set``.
+left as they are.  Public Celery API is used (``Signature.app``, ``Signature.set``), and
+the app's router through the Celery boundary (:func:`.celery_compat.records.routed`).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from typing import Any
 
 from celery import Celery
 from celery.canvas import Signature, maybe_signature
+
+from .celery_compat.records import routed
 
 #: Options that say where a task goes: a signature with one of them is routed already.
 ROUTED_BY = ("queue", "exchange", "routing_key")
@@ -71,14 +73,14 @@ def _freeze_route(sig: Signature, ours: Celery) -> None:
     owner = sig.app  # the app the task was declared on (else the caller's current app)
     if owner is ours or sig.task.startswith(OUR_TASKS):
         return  # ours: our workers route it with the deployment's settings
-    routed = owner.amqp.router.route(dict(sig.options), sig.task, sig.args, sig.kwargs)
-    queue = routed.get("queue")
+    found = routed(owner, sig)
+    queue = found.get("queue")
     if queue is None:
         return
-    exchange = routed.get("exchange") or queue.exchange
+    exchange = found.get("exchange") or queue.exchange
     exchange_name = getattr(exchange, "name", exchange)
     sig.set(
         queue=queue.name,
         exchange=exchange_name or "",
-        routing_key=routed.get("routing_key") or queue.routing_key or queue.name,
+        routing_key=found.get("routing_key") or queue.routing_key or queue.name,
     )

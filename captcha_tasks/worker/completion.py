@@ -33,7 +33,8 @@ from ..settings import Settings
 from ..state import State
 from ..state.board import Completion, Finished
 from . import names
-from .results import Results, run_followup
+from .celery_compat.records import run_followup
+from .results import Results
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,12 @@ class Completer:
         method = job.request.method
         solve_time, source, code = None, None, None
         value: Any
+        children: list[Any] = []
         if isinstance(ending, Deliver):
             outcome = ending.outcome.to_dict()
             state, value = states.SUCCESS, outcome
             solve_time, source = ending.solve_time_s, item.source
+            children = list(job.children)  # as Celery lists them: after a success only
         else:
             outcome = Failed.from_exception(
                 ending.error, method, self._elapsed(job), job.provider
@@ -103,7 +106,7 @@ class Completer:
         key = record = revoked = None
         if not job.pool:  # a refill's outcome goes to its pool, not to a caller
             key = self.results.key(job.solve_id)
-            record = self.results.record(job.solve_id, state, value)
+            record = self.results.record(job.solve_id, state, value, children)
             revoked = self.results.record(job.solve_id, states.REVOKED, _REVOKED)
         batch = job.batch
         return Completion(

@@ -36,6 +36,7 @@ from ..state.limiter import Drift
 from ..state.pools import PoolSpec
 from . import names
 from .adapter import Runner
+from .celery_compat.messages import TIMER_STEP, keep_repeating
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +242,7 @@ def _finished(api: Any, at_provider: dict[str, Job]) -> set[str]:
 class Housekeeping(bootsteps.StartStopStep):
     """Runs :func:`tick` on the worker's timer (threads, prefork and gevent pools alike)."""
 
-    requires = {"celery.worker.components:Timer"}
+    requires = {TIMER_STEP}
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
@@ -262,12 +263,7 @@ class Housekeeping(bootsteps.StartStopStep):
         put there), which would end housekeeping for good (see :class:`KeepTicking`)."""
         if self.worker is None or self.runner is None:
             return
-        timer = self.worker.timer
-        if self.tref is not None:
-            if any(scheduled.entry is self.tref for scheduled in timer.queue):
-                return
-            self.tref.cancel()
-        self.tref = timer.call_repeatedly(TICK_S, _safe_tick, (self.runner,), priority=10)
+        self.tref = keep_repeating(self.worker, self.tref, TICK_S, _safe_tick, (self.runner,))
 
     def stop(self, worker: Any) -> None:
         if self.tref is not None:

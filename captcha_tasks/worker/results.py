@@ -1,23 +1,24 @@
-"""The Celery contract of a solve, in one module: how its outcome reaches Celery's result
-backend, how it is read back, and what runs after it.
+"""The Celery contract of a solve: how its outcome reaches Celery's result backend, how it
+is read back, and what runs after it (the backend's formats and Celery's follow-up
+machinery are :mod:`.celery_compat.records`'s).
 
 * **The record.**  A solve's outcome is stored under ``solve``'s task id, in the Redis
   result backend's own key, encoding and channel (:meth:`Results.record`), by the one
   completion script: ``AsyncResult.get()``, ``GroupResult``, chords and Flower read it as if
-  Celery had written it.  While the solve is in flight the same key says where it is, in
-  Celery's custom states (:data:`PARKED`, :data:`SUBMITTED` with its captcha id), so
-  ``AsyncResult.state`` and ``.info`` say more than ``PENDING``.
+  Celery had written it, ``AsyncResult.children`` lists the tasks linked to it.  While the
+  solve is in flight the same key says where it is, in Celery's custom states
+  (:data:`PARKED`, :data:`SUBMITTED` with its captcha id), so ``AsyncResult.state`` and
+  ``.info`` say more than ``PENDING``.
 * **The readers.**  :meth:`Results.read` decodes a record as ``get()`` does (the asyncio API
   and the Kafka bridge use it); only a ready state (``SUCCESS``, ``FAILURE``, ``REVOKED``)
   ends a wait.
-* **What runs after.**  ``solve`` returns long before its outcome exists, so Celery's own
-  handling of a task's callbacks, chain and chord part (at the task's return) would hand
-  them ``None``.  The solve reads them off its request instead (:func:`followup_of`), keeps
-  them in Redis for the completion (its message ends handed over: ``tasks.hand_over``), which runs
-  them with the outcome
-  (:func:`run_followup`): ``link`` and the next task of a ``chain`` receive the outcome
-  dict, ``link_error`` and a failed chain get the typed error, a chord counts the solve as
-  one of its parts.
+* **What runs after.**  ``solve`` returns long before its outcome exists, so what the caller
+  chained to it travels in its message's arguments, not where Celery's tracer would run
+  it (``solve.apply_async``: :func:`~.celery_compat.records.take_followups`).  The solve
+  keeps it in Redis for the completion, which runs it with the outcome
+  (:func:`~.celery_compat.records.run_followup`): ``link`` and the next task of a
+  ``chain`` receive the outcome dict, ``link_error`` and a failed chain get the typed
+  error, a chord counts the solve as one of its parts.
 """
 
 from __future__ import annotations
@@ -25,16 +26,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
-from celery import Celery, group, signature, states
-from celery.app.task import Context
+from celery import Celery, states
 from celery.exceptions import TaskRevokedError
 
 from .. import errors
 from ..core.outcome import Failed
-from ..state.lua import text
+from .celery_compat import records
 
 #: Custom in-flight states: waiting for a thread; at the provider (``info["captcha_id"]``).
 PARKED = "PARKED"
@@ -42,8 +41,6 @@ SUBMITTED = "SUBMITTED"
 #: The states that end a wait (Celery's ready states).
 READY = states.READY_STATES
 DEFAULT_TTL_S = 86400
-#: The parts of a task request that say what runs after it.
-FOLLOWUP_FIELDS = ("callbacks", "errbacks", "chain", "chord", "group", "group_index")
 
 
 @dataclass(frozen=True)
@@ -92,32 +89,15 @@ class Results:
 
     def key(self, task_id: str) -> str:
         """The backend's key (and pub/sub channel) of ``task_id``'s result."""
-        return text(self.backend.get_key_for_task(task_id))
+        return records.key(self.backend, task_id)
 
     def record(
-        self,
-        task_id: str,
-        state: str,
-        value: Any,
-        followup: Mapping[str, Any] | None = None,
+        self, task_id: str, state: str, value: Any, children: list[Any] | None = None
     ) -> str:
         """The encoded record of ``task_id`` in ``state`` with ``value`` (an outcome dict,
         an exception, or in-flight information), as the backend's ``store_result`` writes
-        it."""
-        ready = state in READY
-        meta: dict[str, Any] = {
-            "status": state,
-            "result": self.backend.encode_result(value, state),
-            "traceback": None,
-            "children": [],
-            "date_done": datetime.now(UTC).isoformat() if ready else None,
-            "task_id": task_id,
-        }
-        if followup and followup.get("group"):
-            meta["group_id"] = followup["group"]
-        if followup and followup.get("parent_id"):
-            meta["parent_id"] = followup["parent_id"]
-        return text(self.backend.encode(meta))
+        it; ``children``: the tasks linked to it, as ``AsyncResult.children`` lists them."""
+        return records.encode(self.backend, task_id, state, value, children)
 
     def ending(self, error: BaseException) -> tuple[str, BaseException]:
         """The state and stored exception of a solve that ended with ``error``: a revoked
@@ -127,59 +107,12 @@ class Results:
         return states.FAILURE, error
 
     def read(self, record: str | bytes) -> Read:
-        meta = self.backend.decode_result(record)
-        return Read(str(meta["status"]), meta.get("result"))
+        return Read(*records.decode(self.backend, record))
 
     def stored(self, task_id: str) -> Read:
         """What ``task_id``'s record says now (``PENDING`` when there is none)."""
-        meta = self.backend.get_task_meta(task_id)
-        return Read(str(meta["status"]), meta.get("result"))
-
-
-# -- what runs after a solve ------------------------------------------------------------------
-
-
-def followup_of(request: Any) -> dict[str, Any] | None:
-    """What Celery would run after ``request``'s task (its callbacks, chain, chord part);
-    None when there is nothing."""
-    found = {name: getattr(request, name, None) for name in FOLLOWUP_FIELDS}
-    if not any(found.get(name) for name in ("callbacks", "errbacks", "chain", "chord", "group")):
-        return None
-    found.update(root_id=getattr(request, "root_id", None))
-    found.update(parent_id=getattr(request, "parent_id", None))
-    return {k: v for k, v in found.items() if v is not None}
+        return Read(*records.stored(self.backend, task_id))
 
 
 def dumps(followup: Mapping[str, Any]) -> str:
     return json.dumps(followup, separators=(",", ":"))
-
-
-def run_followup(
-    app: Celery, task_id: str, followup: Mapping[str, Any], state: str, value: Any
-) -> None:
-    """Run what follows ``task_id``'s end in ``state`` with ``value`` (the outcome dict, or
-    the exception stored), as Celery's tracer and backend do at a task's end."""
-    request = Context(id=task_id, delivery_info={}, **followup)
-    backend = app.backend
-    if state == states.SUCCESS:
-        backend.mark_as_done(task_id, value, request=request, store_result=False)
-        _dispatch(app, task_id, followup, value)
-    elif state == states.REVOKED:
-        backend.mark_as_revoked(task_id, str(value), request=request, store_result=False)
-    else:
-        # Stores the solve's record again (the same content) so that a failed chain's
-        # later tasks are marked failed too, then runs the errbacks.
-        backend.mark_as_failure(task_id, value, request=request, call_errbacks=True)
-
-
-def _dispatch(app: Celery, task_id: str, followup: Mapping[str, Any], value: Any) -> None:
-    """The callbacks (``link``) and the next task of a chain, with the outcome."""
-    options = {"parent_id": task_id, "root_id": followup.get("root_id") or task_id}
-    callbacks = followup.get("callbacks") or []
-    if len(callbacks) == 1:
-        signature(callbacks[0], app=app).apply_async((value,), **options)
-    elif callbacks:
-        group([signature(c, app=app) for c in callbacks], app=app).apply_async((value,), **options)
-    chain = followup.get("chain") or []
-    if chain:
-        signature(chain[-1], app=app).apply_async((value,), chain=chain[:-1], **options)

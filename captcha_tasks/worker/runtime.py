@@ -21,6 +21,7 @@ from ..providers.jsonapi import api_for
 from ..settings import Settings
 from ..state import State
 from .adapter import Runner
+from .celery_compat.messages import send_task_event
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -90,10 +91,7 @@ class Runtime:
     def event(self, type_: str, task_id: str, **fields: Any) -> None:
         """Send a task event, when a monitor (Flower) turned this worker's events on; a
         process that is no worker (the receiver, an app) sends none."""
-        consumer = getattr(self.worker, "consumer", None)
-        dispatcher = getattr(consumer, "event_dispatcher", None)
-        if dispatcher is not None and dispatcher.enabled:
-            dispatcher.send(type_, uuid=task_id, **fields)
+        send_task_event(self.worker, type_, task_id, **fields)
 
     def resource(self, name: str, build: Callable[[], T]) -> T:
         """An object an upper layer keeps for as long as this runtime lives (the asyncio

@@ -13,9 +13,10 @@
 * The outcome is stored on ``solve``'s task id by the completion path
   (:mod:`.completion`, in Celery's own record: :mod:`.results`), never by Celery's own
   result handling at the task's return: ``solve`` hands its message's end over (no
-  result stored, no success event: :func:`hand_over`), after taking what the caller
-  chained to it (``link``, ``link_error``, a chain, a chord) for the completion to run
-  with the outcome.
+  result stored, no success event: :mod:`.celery_compat.messages`).  What the caller
+  chained to it (``link``, ``link_error``, a chain, a chord) travels in the message's
+  arguments, out of Celery's sight (:mod:`.celery_compat.records`), for the completion to
+  run with the outcome.
 * ``AsyncResult.revoke()`` and ``expires`` are honoured up to the moment of submission; a
   revoked solve already at the provider ends revoked, its answer discarded.
 """
@@ -31,9 +32,7 @@ from datetime import datetime
 from typing import Any
 
 from celery import Task
-from celery.exceptions import Reject
 from celery.signals import task_revoked
-from celery.worker.request import Request
 
 from .. import errors
 from ..core.job import BatchRef, Job
@@ -46,9 +45,10 @@ from .adapter import Runner
 from .app import App, app
 from .callsite import normalize_solve_args, stash_secrets
 from .canvas import route_followups
+from .celery_compat.messages import OutageTask, hand_over
+from .celery_compat.records import followup_of, take_followups
 from .edges import OUTAGES, Message
 from .redact import mask_params
-from .results import followup_of
 
 log = logging.getLogger(__name__)
 
@@ -88,46 +88,11 @@ def new_app(main: str, settings: Settings, **options: Any) -> App:
     return other
 
 
-#: What a solve message returns (the worker's log line says so): the outcome comes later.
-HANDED_OVER = "handed over: the outcome is stored when the solve ends"
-
-
-class SolveRequest(Request):
-    """A solve message's end is not the solve's end: the completion announces that
-    (``task-succeeded``, ``task-failed`` or ``task-revoked``, :mod:`.completion`).  The
-    worker's own success event at the message's end would show Flower a solve that has
-    only begun as succeeded, so it is not sent; every other event is."""
-
-    def send_event(self, type: str, **fields: Any) -> None:
-        if type != "task-succeeded":
-            super().send_event(type, **fields)
-
-
-class OutageTask(Task):
-    """A task that waits out a Redis outage by retrying (``autoretry_for=OUTAGES``), and
-    never loses its message doing so.
-
-    Celery's ``Task.retry`` publishes the retry first and, when that fails, rejects the
-    message without requeueing it (``Reject(requeue=False)``): during an outage of the
-    Redis that is also the broker, a solve past its admission would be gone.  Here the
-    message is rejected *with* requeue instead: put back at once if the broker answers
-    again, else left unacknowledged in the broker, which hands it out again after the
-    visibility timeout (the same message: its admission knows it)."""
-
-    def retry(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().retry(*args, **kwargs)
-        except Reject as exc:
-            if exc.requeue:
-                raise
-            raise Reject(exc.reason, requeue=True) from exc
-
-
 class SolveTask(OutageTask):
     """``solve`` validates its arguments at the call site, before anything is queued."""
 
     resultrepr_maxsize = RESULT_REPR_MAX
-    Request = "captcha_tasks.worker.tasks:SolveRequest"
+    Request = "captcha_tasks.worker.celery_compat.messages:HandedOverRequest"
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         kwargs = dict(kwargs or {})
@@ -136,6 +101,7 @@ class SolveTask(OutageTask):
         # besides the request is kept as it was.
         asked = kwargs.pop("_asked", None)
         stashed = kwargs.pop("_secrets", None)
+        carried = kwargs.pop("_followup", None)
         runtime = self.app.runtime()
         kwargs = normalize_solve_args(args or (), kwargs, runtime.settings)
         kwargs.setdefault("lane", default_lane(batch=batch is not None))
@@ -154,6 +120,10 @@ class SolveTask(OutageTask):
         # What follows the solve is sent by a captcha worker: routed now, by the caller's app
         # (before Redis notes the message: a router that raises leaves nothing owed).
         route_followups(options, self.app)
+        # ... and carried in the message's arguments, where Celery's tracer does not run it.
+        followup = take_followups(options) or carried
+        if followup:
+            kwargs["_followup"] = followup
         runtime.state.pools.ensure_declared()  # this process's CAPTCHAAI_POOLS, before it solves
         # Until a worker starts it, the message is remembered in Redis: one lost between
         # the broker and a worker is sent again (captcha_tasks.worker.housekeeping).
@@ -178,20 +148,11 @@ def solve(
 ) -> str:
     """Solve one captcha; its outcome dict (see :mod:`captcha_tasks.core.outcome`) is stored
     on this task's id when the solve ends (the message itself ends handed over)."""
-    kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
     request = self.request
-    runner(self).solve(_message(self), kwargs, followup_of(request), _expires(request.expires))
+    followup = followup_of(params.pop("_followup", None), request)
+    kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
+    runner(self).solve(_message(self), kwargs, followup, _expires(request.expires))
     return hand_over(request)
-
-
-def hand_over(request: Any) -> str:
-    """End a solve message without ending the solve: Celery must neither store a result
-    now nor run what was chained to the solve; the completion does both, with the outcome
-    (the job holds the chained work since :func:`followup_of`).  Celery's ``Ignore`` did
-    the same at a third of the worker's CPU: it formats two tracebacks per message."""
-    request.ignore_result = True
-    request.callbacks = request.errbacks = request.chain = request.chord = None
-    return HANDED_OVER
 
 
 def _expires(value: Any) -> float | None:
@@ -213,7 +174,8 @@ def _revoked(sender: Any = None, request: Any = None, expired: bool = False, **_
     kwargs = dict(getattr(request, "kwargs", None) or {})
     batch = BatchRef.from_dict(kwargs.get("_batch"))
     route = (kwargs.get("lane"), kwargs.get("tenant"))
-    runner(sender).revoked(str(request.id), kwargs.get("method"), batch, expired, route)
+    followup = followup_of(kwargs.get("_followup"), request)
+    runner(sender).revoked(str(request.id), kwargs.get("method"), batch, expired, route, followup)
 
 
 @_ours(

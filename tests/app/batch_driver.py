@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from captcha_tasks import aio
-from captcha_tasks.stream import stream
+from captcha_tasks.batch import stream
 
 PAGE = "https://example.com/driver"
 

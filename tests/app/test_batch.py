@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from image_files import png_b64
 
+from captcha_tasks.batch import stream
 from captcha_tasks.core.outcome import parse_iso
-from captcha_tasks.stream import stream
 from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 

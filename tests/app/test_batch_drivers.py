@@ -32,11 +32,11 @@ import redis
 from contract import validate
 
 from captcha_tasks import aio, errors, solve
+from captcha_tasks.batch import stream
 from captcha_tasks.core.batching import MAX_BLOCK_S
 from captcha_tasks.core.outcome import parse_iso
 from captcha_tasks.settings import Settings
 from captcha_tasks.state.keys import Keys
-from captcha_tasks.stream import stream
 from captcha_tasks.testing.processes import CeleryProcess, RedisServer, free_port, wait_until
 from captcha_tasks.worker.app import app
 
@@ -351,7 +351,7 @@ def test_leaving_while_redis_is_down_says_so_in_one_line(
         server.start()
     assert rest == []
     assert len(log) == 1, log  # one line, no traceback
-    assert log[0].startswith("WARNING captcha_tasks.stream: could not cancel batch "), log
+    assert log[0].startswith("WARNING captcha_tasks.batch: could not cancel batch "), log
     assert "ERROR_REDIS_UNAVAILABLE" in log[0] and "REDIS_URL=redis://:***@" in log[0]
 
 

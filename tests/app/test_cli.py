@@ -233,7 +233,7 @@ def test_an_app_calling_solve_registers_its_pools(
 # -- the command itself: lazy sub-commands, --help and --version ----------------------------
 
 HEAVY = ("celery", "captcha_tasks.testing", "captcha_tasks.kafka", "captcha_tasks.metrics",
-         "captcha_tasks.worker", "captcha_tasks.stream", "requests")  # fmt: skip
+         "captcha_tasks.worker", "captcha_tasks.batch", "requests")  # fmt: skip
 IMPORTED_BY_HELP = """
 import sys
 from captcha_tasks.cli import main

@@ -15,8 +15,8 @@ from image_files import png_b64
 from jsonschema import Draft202012Validator
 
 from captcha_tasks import errors, schemas, solve
+from captcha_tasks.batch import stream
 from captcha_tasks.methods import METHODS, build_request
-from captcha_tasks.stream import stream
 from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from captcha_tasks import aio
+from captcha_tasks.batch import stream
 from captcha_tasks.core.batching import TRACE_EVERY_S
-from captcha_tasks.stream import stream
 from captcha_tasks.testing.processes import queue_names, wait_until
 
 pytestmark = pytest.mark.e2e

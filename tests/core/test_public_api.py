@@ -47,7 +47,7 @@ EXPORTED = {
 
 #: Import paths from deeper modules that the documentation tells users to use.
 DOCUMENTED = {
-    "captcha_tasks.stream.stream",
+    "captcha_tasks.batch.stream",
     "captcha_tasks.aio.solve",
     "captcha_tasks.aio.stream",
     "captcha_tasks.aio.aclose",
@@ -86,6 +86,7 @@ REMOVED = {
     "captcha_tasks.connections": "captcha_tasks.state.connections",
     "captcha_tasks.keys": "captcha_tasks.state.keys",
     "captcha_tasks.redact": "captcha_tasks.worker.redact",
+    "captcha_tasks.stream.stream": "captcha_tasks.batch.stream",
 }
 
 
@@ -130,7 +131,20 @@ def test_documented_import_paths() -> None:
     for path in DOCUMENTED:
         module, _, name = path.rpartition(".")
         assert hasattr(importlib.import_module(module), name), path
-    assert captcha_tasks.stream is importlib.import_module("captcha_tasks.stream").stream
+    assert captcha_tasks.stream is importlib.import_module("captcha_tasks.batch").stream
+
+
+@pytest.mark.unit
+def test_stream_is_the_function_alone() -> None:
+    """One name, one meaning: the batch module is ``captcha_tasks.batch``, and the package is
+    a plain module (no class swapped in to reconcile a module with a function)."""
+    import captcha_tasks.batch
+
+    assert captcha_tasks.stream is captcha_tasks.batch.stream
+    assert inspect.isfunction(captcha_tasks.stream)
+    assert type(captcha_tasks) is types.ModuleType
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("captcha_tasks.stream")
 
 
 def _resolve(path: str) -> object:

@@ -1,7 +1,8 @@
-"""The result backend whose ``get()`` waits out a Redis outage (``captcha_tasks.worker.
-backend``): its pure parts (the back-off, what counts as an outage, the URL that selects
-it), and on the suite's Redis that what the caller's own callbacks raise is never taken
-for an outage.  The outages themselves: ``tests/worker/test_get_outage.py``."""
+"""The result backend whose ``get()`` waits out a Redis outage
+(``captcha_tasks.worker.celery_compat.backend``): its pure parts (the back-off, what counts
+as an outage, the URL that selects it), and on the suite's Redis that what the caller's own
+callbacks raise is never taken for an outage.  The outages themselves:
+``tests/worker/test_get_outage.py``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 import redis
 from celery.exceptions import TimeoutError as CeleryTimeout
 
-from captcha_tasks.worker import backend
 from captcha_tasks.worker.broker import REDIS_BACKEND, SENTINEL_BACKEND, backend_url
+from captcha_tasks.worker.celery_compat import backend
 
 
 @pytest.mark.unit

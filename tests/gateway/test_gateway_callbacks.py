@@ -126,8 +126,11 @@ def test_a_callback_host_off_the_list_is_refused_and_nothing_is_submitted(
     ).json()
     assert taken["status"] == 1, taken
     [message] = _messages(redis_url, env)
-    embed = json.loads(base64.b64decode(message["body"]))[2]
-    for linked in (embed["callbacks"], embed["errbacks"]):
+    _, kwargs, embed = json.loads(base64.b64decode(message["body"]))
+    # carried in the solve's arguments for the completion, not where Celery would run it
+    assert (embed["callbacks"], embed["errbacks"]) == (None, None)
+    followup = kwargs["_followup"]
+    for linked in (followup["callbacks"], followup["errbacks"]):
         assert [(s["task"], s["args"], s["immutable"]) for s in linked] == [
             (names.GATEWAY_CALLBACK, [taken["request"]], True)
         ]

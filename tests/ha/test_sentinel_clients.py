@@ -27,8 +27,8 @@ from captcha_tasks.state.db import Db
 from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.lua import Library
 from captcha_tasks.testing.processes import RedisServer, redis_client, wait_until
-from captcha_tasks.worker import broker
 from captcha_tasks.worker.app import app
+from captcha_tasks.worker.celery_compat import transport as broker
 from harness.sentinel_cluster import SentinelCluster
 
 pytestmark = pytest.mark.system

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from celery import chain, chord, group, states
-from celery.exceptions import TaskRevokedError
+from celery.exceptions import ChordError, TaskRevokedError
 from celery.result import AsyncResult
 from followups import record, record_error, recorded
 
@@ -112,6 +112,37 @@ def test_chain_link_and_link_error_get_the_outcome(
         broken.apply_async().get(timeout=30)
 
 
+def test_linked_tasks_run_once_and_are_the_solves_children_as_in_plain_celery(
+    sandbox: Any, workers: Any, redis_conn: Any
+) -> None:
+    workers()
+    # Plain Celery: a task with link= lists the linked task as its child.
+    plain = record.apply_async(({"plain": True}, "plain"), link=record.s("plain-child"))
+    [plain_child] = _children(plain)
+    assert plain_child.get(timeout=10) == plain.get(timeout=10)
+
+    linked = solve.apply_async(kwargs=task("children"), link=record.s("solve-child"))
+    outcome = linked.get(timeout=30)
+    [child] = _children(linked)
+    assert type(child) is type(plain_child) and child.parent == plain_child.parent is None
+    assert child.get(timeout=10) == outcome
+    # the linked task ran once, with the outcome (never with the solve message's return)
+    assert recorded(redis_conn, "solve-child") == [outcome]
+    assert AsyncResult(linked.id, app=app).children == [child]
+
+    # a chain's next task is the solve's child too, as in a plain chain
+    chained = chain(solve.s(**task("chained")), record.s("chain-child")).apply_async()
+    assert chained.get(timeout=30)["status"] == "solved"
+    assert _children(chained.parent) == [chained]
+    assert len(recorded(redis_conn, "chain-child")) == 1
+
+
+def _children(result: AsyncResult) -> list[Any]:
+    """``result``'s children, once its record is stored (its own get() waits for that)."""
+    result.get(timeout=30)
+    return list(AsyncResult(result.id, app=app).children or [])
+
+
 def test_a_chord_of_parked_pooled_and_resubmitted_solves(
     sandbox: Any, workers: Any, redis_conn: Any
 ) -> None:
@@ -210,9 +241,18 @@ def test_a_solve_message_that_expired_before_it_ran_ends(
     sandbox: Any, workers: Any, redis_conn: Any
 ) -> None:
     workers()
-    late = solve.apply_async(kwargs=task("late"), expires=datetime.now(UTC) - timedelta(seconds=1))
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    late = solve.apply_async(kwargs=task("late"), expires=past)
     with pytest.raises(TaskRevokedError):
         late.get(timeout=30)
     requested = app.runtime().state.keys.requested()
     wait_until(lambda: redis_conn.zscore(requested, late.id) is None, 10, what="not awaited")
     assert sandbox.stats()["submits"] == 0
+
+    # a chord counts such a part: the chord ends, its body failed as after any revoked
+    # part (the caller's get() raises the part's own error)
+    parts = [solve.s(**task("late-part")).set(expires=past), solve.s(**task("on-time"))]
+    body = chord(parts)(record.s("late-chord"))
+    wait_until(lambda: body.state == states.FAILURE, 30, what="the chord's body failed")
+    assert isinstance(body.result, ChordError)
+    assert recorded(redis_conn, "late-chord") == []

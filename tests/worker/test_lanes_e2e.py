@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from captcha_tasks import aio, errors, solve
-from captcha_tasks.stream import stream
+from captcha_tasks.batch import stream
 from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 

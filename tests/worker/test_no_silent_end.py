@@ -19,7 +19,7 @@ import pytest
 from followups import record, recorded
 
 from captcha_tasks import errors, solve
-from captcha_tasks.stream import stream
+from captcha_tasks.batch import stream
 from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
@@ -75,17 +75,27 @@ def test_an_outage_inside_a_step_is_waited_out(sandbox: Any, start_worker: Any, 
     wait_until(lambda: no_lease(result.id), 5, what="its thread freed")
 
 
-def test_a_solve_retried_after_an_outage_keeps_its_proxy_tenant_and_lane(
-    sandbox: Any, start_worker: Any
+def test_a_solve_retried_after_an_outage_keeps_its_proxy_tenant_lane_and_link(
+    sandbox: Any, start_worker: Any, redis_conn: Any
 ) -> None:
     """The retry of the first step is the same message again: what it carries besides the
-    request (its stashed proxy's name, its route) is sent on as it was."""
-    start_worker({**FAST, "CAPTCHAAI_FAULTS": "redis@solve*1"}, name="outage-proxied")
-    proxied = {**task("outage-proxied"), "proxy": "user:secret@proxy.test:3128"}
-    result = solve.delay(**proxied, lane="bulk")
-    assert result.get(timeout=30)["status"] == "solved"
+    request (its stashed proxy's name, its route, what is linked to it) is sent on as it
+    was."""
+    import os
+
+    start_worker(
+        {**FAST, "CAPTCHAAI_FAULTS": "redis@solve*1", "PYTHONPATH": os.path.dirname(__file__)},
+        extra_args=("--include", "followups"),
+        name="outage-proxied",
+    )
+    proxied = {**task("outage-proxied"), "proxy": "user:secret@proxy.test:3128", "lane": "bulk"}
+    result = solve.apply_async(kwargs=proxied, link=record.s("retried"))
+    outcome = result.get(timeout=30)
+    assert outcome["status"] == "solved"
     counted = app.runtime().state.stats.lane_outcomes()
     assert counted.get(("solved", "bulk", "default")) == 1
+    [child] = result.children
+    assert child.get(timeout=10) == outcome and recorded(redis_conn, "retried") == [outcome]
 
 
 def test_what_a_failure_after_the_completion_left_undone_is_done_again(

@@ -12,7 +12,8 @@ from celery.exceptions import Reject
 
 from captcha_tasks.errors import StoreUnavailable
 from captcha_tasks.testing.processes import free_port
-from captcha_tasks.worker.tasks import OutageTask, solve, submit
+from captcha_tasks.worker.celery_compat.messages import OutageTask
+from captcha_tasks.worker.tasks import solve, submit
 
 # A real broker that is down: nothing listens on the port (a socket, so the redis tier).
 pytestmark = pytest.mark.redis

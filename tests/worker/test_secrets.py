@@ -13,7 +13,7 @@ import pytest
 from test_flower import PASSWORD, USER, FlowerProcess, _flower_env, _prime_events
 
 from captcha_tasks import solve
-from captcha_tasks.stream import stream
+from captcha_tasks.batch import stream
 from captcha_tasks.testing.processes import CeleryProcess, RedisServer, wait_until
 from captcha_tasks.worker.app import app
 

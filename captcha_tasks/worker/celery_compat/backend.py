@@ -24,6 +24,13 @@ Redis drops just then, ``get()`` subscribes again.
 
 Selected by ``result_backend`` (Celery's ``<class>+<url>`` form: see
 :func:`captcha_tasks.worker.broker.backend_url`); the Sentinel backend is built on it too.
+
+Celery internals this module depends on (each marked ``Celery:`` where it is used): the
+Redis backend's ``ResultConsumer`` and its ``_reconnect`` / ``_reconnect_pubsub`` (its
+reconnect after a connection error, which subscribes again and reads each pending
+record), the async backend's ``_wait_for_pending`` generator (the wait ``get()`` drains),
+``on_task_call`` and ``add_pending_result`` (the subscription made when a task is sent or
+awaited) and ``_ensure_not_eager``.
 """
 
 from __future__ import annotations
@@ -38,9 +45,9 @@ from typing import Any
 import redis
 from celery.backends import redis as celery_redis
 
-from ..errors import StoreUnavailable
-from ..settings import mask_url
-from ..state.connections import UNREACHABLE
+from ...errors import StoreUnavailable
+from ...settings import mask_url
+from ...state.connections import UNREACHABLE
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +104,8 @@ class ResultConsumer(celery_redis.ResultConsumer):
     retry policy, bounds the wait)."""
 
     def _reconnect(self) -> None:
+        # Celery: the consumer's reconnect after a connection error; inside our wait, one
+        # try (_reconnect_pubsub: subscribe again, read each pending record), no retries.
         if getattr(getattr(self.backend, "waiting", None), "now", False):
             self._reconnect_pubsub()
         else:
@@ -121,6 +130,7 @@ class OutageSafe:
         super().__init__(*args, **kwargs)
 
     def on_task_call(self, producer: Any, task_id: str) -> None:
+        # Celery: called by send_task to subscribe to the result's channel at once.
         try:
             with self._inside():
                 super().on_task_call(producer, task_id)  # type: ignore[misc]
@@ -132,6 +142,7 @@ class OutageSafe:
     def add_pending_result(
         self, result: Any, weak: bool = False, start_drainer: bool = True
     ) -> Any:
+        # Celery: called by AsyncResult before a wait, to subscribe to its channel.
         try:
             with self._inside():
                 return super().add_pending_result(  # type: ignore[misc]
@@ -154,6 +165,8 @@ class OutageSafe:
         on_message: Any = None,
         **kwargs: Any,
     ) -> Any:
+        # Celery: the async backend's wait_for_pending, rewritten around its own
+        # _wait_for_pending generator (drained until the result is ready or time is up).
         self._ensure_not_eager()  # type: ignore[attr-defined]
         marked = {"on_interval": _marked(on_interval), "on_message": _marked(on_message)}
         try:
