@@ -30,6 +30,7 @@ __all__ = [
     "Dialect",
     "TaskTypes",
     "build_task",
+    "takes_callbacks",
 ]
 
 IdType = Literal["int", "str"]
@@ -92,6 +93,10 @@ class Dialect:
     report_bad_token: str | None = None
     report_bad_image: str | None = None
     report_good_token: str | None = None
+    #: The ``createTask`` field that asks for a callback: the provider POSTs the task's
+    #: ``getTaskResult`` JSON (with its ``taskId``) there when it is done (None: no
+    #: callbacks; its captchas are polled).
+    callback_field: str | None = "callbackUrl"
 
     def supports(self, method: str, proxied: bool = False) -> bool:
         """Whether it has a task type for ``method`` (with a proxy, when ``proxied``)."""
@@ -158,6 +163,14 @@ CAPMONSTER = Dialect(
 
 #: Every JSON dialect by its provider kind.
 DIALECTS: Mapping[str, Dialect] = {d.kind: d for d in (ANTICAPTCHA, CAPSOLVER, CAPMONSTER)}
+
+
+def takes_callbacks(kind: str) -> bool:
+    """Whether a provider of ``kind`` calls back when a captcha is done: every in.php kind
+    (``pingback``), and each JSON kind whose dialect has a :attr:`Dialect.callback_field`."""
+    dialect = DIALECTS.get(kind)
+    return dialect is None or dialect.callback_field is not None
+
 
 #: Our parameter -> the task field (for the parameters whose name differs).
 _TASK_FIELDS = {

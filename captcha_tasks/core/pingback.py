@@ -12,6 +12,10 @@ receiver
 (:mod:`captcha_tasks.receiver`) accepts a callback when the ticket's MAC is right *and* the
 callback's captcha id is the one that attempt has at the provider.
 
+The JSON family (Anti-Captcha, CapSolver, CapMonster Cloud) gets the same URL as its
+``callbackUrl`` and POSTs the task's ``getTaskResult`` JSON there, with its ``taskId``:
+:func:`read_json_callback` reads such a body (the captcha id is its ``taskId``).
+
 Pure functions, no I/O.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import re
 from dataclasses import dataclass
 
@@ -30,7 +35,20 @@ _SOLVE_ID = re.compile(r"[A-Za-z0-9_\-]{1,100}")
 _PROVIDER = re.compile(r"[A-Za-z0-9][A-Za-z0-9_\-]{0,31}")
 
 
-__all__ = ["BadMac", "BadTicket", "Ticket", "callback_url", "read_ticket", "ticket"]
+__all__ = [
+    "BadMac",
+    "BadTicket",
+    "JsonCallback",
+    "NotACallback",
+    "Ticket",
+    "callback_url",
+    "read_json_callback",
+    "read_ticket",
+    "ticket",
+]
+
+#: Characters of a JSON callback's ``taskId`` (an integer, or CapSolver's uuid).
+MAX_TASK_ID = 100
 
 
 @dataclass(frozen=True)
@@ -82,3 +100,38 @@ def read_ticket(secret: str, segment: str) -> Ticket:
     if not hmac.compare_digest(mac, _mac(secret, solve_id, int(attempt), provider)):
         raise BadMac("the callback's MAC is wrong")
     return Ticket(solve_id, int(attempt), provider)
+
+
+@dataclass(frozen=True)
+class JsonCallback:
+    """A JSON-family callback body: the captcha it names (its ``taskId``, as text) and the
+    body itself, re-encoded compactly (the ``getTaskResult`` reply its answer is read
+    from)."""
+
+    captcha_id: str
+    body: str
+
+
+@dataclass(frozen=True)
+class NotACallback:
+    """Why a body is no JSON-family callback: ``"not_json"`` (not a JSON object) or
+    ``"missing_field"`` (no usable ``taskId``)."""
+
+    reason: str
+
+
+def read_json_callback(body: bytes) -> JsonCallback | NotACallback:
+    """The callback a JSON provider POSTed (``body``: its bytes, already capped)."""
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return NotACallback("not_json")
+    if not isinstance(data, dict):
+        return NotACallback("not_json")
+    task_id = data.get("taskId")
+    if isinstance(task_id, bool) or not isinstance(task_id, int | str):
+        return NotACallback("missing_field")
+    captcha_id = str(task_id).strip()
+    if not captcha_id or len(captcha_id) > MAX_TASK_ID:
+        return NotACallback("missing_field")
+    return JsonCallback(captcha_id, json.dumps(data, separators=(",", ":")))

@@ -28,7 +28,14 @@ from ..core.answers import NOT_READY, Answer, NotReady
 from ..core.dialects import DIALECTS, Dialect, build_task
 from ..core.providers import ProviderSpec
 from ..methods import SolveRequest
-from .inphp import CaptchaAIClient, ProviderAPI, Timeout, pool_manager, retry_after
+from .inphp import (
+    CaptchaAIClient,
+    ProviderAPI,
+    Timeout,
+    callback_answer,
+    pool_manager,
+    retry_after,
+)
 
 #: The ``solution`` fields that hold a token or text, in the order they are looked for.
 _SOLUTION_FIELDS = ("gRecaptchaResponse", "token", "text")
@@ -123,6 +130,27 @@ def parse_task_reply(
     return Answer({k: v for k, v in solution.items() if k != "userAgent"}, agent, cost)
 
 
+def callback_reading(
+    kind: str, code: str, captcha_id: str
+) -> Answer | NotReady | errors.CaptchaTasksError:
+    """What a callback from a provider of ``kind`` says about ``captcha_id``, as a poll
+    reading: an in.php kind's ``code``, or a JSON kind's ``getTaskResult`` body (see
+    :func:`captcha_tasks.core.pingback.read_json_callback`)."""
+    dialect = DIALECTS.get(kind)
+    if dialect is None:
+        return callback_answer(code, captcha_id)
+    try:
+        data = json.loads(code)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        return errors.TransportError("a callback body that is not JSON", None, captcha_id)
+    value = parse_task_reply(dialect, data, captcha_id)
+    if isinstance(value, Exception) and not isinstance(value, errors.CaptchaTasksError):
+        return errors.TransportError(type(value).__name__, None, captcha_id)
+    return value
+
+
 class JSONClient:
     """A client for one key at one JSON provider, one pool of keep-alive connections."""
 
@@ -162,8 +190,8 @@ class JSONClient:
     def submit(self, request: SolveRequest, pingback: str | None = None) -> str:
         """``createTask``; returns the task id as text."""
         payload: dict[str, Any] = {"task": build_task(self.dialect, request)}
-        if pingback is not None:
-            payload["callbackUrl"] = pingback
+        if pingback is not None and self.dialect.callback_field is not None:
+            payload[self.dialect.callback_field] = pingback
         if self.soft_id is not None:
             payload[self.dialect.app_id_field] = self.soft_id
         data = self._call("createTask", payload)

@@ -6,6 +6,12 @@ A callback is hostile input until proven otherwise.  It counts only when
 * its ``id`` is the captcha that ticket's attempt has at the provider (on the board);
 * it is the first word on that captcha: the completion script claims a solve once.
 
+A callback names its captcha as its provider's kind does: an in.php kind's ``id`` and
+``code`` fields (CaptchaAI's GET, 2captcha's form POST), or the JSON family's POST of the
+task's ``getTaskResult`` JSON, whose ``taskId`` is the captcha (Anti-Captcha, CapSolver,
+CapMonster Cloud: see :func:`~captcha_tasks.core.pingback.read_json_callback`).  Which one
+the receiver reads is the ticket's provider's kind, known once the MAC is checked.
+
 A callback whose captcha is not on the board yet (the provider called back before the
 worker registered it) is kept for a while, bounded, and applied when it is registered
 (``202 early``).  Every answer a callback brings, and every callback that comes after a
@@ -36,8 +42,9 @@ from urllib.parse import parse_qsl
 from .. import errors
 from ..core import pingback, steps
 from ..core.answers import NOT_READY
+from ..core.dialects import DIALECTS
 from ..core.job import Job
-from ..providers.inphp import callback_answer
+from ..providers.jsonapi import callback_reading
 from ..serving import addresses
 from ..serving.buckets import Buckets
 from ..worker.adapter import Runner
@@ -45,7 +52,8 @@ from ..worker.app import app as worker_app
 
 log = logging.getLogger(__name__)
 
-#: Bytes a callback body may have (``id`` and ``code``: a token is a few KiB at most).
+#: Bytes a callback body may have (``id`` and ``code``, or a JSON provider's
+#: ``getTaskResult`` body: a token is a few KiB at most).
 MAX_BODY = 16 * 1024
 #: Rejected callbacks an address may send in a burst, and per second after that.
 STRIKES_BURST = 30
@@ -64,6 +72,7 @@ REJECTIONS = {
     "bad_path": 404,
     "bad_mac": 403,
     "missing_field": 400,
+    "not_json": 400,
     "bad_code": 400,
     "unknown_id": 404,
     "mismatch": 403,
@@ -156,23 +165,27 @@ class Receiver:
         fields: Mapping[str, str],
         address: str,
         body_size: int = 0,
+        body: bytes = b"",
     ) -> Verdict:
         """Judge one HTTP request: ``segment`` is the last path segment (the ticket),
         ``fields`` the query and form fields merged, ``body_size`` its body's length,
-        ``address`` the client's (see :meth:`client_address`)."""
+        ``address`` the client's (see :meth:`client_address`); ``body`` its body as read
+        (a JSON provider's callback is read from it)."""
         if not self.allows(address):
             verdict = _reject("not_allowed")
         elif self.strikes.blocked(address):
             verdict = _reject("rate_limited")
         else:
-            verdict = self._judge(verb, segment, fields, body_size)
+            verdict = self._judge(verb, segment, fields, body_size, body)
             if verdict.refused and verdict.reason not in NOT_THEIR_FAULT:
                 self.strikes.strike(address)
         if verdict.refused:
             log.info("callback from %s refused: %s %s", address, verdict.status, verdict.reason)
         return self._count(verdict)
 
-    def _judge(self, verb: str, segment: str, fields: Mapping[str, str], body_size: int) -> Verdict:
+    def _judge(
+        self, verb: str, segment: str, fields: Mapping[str, str], body_size: int, body: bytes
+    ) -> Verdict:
         if verb not in ("GET", "POST"):
             return _reject("method_not_allowed")
         if body_size > MAX_BODY:
@@ -183,9 +196,12 @@ class Receiver:
             return _reject("bad_mac")
         except pingback.BadTicket:
             return _reject("bad_path")
-        captcha_id, code = fields.get("id", "").strip(), fields.get("code", "").strip()
-        if not captcha_id or not code:
-            return _reject("missing_field")
+        if ticket.provider is not None and ticket.provider not in self.state.providers:
+            return _reject("unknown_id")
+        said = self._callback(ticket, fields, body)
+        if isinstance(said, Verdict):
+            return said
+        captcha_id, code = said
         try:
             self.state.failovers.report("receiver")
             return self.handle(ticket, captcha_id, code)
@@ -193,10 +209,26 @@ class Receiver:
             log.warning("callback for captcha %s not taken: Redis is unavailable", captcha_id)
             return _reject("unavailable")
 
+    def _callback(
+        self, ticket: pingback.Ticket, fields: Mapping[str, str], body: bytes
+    ) -> tuple[str, str] | Verdict:
+        """The captcha id a callback names and what it says of it, as the ticket's
+        provider's kind sends them (or the refusal of a callback that does not)."""
+        if self.state.provider(ticket.provider).spec.kind in DIALECTS:
+            found = pingback.read_json_callback(body)
+            if isinstance(found, pingback.NotACallback):
+                return _reject(found.reason)
+            return found.captcha_id, found.body
+        captcha_id, code = fields.get("id", "").strip(), fields.get("code", "").strip()
+        if not captcha_id or not code:
+            return _reject("missing_field")
+        return captcha_id, code
+
     def handle(self, ticket: pingback.Ticket, captcha_id: str, code: str) -> Verdict:
         """End the captcha ``captcha_id`` of the ticket's attempt (at the ticket's
-        provider: ids are the provider's own) with ``code``, or keep the callback until that
-        captcha is registered."""
+        provider: ids are the provider's own) with ``code`` (as its kind sends it: see
+        :func:`~captcha_tasks.providers.jsonapi.callback_reading`), or keep the callback
+        until that captcha is registered."""
         if ticket.provider is not None and ticket.provider not in self.state.providers:
             return _reject("unknown_id")
         at = self.state.provider(ticket.provider)
@@ -218,7 +250,8 @@ class Receiver:
     def _early(self, ticket: pingback.Ticket, captcha_id: str, code: str) -> Verdict:
         """A callback for a captcha not on the board: maybe its worker has not registered it
         yet.  Kept (its code must end a captcha) until it does, or a while."""
-        answer = callback_answer(code, captcha_id)
+        kind = self.state.provider(ticket.provider).spec.kind
+        answer = callback_reading(kind, code, captcha_id)
         if answer is NOT_READY or isinstance(answer, errors.RetryableError):
             return _reject("bad_code")
         board = self.state.provider(ticket.provider).board

@@ -45,6 +45,7 @@ class PingbackSite:
             request_fields(request.query, request.body),
             request.address,
             request.body_size,
+            request.body,
         )
         return _text(verdict)
 

@@ -5,6 +5,8 @@ in a ticket is a callback, so the app works mounted under any prefix::
 
     GET  /<prefix>/<ticket>?id=<captcha id>&code=<answer>     (CaptchaAI)
     POST /<prefix>/<ticket>   id=<captcha id>&code=<answer>   (2captcha, form fields)
+    POST /<prefix>/<ticket>   {"taskId": ..., "status": "ready", "solution": {...}}
+                                                  (the JSON family: getTaskResult JSON)
 
 ``GET /health`` answers ``ok`` (for health checks; never counted as a callback).
 """
@@ -53,4 +55,5 @@ def judge(receiver: Receiver, environ: Mapping[str, Any]) -> Verdict:
         fields,
         address,
         size,
+        body,
     )

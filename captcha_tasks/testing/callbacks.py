@@ -3,7 +3,10 @@ ready, the way the providers do.
 
 * CaptchaAI: ``GET <url>?id=<captcha id>&code=<answer>``, no authentication;
 * 2captcha: ``POST <url>`` with the form fields ``id`` and ``code``, and only to an
-  address registered first with ``res.php?action=add_pingback``.
+  address registered first with ``res.php?action=add_pingback``;
+* the JSON family (Anti-Captcha, CapSolver, CapMonster Cloud): ``POST <callbackUrl>`` of
+  the task's ``getTaskResult`` JSON (verb ``"JSON"`` here), which the receiver must accept
+  within :data:`JSON_TIMEOUT_S`.
 
 Calls are made by a small thread pool at ``ready + delay``; a call that fails (receiver
 down, an error status) is not repeated, as with the providers, so the client must fall
@@ -24,6 +27,8 @@ import urllib3
 
 CALLERS = 8
 TIMEOUT_S = 5.0
+#: Seconds a receiver has to accept a JSON provider's callback (the providers' 2 s).
+JSON_TIMEOUT_S = 2.0
 
 
 @dataclass(order=True, frozen=True)
@@ -34,6 +39,7 @@ class Call:
     seq: int
     url: str = field(compare=False)
     captcha_id: str = field(compare=False)
+    #: The answer (in.php), or the JSON body (verb ``"JSON"``).
     code: str = field(compare=False)
     verb: str = field(compare=False)
 
@@ -79,7 +85,15 @@ class Caller:
     def _call(self, call: Call) -> None:
         fields = {"id": call.captcha_id, "code": call.code}
         try:
-            if call.verb == "POST":
+            if call.verb == "JSON":
+                resp = self._http.request(
+                    "POST",
+                    call.url,
+                    body=call.code.encode(),
+                    headers={"Content-Type": "application/json"},
+                    timeout=JSON_TIMEOUT_S,
+                )
+            elif call.verb == "POST":
                 resp = self._http.request(
                     "POST", call.url, fields=fields, encode_multipart=False, timeout=TIMEOUT_S
                 )

@@ -5,6 +5,8 @@ Each request is checked the way the provider checks it (a missing ``clientKey`` 
 a task type the dialect does not know: ``ERROR_TASK_NOT_SUPPORTED``; integer ids where the
 provider issues integers) and then answered by the sandbox's in.php logic, so threads,
 balance, unsolvable captchas, injected errors and outages behave as on the in.php face.
+A task created with a ``callbackUrl`` is called back as the providers do: a POST of its
+``getTaskResult`` JSON, with its ``taskId`` (:func:`callback_body`).
 """
 
 from __future__ import annotations
@@ -90,7 +92,8 @@ def json_call(state: _State, dialect: Dialect, endpoint: str, body: bytes) -> di
     if not isinstance(key, str) or not key:
         return _error("ERROR_KEY_DOES_NOT_EXIST")
     if endpoint == "createTask":
-        return _create(state, dialect, key, data.get("task"))
+        callback = data.get(dialect.callback_field) if dialect.callback_field else None
+        return _create(state, dialect, key, data.get("task"), callback)
     if endpoint == "getTaskResult":
         return _result(state, dialect, key, data.get("taskId"))
     if endpoint == "getBalance":
@@ -132,10 +135,14 @@ def _task_params(dialect: Dialect, task: Any) -> dict[str, str] | dict[str, Any]
     return params
 
 
-def _create(state: _State, dialect: Dialect, key: str, task: Any) -> dict[str, Any]:
+def _create(
+    state: _State, dialect: Dialect, key: str, task: Any, callback: Any = None
+) -> dict[str, Any]:
     params = _task_params(dialect, task)
     if "errorId" in params:
         return params
+    if isinstance(callback, str) and callback.strip():
+        params["pingback"] = callback.strip()  # called back as the provider does
     reply = _reply_data(state.in_php({**params, "key": key, "json": "1"}))
     if reply is None:
         return _error("ERROR_SERVER_ERROR")
@@ -189,14 +196,40 @@ def _result(state: _State, dialect: Dialect, key: str, task_id: Any) -> dict[str
 
 def _solution(state: _State, captcha_id: str, reply: Mapping[str, Any]) -> dict[str, Any]:
     answer = reply.get("result") or reply.get("request")
-    method = state.method_of(captcha_id) or ""
+    return _solution_of(state.method_of(captcha_id) or "", answer, reply.get("user_agent"))
+
+
+def _solution_of(method: str, answer: Any, agent: Any) -> dict[str, Any]:
     solution: dict[str, Any] = (
         dict(answer) if isinstance(answer, dict) else {_SOLUTION_FIELD.get(method, "token"): answer}
     )
-    agent = reply.get("user_agent")
     if isinstance(agent, str):
         solution["userAgent"] = agent
     return solution
+
+
+def callback_body(
+    dialect: Dialect,
+    captcha_id: str,
+    method: str,
+    answer: Any,
+    error: str | None,
+    agent: str | None = None,
+) -> str:
+    """What the provider POSTs to a task's ``callbackUrl`` when it is done: the task's
+    ``getTaskResult`` reply, with its ``taskId``."""
+    task_id: int | str = int(captcha_id) if dialect.id_type == "int" else _uuid_of(captcha_id)
+    if error is not None:
+        return json.dumps({**_error(error), "taskId": task_id})
+    body = {
+        "errorId": 0,
+        "taskId": task_id,
+        "status": "ready",
+        "solution": _solution_of(method, answer, agent),
+    }
+    if dialect.kind in COSTS:
+        body["cost"] = COSTS[dialect.kind]
+    return json.dumps(body)
 
 
 def _report(

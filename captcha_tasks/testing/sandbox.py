@@ -12,8 +12,9 @@ It is a real HTTP server, not a mock: tests, demos and benchmarks point a client
 * unsolvable captchas, proxy failures (a ``proxy`` containing ``bad-proxy``) and injected
   transient errors (HTTP 500, HTML pages, empty bodies, ``ERROR_SERVER_ERROR``);
 * bulk polling with ``res.php?action=get&ids=...`` (switchable);
-* callbacks to a captcha's ``pingback`` URL when its answer is ready: CaptchaAI's GET, or
-  2captcha's POST to registered addresses (``res.php?action=add_pingback``), with a delay
+* callbacks to a captcha's ``pingback`` URL when its answer is ready: CaptchaAI's GET,
+  2captcha's POST to registered addresses (``res.php?action=add_pingback``) or the JSON
+  family's POST of the task's JSON to its ``callbackUrl``, with a delay
   and a drop rate (see :mod:`.callbacks`);
 * a ``/siteverify`` endpoint that checks tokens the way a protected site would: single
   use, with a lifetime that starts when the captcha is solved;
@@ -63,7 +64,7 @@ from cheroot import wsgi
 
 from ..core.dialects import DIALECTS, Dialect
 from .callbacks import Caller
-from .jsonface import JSON_ENDPOINTS, json_call
+from .jsonface import JSON_ENDPOINTS, callback_body, json_call
 
 __all__ = [
     "DEFAULT_TOKEN_TTL",
@@ -689,6 +690,24 @@ class _Captcha:
     in_result: bool = False
 
 
+def _callback_of(captcha: _Captcha, dialect: Dialect | None, method: str) -> tuple[str, str]:
+    """What a captcha's callback carries, and how it is made: an in.php provider's
+    ``code`` (by ``method``), or the JSON family's POST of the task's JSON."""
+    if dialect is not None:
+        body = callback_body(
+            dialect,
+            captcha.captcha_id,
+            captcha.method,
+            captcha.answer,
+            captcha.error,
+            captcha.user_agent,
+        )
+        return body, "JSON"
+    answer = captcha.answer
+    code = captcha.error or (json.dumps(answer) if isinstance(answer, dict) else str(answer))
+    return code, method
+
+
 @dataclass(slots=True, eq=False)
 class _Token:
     method: str
@@ -966,19 +985,21 @@ class _State:
         if not url:
             return
         self._counts["pingbacks_scheduled"] += 1
-        if config.pingback_method == "POST" and not any(
-            url.startswith(addr) for addr in self._pingback_addrs
+        dialect = DIALECTS.get(config.kind)
+        if (
+            dialect is None
+            and config.pingback_method == "POST"
+            and not any(url.startswith(addr) for addr in self._pingback_addrs)
         ):
             self._counts["pingbacks_unregistered"] += 1
             return
         if self._drops.random() < config.pingback_drop_rate:
             self._counts["pingbacks_dropped"] += 1
             return
-        answer = captcha.answer
-        code = captcha.error or (json.dumps(answer) if isinstance(answer, dict) else str(answer))
+        code, verb = _callback_of(captcha, dialect, config.pingback_method)
         at = captcha.ready_at + config.pingback_delay
         captcha.asked = True  # the provider tells the client itself
-        self.caller.schedule(at, url, captcha.captcha_id, code, config.pingback_method)
+        self.caller.schedule(at, url, captcha.captcha_id, code, verb)
 
     def ready_times(self, ids: Sequence[str]) -> dict[str, float]:
         """When each captcha's answer was (or will be) ready, as Unix time."""

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from .. import errors
 from ..core import health
 from ..core.channel import CHANNEL_WEIGHT, DEGRADED, DOWN, UP, Channel, Heard, judge_channel
+from ..core.dialects import takes_callbacks
 from .edges import Edges
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,11 @@ class Health:
     # -- the callback channel ----------------------------------------------------------
     def channel(self, provider: str | None) -> str:
         """The state of ``provider``'s callback channel (``down`` when callbacks are off, or
-        Redis does not say: poll as without them).  A JSON provider's callbacks (a POST of
-        the task's JSON) are not taken yet: its channel is ``down``."""
+        Redis does not say: poll as without them, as for a provider that never calls
+        back)."""
         if self.edges.policy.pingback_fallback is None:
             return DOWN
-        if self.state.provider(provider).spec.protocol != "in.php":
+        if not takes_callbacks(self.state.provider(provider).spec.kind):
             return DOWN
         try:
             return self.state.provider(provider).channel.read().state

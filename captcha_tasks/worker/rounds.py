@@ -23,7 +23,7 @@ from ..core.channel import Heard
 from ..core.decisions import Decision, Deliver, Fail, PollAt, Resubmit
 from ..core.job import Job
 from ..core.rounds import Entry
-from ..providers.inphp import callback_answer
+from ..providers.jsonapi import callback_reading
 from .completion import Done
 from .edges import OUTAGES, Edges
 from .health import Health
@@ -260,8 +260,10 @@ class Rounds:
         """The provider called back with ``code`` for the captcha of ``entry`` (its job
         ``job``, at its provider): end it as a poll reading the same answer would.  None:
         the code ends nothing (changes nothing); False: something else ended the captcha
-        first."""
-        answer = callback_answer(code, entry.captcha_id)
+        first.  ``code`` is as the provider's kind sends it: an in.php ``code``, or the JSON
+        family's ``getTaskResult`` body."""
+        kind = self.state.provider(job.provider).spec.kind
+        answer = callback_reading(kind, code, entry.captcha_id)
         now = time.time()
         decision = steps.on_callback(job, answer, entry.polled_at, now, self.edges.policy)
         if decision is None:
@@ -272,6 +274,8 @@ class Rounds:
             done = self.edges.completer.complete(job, decision, source="pingback")
         if done:
             self.health.heard([steps.heard_by_callback(job)], job.provider)
+            if isinstance(decision, Deliver) and isinstance(answer, Answer):
+                self.edges.count_cost(job, answer)
         return done
 
 

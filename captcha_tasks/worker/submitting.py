@@ -18,6 +18,7 @@ from .. import errors, faults
 from ..core import pingback, steps
 from ..core.answers import Answer
 from ..core.decisions import Decision, Deliver, Fail, PollAt, Resubmit, Stop, Submit, SubmitAt
+from ..core.dialects import takes_callbacks
 from ..core.job import Job
 from ..core.rounds import Entry
 from ..methods import SolveRequest
@@ -201,8 +202,8 @@ class Submitter:
         if base is None or not steps.uses_pingback(job):
             return None
         at = self.state.provider(job.provider)
-        if at.spec.protocol != "in.php":
-            return None  # the receiver does not take the JSON family's callbacks yet
+        if not takes_callbacks(at.spec.kind):
+            return None
         named = None if at.spec.primary else at.name
         return pingback.callback_url(
             base, settings.pingback.secret, job.solve_id, job.attempt, named

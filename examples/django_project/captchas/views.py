@@ -51,15 +51,16 @@ def start_solve(request: HttpRequest) -> JsonResponse:
 @csrf_exempt
 def pingback(request: HttpRequest, ticket: str) -> HttpResponse:
     size = int(request.META.get("CONTENT_LENGTH") or 0)
-    fields = request.GET.dict()
+    fields, body = request.GET.dict(), b""
     if request.method == "POST" and size <= MAX_BODY:  # a larger body is refused unread
+        body = request.body  # a JSON provider's callback is its body (read before POST)
         fields.update(request.POST.dict())
     receiver = default_receiver()
     # behind a proxy in CAPTCHAAI_PINGBACK_TRUSTED_PROXIES: the client it names
     address = receiver.client_address(
         request.META.get("REMOTE_ADDR", ""), request.META.get("HTTP_X_FORWARDED_FOR")
     )
-    verdict = receiver.handle_request(request.method or "", ticket, fields, address, size)
+    verdict = receiver.handle_request(request.method or "", ticket, fields, address, size, body)
     return HttpResponse(verdict.reason, status=verdict.status, content_type="text/plain")
 
 

@@ -42,15 +42,16 @@ def start_solve() -> Reply:
 @bp.route("/captcha/pingback/<ticket>", methods=["GET", "POST"])
 def pingback(ticket: str) -> tuple[str, int]:
     size = request.content_length or 0
-    fields = request.args.to_dict()
+    fields, body = request.args.to_dict(), b""
     if size <= MAX_BODY:  # a larger body is refused unread
+        body = request.get_data()  # a JSON provider's callback is its body
         fields.update(request.form.to_dict())
     receiver = default_receiver()
     # behind a proxy in CAPTCHAAI_PINGBACK_TRUSTED_PROXIES: the client it names
     address = receiver.client_address(
         request.remote_addr or "", request.headers.get("X-Forwarded-For")
     )
-    verdict = receiver.handle_request(request.method, ticket, fields, address, size)
+    verdict = receiver.handle_request(request.method, ticket, fields, address, size, body)
     return verdict.reason, verdict.status
 
 
