@@ -67,7 +67,7 @@ def boxes(settings: Any) -> Iterator[dict[str, SandboxServer]]:
     started: dict[str, SandboxServer] = {}
     try:
         for kind in KINDS:
-            config = SandboxConfig(api_keys=(settings.api_key,), kind=kind, **SANDBOX)
+            config = SandboxConfig(api_keys=(settings.providers.api_key,), kind=kind, **SANDBOX)
             started[kind] = SandboxServer(config).start()
         yield started
     finally:
@@ -83,7 +83,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def box(boxes: dict[str, SandboxServer], kind: str, settings: Any) -> Iterator[Box]:
     """The dialect's sandbox, at the module's config with zeroed counters."""
-    found = Box(boxes[kind], settings.api_key)
+    found = Box(boxes[kind], settings.providers.api_key)
     found.configure(**SANDBOX)
     found.reset()
     yield found
@@ -93,7 +93,9 @@ def box(boxes: dict[str, SandboxServer], kind: str, settings: Any) -> Iterator[B
 @pytest.fixture
 def serve(settings: Any, kind: str, box: Box) -> Iterator[Callable[[], PingbackServer]]:
     """The receiver of a deployment whose primary is of ``kind``, served over HTTP."""
-    mine = settings.replace(pingback_secret=SECRET, provider_kind=kind, base_url=box.url)
+    mine = settings.replace(
+        pingback={"secret": SECRET}, providers={"kind": kind, "base_url": box.url}
+    )
     receiver = Receiver(Runtime(app, mine).runner)
     servers: list[PingbackServer] = []
 
