@@ -133,6 +133,9 @@ class Dialect:
     method_fields: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     proxy_encoding: ProxyEncoding = "fields"
     cookie_encoding: CookieEncoding = "string"
+    #: The only ``minScore`` values a v3 task may carry, when the provider has such a list
+    #: (a v3 task always carries one: the smallest at or above the caller's).
+    min_scores: tuple[float, ...] | None = None
 
     def types_for(self, method: str, variant: str = "") -> TaskTypes | None:
         return self.task_types.get(task_key(method, variant))
@@ -212,6 +215,8 @@ ANTICAPTCHA = Dialect(
         "base64": _IMAGE,
     },
     app_id_field="softId",
+    # its workers are grouped by score; minScore is required and picks the group
+    min_scores=(0.3, 0.7, 0.9),
     report_bad_token="reportIncorrectRecaptcha",
     report_bad_image="reportIncorrectImageCaptcha",
     report_good_token="reportCorrectRecaptcha",
@@ -309,6 +314,8 @@ def build_task(dialect: Dialect, request: SolveRequest) -> dict[str, Any]:
         task_field = dialect.fields(request.method).get(name)
         if task_field is not None:
             _put(task, task_field, _task_value(dialect, name, value))
+    if dialect.min_scores and variant.startswith("v3"):
+        task["minScore"] = _min_score(task.get("minScore"), dialect.min_scores)
     if isinstance(proxy, str) and proxy:
         proxytype = str(request.params.get("proxytype", "HTTP"))
         if dialect.proxy_encoding == "string":
@@ -316,6 +323,11 @@ def build_task(dialect: Dialect, request: SolveRequest) -> dict[str, Any]:
         else:
             task.update(proxy_fields(proxy, proxytype))
     return task
+
+
+def _min_score(asked: Any, allowed: tuple[float, ...]) -> float:
+    wanted = asked if isinstance(asked, float | int) else allowed[0]
+    return next((score for score in allowed if score >= wanted), allowed[-1])
 
 
 def _put(task: dict[str, Any], name: str, value: Any) -> None:

@@ -169,6 +169,14 @@ def test_v3_action_and_min_score_and_enterprise_flag() -> None:
         task = build_task(dialect, request)
         assert (task["pageAction"], task["minScore"]) == ("login", 0.7)
         assert "isInvisible" not in task
+    # Anti-Captcha's workers come in three score groups: minScore is one of them, always
+    for asked, sent in ((0.1, 0.3), (0.5, 0.7), (0.7, 0.7), (0.9, 0.9), (None, 0.3)):
+        params: dict[str, Any] = {"version": "v3"}
+        if asked is not None:
+            params["min_score"] = asked
+        v3 = build_request("userrecaptcha", "site-key-1", PAGE, **params)
+        assert build_task(ANTICAPTCHA, v3)["minScore"] == sent, asked
+    assert "minScore" not in build_task(CAPMONSTER, v3)
     enterprise = request_for("recaptcha v3 enterprise", False)
     assert build_task(ANTICAPTCHA, enterprise)["isEnterprise"] is True
     assert "isEnterprise" not in build_task(ANTICAPTCHA, request)
