@@ -142,12 +142,13 @@ def choose(
     explore_draw: float,
     policy: AcceptancePolicy,
     proxied: bool = False,
+    variant: str = "",
 ) -> Choice:
     """The provider for a submit of ``method`` (with a proxy when ``proxied``) at a site
     whose acceptance by provider is ``acceptance`` (decayed to now), among ``order``: the
     providers in rotation, in the configured order (see the module docstring).
     ``explore_draw`` is uniform in [0, 1)."""
-    taking = [p.name for p in order if p.supports(method, proxied)]
+    taking = [p.name for p in order if p.supports(method, proxied, variant)]
     if not taking:
         raise ValueError(f"no provider in the order takes {method!r}")
     first = taking[0]

@@ -131,13 +131,14 @@ class ProviderSpec:
         """``in.php`` (``in.php`` / ``res.php``) or ``json`` (``createTask`` ...)."""
         return "in.php" if self.kind in IN_PHP_KINDS else "json"
 
-    def supports(self, method: str, proxied: bool = False) -> bool:
-        """Whether it takes ``method`` (with a proxy, when ``proxied``): its ``methods``
-        list it (or are all), and its dialect has a task type for it (a JSON kind)."""
+    def supports(self, method: str, proxied: bool = False, variant: str = "") -> bool:
+        """Whether it takes ``method`` (with a proxy, when ``proxied``; in ``variant``, see
+        :func:`~captcha_tasks.core.dialects.variant_of`): its ``methods`` list it (or are
+        all), and its dialect has a task type for it (a JSON kind)."""
         if self.methods is not None and method not in self.methods:
             return False
         dialect = DIALECTS.get(self.kind)
-        return dialect is None or dialect.supports(method, proxied)
+        return dialect is None or dialect.supports(method, proxied, variant)
 
     def describe(self) -> dict[str, Any]:
         """What ``captcha-tasks providers`` and the docs show (no key)."""

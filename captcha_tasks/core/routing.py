@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from .. import errors
 from .acceptance import Acceptance, AcceptancePolicy, Reason, choose
 from .decisions import Fail, Policy, Resubmit, SubmitAt, timed_out
+from .dialects import describe, variant_of
 from .health import Circuit
 from .job import Job
 from .providers import ProviderSpec
@@ -97,24 +98,39 @@ def route(
     rotation: read the ``circuits`` afresh first unless they are ``fresh``; then wait for
     the first probe when one may come back (it stopped answering), or fail at once when
     every one is empty or refuses its key (``ERROR_ZERO_BALANCE``)."""
-    method = job.request.method
+    method, variant = job.request.method, variant_of(job.request)
     proxied = "proxy" in job.secrets or bool(job.request.params.get("proxy"))
-    taking = [p for p in providers if p.supports(method, proxied)]
+    taking = [p for p in providers if p.supports(method, proxied, variant)]
     if not taking:
-        return Fail(errors.ValidationError(f"no provider takes method {method!r}"))
+        return Fail(errors.ValidationError(_none_takes(providers, method, variant, proxied)))
     up = [p for p in taking if _up(circuits, p.name)]
     why: Reason
     homes = [p for p in up if p.role != "overflow"] or up
     if homes:
         home, why = homes[0].name, "order"
         if pick is not None:
-            chosen = choose(homes, method, pick.acceptance, pick.draw, pick.policy, proxied)
+            chosen = choose(
+                homes, method, pick.acceptance, pick.draw, pick.policy, proxied, variant
+            )
             home, why = chosen.provider, chosen.reason
         spill = tuple(p.name for p in up if p.role == "overflow" and p.name != home)
         return Destination(home, spill, why)
     if not fresh:
         return Reread()
     return _none_in_rotation(job, [circuits[p.name] for p in taking], now)
+
+
+def _none_takes(providers: Sequence[ProviderSpec], method: str, variant: str, proxied: bool) -> str:
+    """Why no provider takes a submit: each one's ``methods`` leave it out, or its kind
+    has no task type for it."""
+    why = [f"{p.name} ({_lacks(p, method)})" for p in providers]
+    return f"no provider takes {describe(method, variant, proxied)}: " + ", ".join(why)
+
+
+def _lacks(provider: ProviderSpec, method: str) -> str:
+    if provider.methods is not None and method not in provider.methods:
+        return "not in its methods"
+    return f"{provider.kind} has no task type for it"
 
 
 def _none_in_rotation(job: Job, down: list[Circuit], now: float) -> SubmitAt | Fail:

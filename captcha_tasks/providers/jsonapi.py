@@ -37,8 +37,16 @@ from .inphp import (
     retry_after,
 )
 
-#: The ``solution`` fields that hold a token or text, in the order they are looked for.
-_SOLUTION_FIELDS = ("gRecaptchaResponse", "token", "text")
+#: The ``solution`` fields that hold a token or text, in the order they are looked for
+#: (CapMonster's cf_clearance; CapSolver's is in ``cookies``, before its ``token``).
+_SOLUTION_FIELDS = ("gRecaptchaResponse", "cf_clearance", "cookies.cf_clearance", "token", "text")
+#: GeeTest v3's answer as the family names its fields -> as in.php names them: a caller
+#: reads one shape whichever provider solved the captcha.
+_GEETEST_NAMES = {
+    "challenge": "geetest_challenge",
+    "validate": "geetest_validate",
+    "seccode": "geetest_seccode",
+}
 
 
 def parse_body(status: int, body: str, endpoint: str) -> dict[str, Any]:
@@ -122,12 +130,21 @@ def parse_task_reply(
         return errors.TransportError("ready without a solution", None, task_id)
     agent = solution.get("userAgent")
     agent = agent if isinstance(agent, str) and agent else None
-    cost = _cost(data)
+    return Answer(_solution_value(solution), agent, _cost(data))
+
+
+def _solution_value(solution: dict[str, Any]) -> Any:
     for name in _SOLUTION_FIELDS:
-        value = solution.get(name)
+        outer, dot, inner = name.partition(".")
+        value = solution.get(outer)
+        if dot:
+            value = value.get(inner) if isinstance(value, dict) else None
         if isinstance(value, str) and value:
-            return Answer(value, agent, cost)
-    return Answer({k: v for k, v in solution.items() if k != "userAgent"}, agent, cost)
+            return value
+    rest = {k: v for k, v in solution.items() if k != "userAgent"}
+    if set(rest) == set(_GEETEST_NAMES):
+        return {_GEETEST_NAMES[k]: v for k, v in rest.items()}
+    return rest
 
 
 def callback_reading(

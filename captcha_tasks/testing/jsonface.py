@@ -44,16 +44,9 @@ _CODES = {
 COSTS = {"anticaptcha": "0.00095"}
 #: Where each method's answer goes in ``solution``.
 _SOLUTION_FIELD = {"userrecaptcha": "gRecaptchaResponse", "turnstile": "token", "base64": "text"}
-#: Task fields -> in.php parameters.
-_PARAMS = {
-    "websiteURL": "pageurl",
-    "userAgent": "userAgent",
-    "cookies": "cookies",
-    "pageAction": "action",
-    "minScore": "min_score",
-    "challenge": "challenge",
-    "body": "body",
-}
+#: The in.php field that receives a task's ``websiteKey`` (or GeeTest's ``gt``).
+_SITEKEY_PARAM = {"userrecaptcha": "googlekey", "turnstile": "sitekey", "geetest": "gt"}
+_PROXY_TYPES = ("http", "https", "socks4", "socks5")
 
 
 class _Reply(Protocol):
@@ -105,34 +98,89 @@ def json_call(state: _State, dialect: Dialect, endpoint: str, body: bytes) -> di
 
 
 def _task_params(dialect: Dialect, task: Any) -> dict[str, str] | dict[str, Any]:
+    """A task object as the in.php parameters of its method (or the provider's error)."""
     if not isinstance(task, dict) or not isinstance(task.get("type"), str):
         return _error("ERROR_TASK_ABSENT")
-    method = dialect.method_of(task["type"])
-    if method is None:
-        return _error("ERROR_TASK_NOT_SUPPORTED")
-    types = dialect.task_types[method]
-    proxied = task["type"] == types.proxied and types.proxied != types.proxyless
-    if proxied and not task.get("proxyAddress"):
+    key = dialect.key_of(task)
+    if key is None:
+        return _error(dialect.unsupported_code)
+    method, _, variant = key.partition(":")
+    types = dialect.task_types[key]
+    proxy = _proxy_params(dialect, task)
+    if task["type"] == types.proxied and types.proxied != types.proxyless and not proxy:
         return _error("ERROR_TASK_ABSENT")
-    params = {"method": method}
-    for name, param in _PARAMS.items():
-        if name in task:
-            params[param] = str(task[name])
-    if method in ("userrecaptcha", "turnstile"):
-        params["googlekey" if method == "userrecaptcha" else "sitekey"] = str(
-            task.get("websiteKey", "")
+    params = {"method": method, **_variant_params(variant), **proxy}
+    if "websiteURL" in task:
+        params["pageurl"] = str(task["websiteURL"])
+    if method in _SITEKEY_PARAM:
+        params[_SITEKEY_PARAM[method]] = str(
+            task.get("gt" if method == "geetest" else "websiteKey", "")
         )
-    if method == "geetest":
-        params["gt"] = str(task.get("gt", ""))
-    if task.get("proxyAddress"):
-        login = (
-            f"{task['proxyLogin']}:{task.get('proxyPassword', '')}@"
-            if task.get("proxyLogin")
-            else ""
-        )
-        params["proxy"] = f"{login}{task['proxyAddress']}:{task.get('proxyPort', '')}"
-        params["proxytype"] = str(task.get("proxyType", "http")).upper()
+    if "body" in task:
+        params["body"] = str(task["body"])
+    if task.get("isInvisible"):
+        params["invisible"] = "1"
+    for param, name in dialect.fields(method).items():
+        value = _field(task, name)
+        if value is not None:
+            params[param] = _cookies_text(value) if param == "cookies" else _param_text(value)
     return params
+
+
+def _variant_params(variant: str) -> dict[str, str]:
+    params = {}
+    if "v3" in variant:
+        params["version"] = "v3"
+    if "enterprise" in variant:
+        params["enterprise"] = "1"
+    return params
+
+
+def _field(task: Mapping[str, Any], name: str) -> Any:
+    outer, dot, inner = name.partition(".")
+    value = task.get(outer)
+    if dot:
+        return value.get(inner) if isinstance(value, Mapping) else None
+    return value
+
+
+def _param_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _cookies_text(value: Any) -> str:
+    """Cookies (``a=1; b=2``, or CapSolver's list of objects) as CaptchaAI writes them."""
+    if isinstance(value, list):
+        return ";".join(f"{c.get('name')}:{c.get('value')}" for c in value if isinstance(c, dict))
+    return ";".join(p.strip().replace("=", ":", 1) for p in str(value).split(";") if p.strip())
+
+
+def _proxy_params(dialect: Dialect, task: Mapping[str, Any]) -> dict[str, str]:
+    """The proxy of a task as in.php's ``proxy`` and ``proxytype`` (none: empty)."""
+    if dialect.proxy_encoding == "string":
+        return _proxy_string_params(str(task.get("proxy") or ""))
+    if not task.get("proxyAddress"):
+        return {}
+    login = (
+        f"{task['proxyLogin']}:{task.get('proxyPassword', '')}@" if task.get("proxyLogin") else ""
+    )
+    return {
+        "proxy": f"{login}{task['proxyAddress']}:{task.get('proxyPort', '')}",
+        "proxytype": str(task.get("proxyType", "http")).upper(),
+    }
+
+
+def _proxy_string_params(text: str) -> dict[str, str]:
+    parts = text.split(":")
+    kind = parts.pop(0) if parts and parts[0].lower() in _PROXY_TYPES else "http"
+    if len(parts) < 2:
+        return {}
+    address = f"{parts[0]}:{parts[1]}"
+    if len(parts) > 2:
+        address = f"{parts[2]}:{':'.join(parts[3:])}@{address}"
+    return {"proxy": address, "proxytype": kind.upper()}
 
 
 def _create(
@@ -165,6 +213,11 @@ def _uuid_of(captcha_id: str) -> str:
     return str(uuid.UUID(int=int(captcha_id)))
 
 
+def sandbox_id(dialect: Dialect, task_id: str) -> str | None:
+    """The sandbox's own captcha id of a task id as a client holds it (text)."""
+    return _captcha_id(dialect, int(task_id) if dialect.id_type == "int" else task_id)
+
+
 def _captcha_id(dialect: Dialect, task_id: Any) -> str | None:
     if dialect.id_type == "int":
         return str(task_id) if isinstance(task_id, int) and not isinstance(task_id, bool) else None
@@ -195,14 +248,21 @@ def _result(state: _State, dialect: Dialect, key: str, task_id: Any) -> dict[str
 
 
 def _solution(state: _State, captcha_id: str, reply: Mapping[str, Any]) -> dict[str, Any]:
+    """The answer as the family writes it: GeeTest's fields without in.php's ``geetest_``,
+    the Cloudflare challenge's cf_clearance among ``cookies`` (CapSolver's
+    AntiCloudflareTask), with the user agent where the sandbox answers with one."""
     answer = reply.get("result") or reply.get("request")
     return _solution_of(state.method_of(captcha_id) or "", answer, reply.get("user_agent"))
 
 
 def _solution_of(method: str, answer: Any, agent: Any) -> dict[str, Any]:
-    solution: dict[str, Any] = (
-        dict(answer) if isinstance(answer, dict) else {_SOLUTION_FIELD.get(method, "token"): answer}
-    )
+    solution: dict[str, Any]
+    if isinstance(answer, dict):
+        solution = {k.removeprefix("geetest_"): v for k, v in answer.items()}
+    elif method == "cloudflare_challenge":
+        solution = {"cookies": {"cf_clearance": answer}}
+    else:
+        solution = {_SOLUTION_FIELD.get(method, "token"): answer}
     if isinstance(agent, str):
         solution["userAgent"] = agent
     return solution

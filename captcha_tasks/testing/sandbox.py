@@ -820,6 +820,8 @@ class _State:
         self._busy: list[float] = []
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._by_method = dict.fromkeys(METHODS, 0)
+        # When each captcha was asked for alone (a JSON face's getTaskResult): its budgets.
+        self._poll_times: dict[str, list[float]] = {}
         self._peak = 0
         # reset() bumps the epoch so "read at least once" is counted afresh.
         self._epoch = 0
@@ -920,6 +922,7 @@ class _State:
         with self._lock:
             self._counts = dict.fromkeys(_COUNTERS, 0)
             self._by_method = dict.fromkeys(METHODS, 0)
+            self._poll_times = {}
             self._refusals = {}
             self._peak = 0
             self._epoch += 1
@@ -966,6 +969,11 @@ class _State:
         if validator is None:
             return "ERROR_BAD_PARAMETERS"
         return validator(params, self._config)
+
+    def poll_times(self, captcha_id: str) -> list[float]:
+        """When the captcha was asked for alone (sandbox clock), oldest first."""
+        with self._lock:
+            return list(self._poll_times.get(captcha_id, ()))
 
     def method_of(self, captcha_id: str) -> str | None:
         """The method a captcha was submitted with (None: no such captcha)."""
@@ -1208,6 +1216,8 @@ class _State:
             if action == "get":
                 self._counts["res_php_get_requests"] += 1
                 self._counts["res_php_ids"] += len(ids)
+                if len(ids) == 1 and not bulk:
+                    self._poll_times.setdefault(ids[0], []).append(now)
             problem = self._key_error(params)
             if problem is not None:
                 return _fail(problem, json_mode)
@@ -1667,6 +1677,11 @@ class SandboxServer:
     def stats(self) -> dict[str, Any]:
         """Counters and config, as served by ``GET /sandbox/stats``."""
         return self._state.stats()
+
+    def poll_times(self, captcha_id: str) -> list[float]:
+        """When the captcha (the sandbox's id) was asked for alone, on the sandbox's clock:
+        a JSON face's getTaskResult requests for one task, oldest first."""
+        return self._state.poll_times(captcha_id)
 
     def ready_times(self, ids: Sequence[str]) -> dict[str, float]:
         """When each captcha's answer was ready, as Unix time (``GET /sandbox/ready``)."""

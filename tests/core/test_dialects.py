@@ -79,8 +79,10 @@ def test_task_types_per_dialect_and_back() -> None:
     assert build_task(CAPSOLVER, request)["type"] == "ReCaptchaV2TaskProxyLess"
     assert build_task(CAPMONSTER, request)["type"] == "RecaptchaV2Task"
     for dialect in DIALECTS.values():
-        for method, types in dialect.task_types.items():
-            assert dialect.method_of(str(types.proxyless)) == method
+        for key, types in dialect.task_types.items():
+            for task_type in filter(None, (types.proxyless, types.proxied)):
+                assert dialect.key_of({"type": task_type, **types.fixed}) == key
+                assert dialect.method_of(task_type) == key.partition(":")[0]
 
 
 def test_a_proxy_task_carries_the_proxy_fields() -> None:
@@ -105,7 +107,7 @@ def test_a_method_the_dialect_lacks_is_refused() -> None:
     request = build_request(
         "turnstile", sitekey="0x4AAAA", pageurl="https://e.com/", proxy="h:1", proxytype="HTTP"
     )
-    with pytest.raises(errors.ValidationError, match="capsolver"):
+    with pytest.raises(errors.ValidationError, match="capsolver has no task type"):
         build_task(CAPSOLVER, request)
 
 

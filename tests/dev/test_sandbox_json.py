@@ -17,6 +17,7 @@ from captcha_tasks.core.answers import NOT_READY, Answer
 from captcha_tasks.core.dialects import CAPMONSTER, CAPSOLVER, DIALECTS, Dialect
 from captcha_tasks.methods import build_request
 from captcha_tasks.providers.jsonapi import JSONClient
+from captcha_tasks.testing.jsonface import sandbox_id
 from captcha_tasks.testing.processes import free_port, wait_until
 from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
 from tests.image_files import png
@@ -106,6 +107,100 @@ def test_capmonster_polls_a_task_at_most_every_two_seconds() -> None:
         clock.now += 3.2
         assert isinstance(client.get(task_id), Answer)
         assert s.stats()["res_php_get_requests"] == polls + 2
+
+
+PROXY = "user:pw@10.0.0.1:3128"
+
+
+def test_a_proxy_task_with_cookies_and_user_agent_end_to_end(
+    sandbox: tuple[SandboxServer, Clock], dialect: Dialect
+) -> None:
+    """reCAPTCHA Enterprise through a proxy, in the dialect's proxy task type: the sandbox
+    reads the variant, the proxy and the user agent back from the task (it answers an
+    enterprise token with the caller's agent, and a proxy it cannot use with a proxy
+    error)."""
+    server, clock = sandbox
+    client = _client(server, dialect, clock)
+    extras = {"cookies": "sid:abc;theme:dark", "userAgent": "UA/proxy-test"}
+    good = build_request(
+        "userrecaptcha", SITEKEY, "https://e.com/", enterprise=1, proxy=PROXY, **extras
+    )
+    bad = build_request("userrecaptcha", SITEKEY, "https://e.com/", proxy="u:p@bad-proxy.test:8080")
+    good_id, bad_id = client.submit(good), client.submit(bad)
+    clock.now += 5.1
+    answers = client.get_many([good_id, bad_id])
+    assert answers is not None
+    answer = answers[good_id]
+    assert isinstance(answer, Answer) and isinstance(answer.value, str)
+    assert answer.user_agent == "UA/proxy-test"
+    assert isinstance(answers[bad_id], errors.ProxyError)
+
+
+def test_geetest_and_the_cloudflare_challenge_come_back_in_one_shape(
+    sandbox: tuple[SandboxServer, Clock], dialect: Dialect
+) -> None:
+    server, clock = sandbox
+    client = _client(server, dialect, clock)
+    geetest = client.submit(build_request("geetest", "gt-1", "https://e.com/", challenge="c1"))
+    challenge = build_request(
+        "cloudflare_challenge", None, "https://e.com/", proxy=PROXY, userAgent="UA/cf"
+    )
+    if not dialect.supports("cloudflare_challenge", proxied=True):
+        with pytest.raises(errors.ValidationError, match="no task type"):
+            client.submit(challenge)
+        cf_id = None
+    else:
+        cf_id = client.submit(challenge)
+    clock.now += 5.1
+    answer = client.get(geetest)
+    assert isinstance(answer, Answer) and isinstance(answer.value, dict)
+    assert set(answer.value) == {"geetest_challenge", "geetest_validate", "geetest_seccode"}
+    if cf_id is not None:  # CapSolver: cf_clearance with the user agent it goes with
+        cleared = client.get(cf_id)
+        assert isinstance(cleared, Answer) and isinstance(cleared.value, str)
+        assert cleared.user_agent == "UA/cf"
+
+
+def test_a_task_type_the_dialect_lacks_is_refused_with_its_code(
+    sandbox: tuple[SandboxServer, Clock], dialect: Dialect
+) -> None:
+    server, _ = sandbox
+    for task_type in ("AntiCloudflareTask", "FunCaptchaTaskProxyless"):
+        if dialect.method_of(task_type) is not None:
+            continue
+        reply = requests.post(
+            f"{server.url}/createTask",
+            json={"clientKey": KEY, "task": {"type": task_type, "websiteURL": "https://e.com/"}},
+            timeout=5,
+        ).json()
+        assert (reply["errorId"], reply["errorCode"]) == (1, dialect.unsupported_code)
+        assert dialect.unsupported_code in dialect.errors
+
+
+def test_the_poll_budgets_hold_per_task(
+    sandbox: tuple[SandboxServer, Clock], dialect: Dialect
+) -> None:
+    """Asked every 0.5 s for 300 s, a task is polled no more often than its dialect's gap
+    and no more than its cap (then it is given up as unsolvable): counted by the sandbox."""
+    server, clock = sandbox
+    server.update_config(solve_time=10_000.0)
+    client = _client(server, dialect, clock)
+    task_id = client.submit(build_request("turnstile", "0x4A", "https://e.com/"))
+    values = []
+    for _ in range(600):
+        clock.now += 0.5
+        found = client.get_many([task_id])
+        assert found is not None
+        values.append(found[task_id])
+    times = server.poll_times(str(sandbox_id(dialect, task_id)))
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    assert min(gaps) >= dialect.poll_gap_s
+    expected = int(300 / max(dialect.poll_gap_s, 0.5))
+    if dialect.polls_per_task is None:
+        assert len(times) == expected and all(v is NOT_READY for v in values)
+    else:
+        assert len(times) == min(expected, dialect.polls_per_task) == dialect.polls_per_task
+        assert isinstance(values[-1], errors.UnsolvableError)
 
 
 def test_errors_come_back_typed(sandbox: tuple[SandboxServer, Clock], dialect: Dialect) -> None:
