@@ -433,7 +433,7 @@ def test_feedback_reaches_the_provider_that_solved_and_counts_once(
         return (stats["reports_bad"], stats["reports_good"]) == (3, 2)
 
     wait_until(reported, 30, 0.05, "three bad and two good reports at the sandbox")
-    counted = app.runtime().state.acceptance.read("turnstile", site).acceptance.policy["captchaai"]
+    counted = app.runtime().state.acceptance.read("turnstile", site).acceptance["captchaai"]
     assert (round(counted.bad, 2), round(counted.good, 2), round(counted.scores, 2)) == (3, 2, 1)
     feedback_lag = lambda: total_lag(consumer_lag(s, topic=s.kafka.feedback_topic))  # noqa: E731
     wait_until(lambda: feedback_lag() == 0, 10, 0.2, "the feedback offsets committed")
