@@ -99,6 +99,7 @@ EXPECTED: dict[str, tuple[tuple[str | None, str | None], ...]] = {
     "lemin": ((None, None),) * 3,
 }
 
+
 def _can_be_asked(name: str, proxied: int) -> bool:
     """An image takes no proxy; a method that needs one is never asked without it."""
     method = REQUESTS[name][0]
