@@ -26,7 +26,7 @@ from system_parts import ensure_open_files
 
 from captcha_tasks import solve
 from captcha_tasks.receiver import Limits, PingbackServer, Receiver, make_wsgi_app
-from captcha_tasks.receiver.callbacks import STRIKES_BURST
+from captcha_tasks.receiver.callbacks import STRIKES_BURST, Strikes
 from captcha_tasks.serving.server import FD_RESERVE, fit_to_open_files
 from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
@@ -44,19 +44,28 @@ NO_POLL_S = 60.0
 HEALTH_BUDGET_S = 0.5
 
 
-def receiver_of(settings: Any) -> Receiver:
+def receiver_of(settings: Any, strikes: Strikes | None = None) -> Receiver:
     """A receiver with ``settings`` on this module's Redis state."""
-    return Receiver(Runtime(app, settings, app.runtime().state).runner)
+    return Receiver(Runtime(app, settings, app.runtime().state).runner, strikes)
+
+
+def spent_strikes() -> Strikes:
+    """Strike budgets on a stopped clock: none refills while a test counts to the burst,
+    however slowly a loaded machine answers (one per second would, on the wall clock)."""
+    return Strikes(clock=lambda: 0.0)
 
 
 @pytest.fixture
 def serve() -> Iterator[Callable[..., PingbackServer]]:
-    """Start a server: ``serve(limits, **pingback)`` (fields of the pingback settings)."""
+    """Start a server: ``serve(limits, strikes, **pingback)`` (fields of the pingback
+    settings)."""
     servers: list[PingbackServer] = []
 
-    def start(limits: Limits | None = None, **pingback: Any) -> PingbackServer:
+    def start(
+        limits: Limits | None = None, strikes: Strikes | None = None, **pingback: Any
+    ) -> PingbackServer:
         config = app.runtime().settings.replace(pingback={"secret": SECRET, **pingback})
-        servers.append(PingbackServer(receiver_of(config), limits=limits).start())
+        servers.append(PingbackServer(receiver_of(config, strikes), limits=limits).start())
         return servers[-1]
 
     yield start
@@ -281,6 +290,7 @@ def test_x_forwarded_for_is_read_only_from_trusted_proxies(
     proxy, direct = "127.0.0.50", "127.0.0.51"
     server = serve(
         Limits(max_per_address=2, header_timeout=30),
+        spent_strikes(),
         trusted_proxies=(ip_network(f"{proxy}/32"),),
         allow=(ip_network("203.0.113.0/24"), ip_network(f"{direct}/32")),
     )
@@ -318,7 +328,9 @@ def test_the_wsgi_app_reads_the_client_behind_a_trusted_proxy() -> None:
     settings = app.runtime().settings.replace(
         pingback={"secret": SECRET, "trusted_proxies": (ip_network(f"{proxy}/32"),)}
     )
-    server = wsgi.Server(("127.0.0.1", 0), make_wsgi_app(receiver_of(settings)), numthreads=2)
+    server = wsgi.Server(
+        ("127.0.0.1", 0), make_wsgi_app(receiver_of(settings, spent_strikes())), numthreads=2
+    )
     server.prepare()
     thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
