@@ -132,6 +132,43 @@ def _name(suffix: str) -> str:
     return f"{PREFIX}_{suffix}"
 
 
+#: The gauges of each provider: key → (metric name, help, labels).
+_PROVIDER_GAUGES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "up": ("provider_up", "1 while the provider is in rotation.", ("provider",)),
+    "state": (
+        "provider_circuit_state",
+        "1 for the state the provider's circuit is in (closed: in rotation).",
+        ("provider", "state"),
+    ),
+    "balance": (
+        "provider_balance",
+        "The provider's balance, as last read (probes, periodic checks).",
+        ("provider",),
+    ),
+    "in_use": ("provider_threads_in_use", "Threads held at the provider.", ("provider",)),
+    "capacity": (
+        "provider_threads_capacity",
+        "Threads this deployment may use at the provider.",
+        ("provider",),
+    ),
+    "parked": (
+        "provider_parked_submits",
+        "Submits waiting for one of the provider's threads.",
+        ("provider",),
+    ),
+    "deferred": (
+        "provider_deferred_submits",
+        "Submits waiting for the provider's request budget or a back-off.",
+        ("provider",),
+    ),
+    "in_flight": (
+        "provider_captchas_in_flight",
+        "Captchas at the provider (submitted, not answered yet).",
+        ("provider",),
+    ),
+}
+
+
 class StoreCollector(Collector):
     """Reads the deployment's state from Redis each time Prometheus scrapes."""
 
@@ -354,44 +391,8 @@ class StoreCollector(Collector):
     def _providers(self) -> Iterator[Metric]:
         circuits = self.state.circuits.read()
         families = {
-            "up": GaugeMetricFamily(
-                _name("provider_up"), "1 while the provider is in rotation.", labels=["provider"]
-            ),
-            "state": GaugeMetricFamily(
-                _name("provider_circuit_state"),
-                "1 for the state the provider's circuit is in (closed: in rotation).",
-                labels=["provider", "state"],
-            ),
-            "balance": GaugeMetricFamily(
-                _name("provider_balance"),
-                "The provider's balance, as last read (probes, periodic checks).",
-                labels=["provider"],
-            ),
-            "in_use": GaugeMetricFamily(
-                _name("provider_threads_in_use"),
-                "Threads held at the provider.",
-                labels=["provider"],
-            ),
-            "capacity": GaugeMetricFamily(
-                _name("provider_threads_capacity"),
-                "Threads this deployment may use at the provider.",
-                labels=["provider"],
-            ),
-            "parked": GaugeMetricFamily(
-                _name("provider_parked_submits"),
-                "Submits waiting for one of the provider's threads.",
-                labels=["provider"],
-            ),
-            "deferred": GaugeMetricFamily(
-                _name("provider_deferred_submits"),
-                "Submits waiting for the provider's request budget or a back-off.",
-                labels=["provider"],
-            ),
-            "in_flight": GaugeMetricFamily(
-                _name("provider_captchas_in_flight"),
-                "Captchas at the provider (submitted, not answered yet).",
-                labels=["provider"],
-            ),
+            key: GaugeMetricFamily(_name(name), doc, labels=list(labels))
+            for key, (name, doc, labels) in _PROVIDER_GAUGES.items()
         }
         waits = CounterMetricFamily(
             _name("budget_waits"),

@@ -14,6 +14,8 @@ from tqdm import tqdm
 from ..batch import stream
 from ..core.lanes import LANES, check_tenant
 from ..errors import ValidationError
+from ..serving.options import option_group
+from ..settings import Settings
 from ..worker.app import app
 from ..worker.tasks import solve
 from .batch_io import ResultWriter, check_input, solved_indexes, tasks
@@ -83,34 +85,41 @@ def account() -> None:
     )
 
 
+#: ``batch``'s options: where results go, how many at once, and the rows' defaults.
+_BATCH_OPTIONS = [
+    click.option(
+        "-o",
+        "--output",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="JSONL (or .csv) file to append results to; default stdout.",
+    ),
+    click.option(
+        "--resume",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="A previous OUTPUT: run only the indexes it has no 'solved' line for, append to it.",
+    ),
+    click.option("--window", type=int, default=None, help="Tasks queued at once."),
+    click.option("--timeout-per-task", type=float, default=None, help="Seconds per task."),
+    click.option(
+        "--tenant",
+        default=None,
+        help="The tenant of rows that name none (one CAPTCHAAI_TENANTS declares;"
+        " default: default).",
+    ),
+    click.option(
+        "--lane",
+        type=click.Choice(LANES),
+        default=None,
+        help="The lane of rows that name none (default: bulk).",
+    ),
+]
+
+
 @click.command()
 @click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
-    "-o",
-    "--output",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="JSONL (or .csv) file to append results to; default stdout.",
-)
-@click.option(
-    "--resume",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="A previous OUTPUT: run only the indexes it has no 'solved' line for, append to it.",
-)
-@click.option("--window", type=int, default=None, help="Tasks queued at once.")
-@click.option("--timeout-per-task", type=float, default=None, help="Seconds per task.")
-@click.option(
-    "--tenant",
-    default=None,
-    help="The tenant of rows that name none (one CAPTCHAAI_TENANTS declares; default: default).",
-)
-@click.option(
-    "--lane",
-    type=click.Choice(LANES),
-    default=None,
-    help="The lane of rows that name none (default: bulk).",
-)
+@option_group(_BATCH_OPTIONS)
 def batch(
     input_path: Path,
     output: Path | None,
@@ -125,18 +134,8 @@ def batch(
     if not input_path.exists():
         raise click.BadParameter(f"{input_path} does not exist", param_hint="INPUT")
     settings = app.runtime().settings
-    route = {"lane": lane} if lane else {}
-    if tenant is not None:
-        try:
-            route["tenant"] = check_tenant(tenant, settings.tenants.declared)
-        except ValidationError as exc:
-            raise click.BadParameter(exc.message, param_hint="--tenant") from None
-    count, bad = check_input(input_path, settings, route)
-    if bad:
-        for line in bad:
-            click.echo(f"{input_path}: {line}", err=True)
-        click.echo(f"{len(bad)} bad line(s); nothing was submitted", err=True)
-        sys.exit(2)
+    route = _route(settings, lane, tenant)
+    count = _checked_rows(input_path, settings, route)
     output = output or resume
     skip = solved_indexes(resume) if resume else set()
     if resume is not None and not set(range(count)) - skip:
@@ -162,6 +161,29 @@ def batch(
     writer.close()
     click.echo(summary.line(), err=True)
     sys.exit(0 if summary.failed == 0 else 1)
+
+
+def _route(settings: Settings, lane: str | None, tenant: str | None) -> dict[str, str]:
+    """The lane and tenant of rows that name none (``--lane``, ``--tenant``), checked."""
+    route = {"lane": lane} if lane else {}
+    if tenant is not None:
+        try:
+            route["tenant"] = check_tenant(tenant, settings.tenants.declared)
+        except ValidationError as exc:
+            raise click.BadParameter(exc.message, param_hint="--tenant") from None
+    return route
+
+
+def _checked_rows(input_path: Path, settings: Settings, route: dict[str, str]) -> int:
+    """How many rows ``input_path`` has; with a bad one, every bad line and exit 2 before
+    anything is submitted."""
+    count, bad = check_input(input_path, settings, route)
+    if bad:
+        for line in bad:
+            click.echo(f"{input_path}: {line}", err=True)
+        click.echo(f"{len(bad)} bad line(s); nothing was submitted", err=True)
+        sys.exit(2)
+    return count
 
 
 class _Summary:

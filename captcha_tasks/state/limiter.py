@@ -343,7 +343,7 @@ class ThreadLimiter:
         result: tuple[str, str, int] | None,
         park_limit: int | None,
     ) -> list[Call]:
-        cfg, k = self.config, self.keys
+        k = self.keys
         keys = {
             **self.lua_keys(),
             **record_keys(k, ask.solve_id),
@@ -353,15 +353,25 @@ class ThreadLimiter:
             "cancelled": k.batch_cancelled(ask.batch_id or "-"),
             "result": result[0] if result else k.submission(ask.solve_id),
         }
-        token = uuid.uuid4().hex
+        token, message_id = uuid.uuid4().hex, message_id or uuid.uuid4().hex
         gate = {
             "id": ask.solve_id,
             "attempt": ask.attempt,
-            "message_id": message_id or uuid.uuid4().hex,
+            "message_id": message_id,
             "redelivered": redelivered,
             "batch": ask.batch_id is not None,
             "token": token,
         }
+        slot = self._slot_args(ask, token, park_limit)
+        charge = self._charge_args(ask, token, message_id, result)
+        return [
+            self._gate.call(keys, gate),
+            self._slot.call(keys, slot),
+            self._charge.call(keys, charge),
+        ]
+
+    def _slot_args(self, ask: _Ask, token: str, park_limit: int | None) -> dict[str, Any]:
+        """ADMIT's slot script's arguments: who asks, in which lane, until when."""
         slot: dict[str, Any] = {
             "token": token,
             "id": ask.solve_id,
@@ -375,27 +385,29 @@ class ThreadLimiter:
             slot["asked_ms"] = ms(ask.asked_at)
         if park_limit is not None:
             slot["park_limit"] = max(0, park_limit)
+        return slot
+
+    def _charge_args(
+        self, ask: _Ask, token: str, message_id: str, result: tuple[str, str, int] | None
+    ) -> dict[str, Any]:
+        """ADMIT's charge script's arguments: the budgets and the tenant's daily cap."""
         charge: dict[str, Any] = {
             "token": token,
             "id": ask.solve_id,
             "attempt": ask.attempt,
             "tenant": ask.tenant,
-            "message_id": gate["message_id"],
-            "claim_ms": ms(cfg.claim_s),
+            "message_id": message_id,
+            "claim_ms": ms(self.config.claim_s),
             "budgets": self.lua_budgets(),
             "request_id": uuid.uuid4().hex,
-            "warn_every_ms": ms(cfg.warn_every_s),
+            "warn_every_ms": ms(self.config.warn_every_s),
         }
         daily = self._tenants_table.get(ask.tenant, {}).get("daily")
         if daily is not None:
             charge["daily"] = daily
         if result:
             charge.update(parked_record=result[1], record_ttl_s=result[2])
-        return [
-            self._gate.call(keys, gate),
-            self._slot.call(keys, slot),
-            self._charge.call(keys, charge),
-        ]
+        return charge
 
     def _not_admitted(self, ask: _Ask, status: str, wait_ms: int) -> Admission:
         """What the gate said (the solve may not go on here), with what it held here freed

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from ..serving.options import option_group
 from .sandbox import (
     DEFAULT_TOKEN_TTL,
     FIRST_CAPTCHA_ID,
@@ -50,95 +51,119 @@ changes its faults while it runs.
 """
 
 
+#: Where the providers listen, how many, and their captcha ids.
+_PROVIDERS_OPTIONS = [
+    click.option("--host", default="127.0.0.1", show_default=True),
+    click.option(
+        "--port", default=None, type=int, help=f"One provider's port  [default: {DEFAULT_PORT}]"
+    ),
+    click.option(
+        "--provider",
+        "provider_specs",
+        multiple=True,
+        metavar="NAME:PORT:KEY[:THREADS]",
+        help="A provider of its own (repeatable); replaces --port and --api-key.",
+    ),
+    click.option(
+        "--providers-file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        default=None,
+        help='JSON list of providers: {"name", "port", any config field, e.g. "api_keys", '
+        '"kind", "threads", "solve_time", "balance_captchas", "outage_mode"}; options are the'
+        " defaults.",
+    ),
+    click.option(
+        "--kind",
+        type=click.Choice(SANDBOX_KINDS),
+        default="captchaai",
+        show_default=True,
+        help="The protocol each provider speaks: in.php (captchaai, 2captcha) or a JSON dialect.",
+    ),
+    click.option(
+        "--colliding-ids", is_flag=True, help="Every provider issues the same captcha ids."
+    ),
+    click.option(
+        "--first-id",
+        default=FIRST_CAPTCHA_ID,
+        show_default=True,
+        type=int,
+        help=f"First captcha id (provider n: + n × {PROVIDER_ID_SPAN:,}).",
+    ),
+    click.option(
+        "--journal-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Append each captcha accepted (paid) to DIR/NAME.paid.jsonl: it survives a SIGKILL.",
+    ),
+]
+
+
+#: The faults and plan of every provider: each option is the SandboxConfig field it names.
+_CONFIG_OPTIONS = [
+    click.option("--threads", default=15, show_default=True, type=int, help="Provider threads."),
+    click.option("--solve-time", default=1.5, show_default=True, type=float, help="Mean seconds."),
+    click.option("--jitter", default=0.3, show_default=True, type=float, help="± seconds."),
+    click.option("--unsolvable-rate", default=0.0, show_default=True, type=float),
+    click.option("--error-rate", default=0.0, show_default=True, type=float),
+    click.option("--no-bulk", is_flag=True, help="Ignore res.php?ids= like a server without it."),
+    click.option("--thread-error", default="ERROR_NO_SLOT_AVAILABLE", show_default=True),
+    click.option("--token-ttl", type=float, default=None, help="Token life for every method."),
+    click.option(
+        "--api-key",
+        "api_keys",
+        multiple=True,
+        help=f"Accepted key (repeatable; default: {SANDBOX_KEY}).",
+    ),
+    click.option(
+        "--seed", type=int, default=None, help="Seed of its randomness (repeatable runs)."
+    ),
+    click.option(
+        "--pingback-method",
+        type=click.Choice(["GET", "POST"]),
+        default="GET",
+        show_default=True,
+        help="Callbacks as CaptchaAI (GET) or 2captcha (POST, registered addresses only).",
+    ),
+    click.option("--pingback-delay", default=0.0, show_default=True, type=float, help="Seconds."),
+    click.option("--pingback-drop-rate", default=0.0, show_default=True, type=float),
+    click.option(
+        "--hang-rate", default=0.0, show_default=True, type=float, help="Requests that hang."
+    ),
+    click.option(
+        "--hang-s", default=60.0, show_default=True, type=float, help="How long they hang."
+    ),
+    click.option("--status-429-rate", default=0.0, show_default=True, type=float),
+    click.option(
+        "--retry-after", default=2, show_default=True, type=int, help="429's Retry-After."
+    ),
+    click.option(
+        "--queue-silently",
+        is_flag=True,
+        help="Beyond the plan, queue captchas instead of an error.",
+    ),
+    click.option(
+        "--balance-captchas",
+        type=int,
+        default=None,
+        help="Captchas accepted before ERROR_ZERO_BALANCE (refill: POST /sandbox/config).",
+    ),
+    click.option("--outage-s", default=0.0, show_default=True, type=float, help="Outage length."),
+    click.option(
+        "--outage-in", default=0.0, show_default=True, type=float, help="Seconds until it starts."
+    ),
+    click.option(
+        "--outage-mode",
+        type=click.Choice(OUTAGE_MODES),
+        default="refuse",
+        show_default=True,
+        help="Port closed (connections refused), HTTP 503, or requests that hang.",
+    ),
+]
+
+
 @click.command("sandbox", help=SANDBOX_HELP)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option(
-    "--port", default=None, type=int, help=f"One provider's port  [default: {DEFAULT_PORT}]"
-)
-@click.option(
-    "--provider",
-    "provider_specs",
-    multiple=True,
-    metavar="NAME:PORT:KEY[:THREADS]",
-    help="A provider of its own (repeatable); replaces --port and --api-key.",
-)
-@click.option(
-    "--providers-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help='JSON list of providers: {"name", "port", any config field, e.g. "api_keys", '
-    '"kind", "threads", "solve_time", "balance_captchas", "outage_mode"}; options are the'
-    " defaults.",
-)
-@click.option(
-    "--kind",
-    type=click.Choice(SANDBOX_KINDS),
-    default="captchaai",
-    show_default=True,
-    help="The protocol each provider speaks: in.php (captchaai, 2captcha) or a JSON dialect.",
-)
-@click.option("--colliding-ids", is_flag=True, help="Every provider issues the same captcha ids.")
-@click.option(
-    "--first-id",
-    default=FIRST_CAPTCHA_ID,
-    show_default=True,
-    type=int,
-    help=f"First captcha id (provider n: + n × {PROVIDER_ID_SPAN:,}).",
-)
-@click.option(
-    "--journal-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Append each captcha accepted (paid) to DIR/NAME.paid.jsonl: it survives a SIGKILL.",
-)
-@click.option("--threads", default=15, show_default=True, type=int, help="Provider threads.")
-@click.option("--solve-time", default=1.5, show_default=True, type=float, help="Mean seconds.")
-@click.option("--jitter", default=0.3, show_default=True, type=float, help="± seconds.")
-@click.option("--unsolvable-rate", default=0.0, show_default=True, type=float)
-@click.option("--error-rate", default=0.0, show_default=True, type=float)
-@click.option("--no-bulk", is_flag=True, help="Ignore res.php?ids= like a server without it.")
-@click.option("--thread-error", default="ERROR_NO_SLOT_AVAILABLE", show_default=True)
-@click.option("--token-ttl", type=float, default=None, help="Token life for every method.")
-@click.option(
-    "--api-key",
-    "api_keys",
-    multiple=True,
-    help=f"Accepted key (repeatable; default: {SANDBOX_KEY}).",
-)
-@click.option("--seed", type=int, default=None, help="Seed of its randomness (repeatable runs).")
-@click.option(
-    "--pingback-method",
-    type=click.Choice(["GET", "POST"]),
-    default="GET",
-    show_default=True,
-    help="Callbacks as CaptchaAI (GET) or 2captcha (POST, registered addresses only).",
-)
-@click.option("--pingback-delay", default=0.0, show_default=True, type=float, help="Seconds.")
-@click.option("--pingback-drop-rate", default=0.0, show_default=True, type=float)
-@click.option("--hang-rate", default=0.0, show_default=True, type=float, help="Requests that hang.")
-@click.option("--hang-s", default=60.0, show_default=True, type=float, help="How long they hang.")
-@click.option("--status-429-rate", default=0.0, show_default=True, type=float)
-@click.option("--retry-after", default=2, show_default=True, type=int, help="429's Retry-After.")
-@click.option(
-    "--queue-silently", is_flag=True, help="Beyond the plan, queue captchas instead of an error."
-)
-@click.option(
-    "--balance-captchas",
-    type=int,
-    default=None,
-    help="Captchas accepted before ERROR_ZERO_BALANCE (refill: POST /sandbox/config).",
-)
-@click.option("--outage-s", default=0.0, show_default=True, type=float, help="Outage length.")
-@click.option(
-    "--outage-in", default=0.0, show_default=True, type=float, help="Seconds until it starts."
-)
-@click.option(
-    "--outage-mode",
-    type=click.Choice(OUTAGE_MODES),
-    default="refuse",
-    show_default=True,
-    help="Port closed (connections refused), HTTP 503, or requests that hang.",
-)
+@option_group(_PROVIDERS_OPTIONS)
+@option_group(_CONFIG_OPTIONS)
 def sandbox(
     host: str,
     port: int | None,

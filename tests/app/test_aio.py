@@ -185,13 +185,17 @@ def test_leaving_the_stream_cancels_what_was_not_submitted(sandbox: Any, redis_c
     def every_thread_taken_and_more_waiting() -> bool:
         return sandbox.stats()["submits"] == capacity and limiter.parked_count() > 0
 
+    def threads_and_waits() -> str:
+        submits, parked = sandbox.stats()["submits"], limiter.parked_count()
+        return f"{capacity} submits and some parked (saw {submits} submits, {parked} parked)"
+
     async def main() -> None:
         consumer = asyncio.create_task(consume())
-        await asyncio.wait_for(_until(every_thread_taken_and_more_waiting), 15)
+        await _until(every_thread_taken_and_more_waiting, 15, threads_and_waits)
         consumer.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await consumer
-        await asyncio.wait_for(_until(cancelled), 5)
+        await _until(cancelled, 5, "the batch's cancellation")
 
     asyncio.run(main())
     sandbox.configure(hold=False)
@@ -223,6 +227,10 @@ def test_a_cancel_scope_that_cancels_the_cleanup_too_still_cancels_the_batch(
     def every_thread_taken_and_more_waiting() -> bool:
         return sandbox.stats()["submits"] == capacity and limiter.parked_count() > 0
 
+    def threads_and_waits() -> str:
+        submits, parked = sandbox.stats()["submits"], limiter.parked_count()
+        return f"{capacity} submits and some parked (saw {submits} submits, {parked} parked)"
+
     async def consume(scope: anyio.CancelScope) -> None:
         with scope:
             async with contextlib.aclosing(aio.stream([task() for _ in range(total)])) as out:
@@ -233,9 +241,9 @@ def test_a_cancel_scope_that_cancels_the_cleanup_too_still_cancels_the_batch(
         scope = anyio.CancelScope()
         async with anyio.create_task_group() as group:
             group.start_soon(consume, scope)
-            await asyncio.wait_for(_until(every_thread_taken_and_more_waiting), 15)
+            await _until(every_thread_taken_and_more_waiting, 15, threads_and_waits)
             scope.cancel()
-        await asyncio.wait_for(_until(cancelled), 5)
+        await _until(cancelled, 5, "the batch's cancellation")
 
     asyncio.run(main())
     sandbox.configure(hold=False)
@@ -245,9 +253,17 @@ def test_a_cancel_scope_that_cancels_the_cleanup_too_still_cancels_the_batch(
     wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
 
 
-async def _until(predicate: Callable[[], object]) -> None:
-    """Poll a condition (every caller bounds it with ``asyncio.wait_for``)."""
-    while not predicate():
+async def _until(
+    predicate: Callable[[], object], seconds: float, what: str | Callable[[], str]
+) -> None:
+    """Poll a condition until a deadline, off the event loop: its Redis and HTTP calls
+    block, and on the loop they would starve the stream under test of its turns."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not await asyncio.to_thread(predicate):
+        if loop.time() > deadline:
+            seen = what() if callable(what) else what
+            raise AssertionError(f"not within {seconds} s: {seen}")
         await asyncio.sleep(0.01)  # a poll of a condition with a deadline
 
 
@@ -263,7 +279,9 @@ def test_waits_survive_a_lost_pubsub_connection(sandbox: Any, redis_conn: Any) -
 
     async def main() -> list[dict[str, Any]]:
         calls = asyncio.gather(*(aio.solve(**task(sitekey=f"k{i}")) for i in range(n)))
-        await asyncio.wait_for(_until(lambda: sum(int(c["sub"]) for c in subscribers()) >= n), 10)
+        await _until(
+            lambda: sum(int(c["sub"]) for c in subscribers()) >= n, 10, f"{n} subscriptions"
+        )
         killed = redis_conn.client_kill_filter(_type="pubsub")
         assert killed >= 1
         sandbox.configure(hold=False)
@@ -290,7 +308,7 @@ def test_only_a_ready_record_ends_the_wait(redis_conn: Any) -> None:
         hub = aio._hubs().hub()
         key = aio._result_key(published)
         waiting = asyncio.create_task(hub.wait_result(key))
-        await asyncio.wait_for(_until(lambda: redis_conn.pubsub_numsub(key)[0][1] == 1), 5)
+        await _until(lambda: redis_conn.pubsub_numsub(key)[0][1] == 1, 5, "a subscriber")
         for status, result in (("PARKED", {"at": "limiter"}), ("STARTED", None)):
             redis_conn.publish(key, record(published, status, result))
         redis_conn.publish(key, record(published, "SUCCESS", done))  # the channel keeps order
@@ -299,8 +317,8 @@ def test_only_a_ready_record_ends_the_wait(redis_conn: Any) -> None:
         key = aio._result_key(stored)
         redis_conn.set(key, record(stored, "SUBMITTED", {"captcha_id": "7"}))
         waiting = asyncio.create_task(hub.wait_result(key))
-        await asyncio.wait_for(_until(lambda: redis_conn.pubsub_numsub(key)[0][1] == 1), 5)
-        await asyncio.wait_for(_until(lambda: hub.rereader and hub.rereader.done()), 5)
+        await _until(lambda: redis_conn.pubsub_numsub(key)[0][1] == 1, 5, "a subscriber")
+        await _until(lambda: hub.rereader and hub.rereader.done(), 5, "the re-read")
         assert not waiting.done()  # it read SUBMITTED, and goes on waiting
         redis_conn.set(key, record(stored, "SUCCESS", {**done, "token": "u"}))  # no publish
         assert redis_conn.client_kill_filter(_type="pubsub") >= 1  # subscribed again: re-read

@@ -1,6 +1,7 @@
-"""No function of the worker (``captcha_tasks/worker/``) or the core
-(``captcha_tasks/core/``) is over 60 lines, and no module of the worker over 400 (issue 29):
-a reader sees each function whole, and each part of the adapter reads as one concern.
+"""No function of the package (``captcha_tasks/``) is over 60 lines, and no module of the
+worker over 400 (issue 29): a reader sees each function whole, and each part of the adapter
+reads as one concern.  A click command's options count as its decorators: a long list of
+them is a module-level list (``serving.options.option_group``).
 
 Measured with ``ast`` from a function's first decorator to its last line, docstring and
 comments included; a nested function or a method counts on its own, and inside its
@@ -16,7 +17,6 @@ import pytest
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("worker", "core")
 LIMIT = 60
 MODULE_LIMIT = 400
 
@@ -33,9 +33,9 @@ def long_functions(source: str, limit: int = LIMIT) -> list[tuple[str, int]]:
     return found
 
 
-def test_no_function_of_the_worker_or_the_core_is_over_60_lines() -> None:
-    files = [p for name in PACKAGES for p in sorted((ROOT / "captcha_tasks" / name).glob("*.py"))]
-    assert len(files) > 10, files
+def test_no_function_of_the_package_is_over_60_lines() -> None:
+    files = sorted((ROOT / "captcha_tasks").rglob("*.py"))
+    assert len(files) > 100, len(files)
     found = {
         f"{path.relative_to(ROOT)}:{name}": length
         for path in files
