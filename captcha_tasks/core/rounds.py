@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from .. import errors
 from .decisions import PollAt
+from .dialects import DIALECTS
 from .job import Job
 from .steps import Pace, uses_bulk
 
@@ -41,6 +43,8 @@ class Entry:
     polled_at: float | None
     #: Transport errors while polling it so far.
     errors: int
+    #: Times a round asked about it so far (a provider's per-task poll budget counts them).
+    polls: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,21 @@ class Again:
     lease_id: str
     delay_s: float
     errors: int = 0
+    #: Times it was asked about so far; whether this round asked; when its last ask was
+    #: answered (None: when the round asked, if it did; else never).
+    polls: int = 0
+    asked: bool = True
+    polled_at: float | None = None
+
+
+@dataclass(frozen=True)
+class PollBudget:
+    """A provider's limits on polling one task (the JSON family's, per task, whichever
+    host polls it): at least ``gap_s`` between two polls, at most ``most`` in all (None:
+    no limit)."""
+
+    gap_s: float = 0.0
+    most: int | None = None
 
 
 @dataclass(frozen=True)
@@ -89,9 +108,50 @@ def asks(captchas: Iterable[tuple[str, Job]], bulk: bool) -> Asks:
     return Asks(tuple(chunks), tuple(single))
 
 
-def again(entry: Entry, decision: PollAt, now: float) -> Again:
-    """The captcha of ``entry`` goes back on the board, due at the decision's time."""
-    return Again(entry.captcha_id, decision.job.solve_id, decision.at - now, decision.poll_errors)
+def budget_of(kind: str) -> PollBudget | None:
+    """The per-task poll budget of a provider of ``kind`` (None: it has none, as in.php
+    providers: their budgets are per account, :mod:`captcha_tasks.state.limiter`'s)."""
+    dialect = DIALECTS.get(kind)
+    if dialect is None or (dialect.poll_gap_s <= 0 and dialect.polls_per_task is None):
+        return None
+    return PollBudget(dialect.poll_gap_s, dialect.polls_per_task)
+
+
+def budget_reply(
+    entry: Entry, budget: PollBudget, now: float
+) -> float | errors.UnsolvableError | None:
+    """Whether a round may ask about ``entry``'s captcha ``now`` under ``budget``: None
+    (ask), the seconds until its gap has passed, or the error that ends its attempt once
+    its polls are spent.  Its last poll counts from when that poll's reply came: the next
+    request leaves at least ``gap_s`` after the provider saw the last one, however long
+    either took (and whichever host sent it: the board keeps both, in Redis)."""
+    if budget.most is not None and entry.polls >= budget.most:
+        return errors.UnsolvableError("poll budget of the task spent", None, entry.captcha_id)
+    if entry.polled_at is not None and now - entry.polled_at < budget.gap_s:
+        return entry.polled_at + budget.gap_s - now
+    return None
+
+
+def again(
+    entry: Entry,
+    decision: PollAt,
+    now: float,
+    asked: bool = True,
+    replied_at: float | None = None,
+) -> Again:
+    """The captcha of ``entry`` goes back on the board, due at the decision's time.
+    ``asked``: whether this round asked about it (a budget may have held it back: then its
+    count and last poll stay as they were); ``replied_at``: when that ask was answered,
+    where a provider's poll budget counts from it (None: from when the round asked)."""
+    return Again(
+        entry.captcha_id,
+        decision.job.solve_id,
+        decision.at - now,
+        decision.poll_errors,
+        polls=entry.polls + 1 if asked else entry.polls,
+        asked=asked,
+        polled_at=replied_at if asked else entry.polled_at,
+    )
 
 
 def next_gap(paces: Sequence[Pace], taken: int, bulk_window: float, took_s: float) -> float:

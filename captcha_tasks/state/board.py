@@ -252,7 +252,17 @@ class Board:
             "gap_ms": ms(gap_s),
             "lease_ms": ms(self.limiter.config.lease_s),
             "polled_ms": ms(polled_at),
-            "again": [[a.captcha_id, a.lease_id, ms(max(0.0, a.delay_s)), a.errors] for a in again],
+            "again": [
+                [
+                    a.captcha_id,
+                    a.lease_id,
+                    ms(max(0.0, a.delay_s)),
+                    a.errors,
+                    a.polls,
+                    _polled_ms(a),
+                ]
+                for a in again
+            ],
         }
         return _countdown(self._guarded(lambda: self._end_round(keys, args)))
 
@@ -404,9 +414,18 @@ def finished(replies: list[Any]) -> Finished:
 
 
 def _entry(captcha_id: Any, job: Any, state: Any) -> Entry:
-    polled, _, errors = text(state).partition("|")
+    """A board entry from its poll state, ``<polled ms>|<errors>|<polls>``."""
+    polled, errors, polls = ([*text(state).split("|"), "", ""])[:3]
     polled_at = int(polled) / 1000 if polled else None
-    return Entry(text(captcha_id), text(job), polled_at, int(errors or 0))
+    return Entry(text(captcha_id), text(job), polled_at, int(errors or 0), int(polls or 0))
+
+
+def _polled_ms(again: Again) -> int:
+    """END_ROUND's last-poll time of ``again``: ms, or -1 (when the round asked), or -2
+    (never polled)."""
+    if again.polled_at is not None:
+        return ms(again.polled_at)
+    return -1 if again.asked else -2
 
 
 def _countdown(reply: Any) -> RoundDue | None:

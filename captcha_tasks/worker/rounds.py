@@ -77,7 +77,8 @@ class Rounds:
                 self.edges.fail_inside(due.job, exc, "poll")
 
     def _round(self, provider: str, entries: list[_Due], started: float) -> None:
-        asked_at = time.time()
+        asked_at = answered_at = time.time()
+        budget = rounds.budget_of(self.state.provider(provider).spec.kind)
         replies: Replies = {}
         paces: list[steps.Pace] = []
         in_bulk: set[str] = set()
@@ -86,7 +87,8 @@ class Rounds:
             decisions = [(d, routing.on_provider_down(d.job, asked_at)) for d in entries]
         elif entries:
             bulk = self.health.bulk(provider)
-            replies, in_bulk = self._fetch(provider, entries, bulk)
+            replies, in_bulk = self._fetch(provider, entries, bulk, budget)
+            answered_at = time.time()
             channel, probes = self.health.channel(provider), self.health.probes(provider)
             paces = [self._pace(d.job, bulk, channel, probes) for d in entries]
             # Decided as of when they were asked: the pace runs from ask to ask, however
@@ -103,7 +105,16 @@ class Rounds:
             *(d.error for _, d in decisions if isinstance(d, PollAt)), provider=provider
         )
         now = time.time()
-        again = [rounds.again(d.entry, p, now) for d, p in decisions if isinstance(p, PollAt)]
+        # A per-task budget counts from when the replies came: the next ask leaves at
+        # least its gap after the provider saw this one, however long the request took.
+        replied_at = answered_at if budget is not None else None
+        again = [
+            rounds.again(
+                d.entry, p, now, not isinstance(replies.get(d.captcha_id), float), replied_at
+            )
+            for d, p in decisions
+            if isinstance(p, PollAt)
+        ]
         gap = rounds.next_gap(
             paces, len(entries), self.edges.settings.solving.bulk_window_s, now - started
         )
@@ -176,15 +187,28 @@ class Rounds:
 
     # -- asking the provider -----------------------------------------------------------
     def _fetch(
-        self, provider: str, entries: Sequence[_Due], bulk: bool
+        self,
+        provider: str,
+        entries: Sequence[_Due],
+        bulk: bool,
+        budget: rounds.PollBudget | None,
     ) -> tuple[Replies, set[str]]:
         """Every due captcha's answer from ``provider``, and the ids answered in bulk; a
-        float means "the res.php budget frees in this many seconds"."""
-        plan = rounds.asks(((d.captcha_id, d.job) for d in entries), bulk)
-        wait = self.state.provider(provider).limiter.poll_wait(plan.requests)
+        float means "a budget frees in this many seconds": the account's ``res.php``
+        budget, or the task's own (``budget``, the JSON family's: then it was not asked)."""
+        held: Replies = {}
+        if budget is not None:
+            now = time.time()
+            for due in entries:
+                reply = rounds.budget_reply(due.entry, budget, now)
+                if reply is not None:
+                    held[due.captcha_id] = reply
+        asking = [d for d in entries if d.captcha_id not in held]
+        plan = rounds.asks(((d.captcha_id, d.job) for d in asking), bulk)
+        wait = self.state.provider(provider).limiter.poll_wait(plan.requests) if asking else 0
         if wait > 0:
-            return dict.fromkeys((d.captcha_id for d in entries), wait), set()
-        replies: Replies = {}
+            return {**dict.fromkeys((d.captcha_id for d in asking), wait), **held}, set()
+        replies: Replies = dict(held)
         single = list(plan.single)
         in_bulk: set[str] = set()
         for chunk in plan.chunks:

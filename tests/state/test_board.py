@@ -104,8 +104,35 @@ def test_a_round_puts_back_what_is_not_ready(
     nxt = board.end_round(1234.5, [Again("c1", "s1", 0.0, errors=2)], gap_s=0.0)
     assert nxt is not None  # c1 is due again: a round must come
     (again,) = board.take_due(nxt.at_ms, most=10)
-    assert (again.polled_at, again.errors) == (1234.5, 2)
+    assert (again.polled_at, again.errors, again.polls) == (1234.5, 2, 0)
     assert not redis_conn.exists(keys.poll_round())  # that round was the pending one
+
+
+def test_a_round_keeps_each_captchas_polls_and_last_poll_for_the_next(
+    redis_conn: Any, keys: Keys
+) -> None:
+    """Whichever host polls a captcha next reads how often and when it was polled (a JSON
+    provider's per-task budget counts both)."""
+    config = LimiterConfig(capacity=3, reserve=0, lease_s=30.0, dispatch_grace_s=0.2)
+    limiter = ThreadLimiter(Db(redis_conn, keys), config)
+    board = Board(
+        limiter.db, limiter, BoardConfig(round_gap_s=0.05, round_hold_s=5.0, record_ttl_s=60)
+    )
+    for n in (1, 2, 3):
+        on_board(board, limiter, f"s{n}", f"c{n}")
+    assert len(board.take_due(None, most=10)) == 3
+    put_back = [
+        Again("c1", "s1", 0.0, polls=3, asked=True, polled_at=1500.25),  # its reply time
+        Again("c2", "s2", 0.0, polls=3, asked=True),  # the round's ask time
+        Again("c3", "s3", 0.0, polls=0, asked=False),  # held back, never polled
+    ]
+    board.end_round(1400.0, put_back, gap_s=0.0)
+    taken = {e.captcha_id: e for e in board.take_due(None, most=10)}
+    assert {cid: (e.polls, e.polled_at) for cid, e in taken.items()} == {
+        "c1": (3, 1500.25),
+        "c2": (3, 1400.0),
+        "c3": (0, None),
+    }
 
 
 def test_a_finished_captcha_is_never_put_back(board: Board, limiter: ThreadLimiter) -> None:

@@ -22,8 +22,9 @@ from captcha_tasks import report, solve
 from captcha_tasks.core.answers import Answer
 from captcha_tasks.core.dialects import DIALECTS
 from captcha_tasks.providers.jsonapi import JSONClient
-from captcha_tasks.testing.jsonface import COSTS
+from captcha_tasks.testing.jsonface import COSTS, sandbox_id
 from captcha_tasks.testing.processes import SandboxProcess, free_port, wait_until
+from captcha_tasks.testing.sandbox import SandboxConfig, SandboxServer
 from captcha_tasks.worker.app import app
 
 pytestmark = [pytest.mark.e2e]
@@ -281,3 +282,33 @@ def test_the_primary_may_speak_the_json_family(
     assert by_provider(outcomes) == {"main": 6}
     assert all(held_by_provider(anti, "anti", o) for o in outcomes)
     assert anti.stats()["submits"] == submits + 6
+
+
+def test_a_capmonster_task_is_polled_at_its_gap_whichever_worker_polls_it(
+    start_worker: Any,
+) -> None:
+    """Two workers, asked to poll every 0.5 s, share CapMonster's per-task budget through
+    the board: its sandbox sees no task polled twice within 2 s (each process counted only
+    its own polls before, and rounds go to either worker)."""
+    dialect = DIALECTS["capmonster"]
+    config = SandboxConfig(kind="capmonster", threads=20, solve_time=5.0, jitter=0.0)
+    with SandboxServer(config) as server:
+        env = {
+            "CAPTCHAAI_BASE_URL": server.url,
+            "CAPTCHAAI_API_KEY": config.api_keys[0],
+            "CAPTCHAAI_PROVIDER_KIND": "capmonster",
+            "CAPTCHAAI_PROVIDERS": "[]",
+            "CAPTCHAAI_POLL_INTERVAL": "0.5",
+            "CAPTCHAAI_INITIAL_WAIT": "0.5",
+        }
+        start_worker(env, concurrency=4)
+        start_worker(env, concurrency=4)
+        pending = [
+            solve.delay(method="turnstile", sitekey=f"0x4A-gap{n}", pageurl=PAGE) for n in range(12)
+        ]
+        outcomes = [r.get(timeout=GET_TIMEOUT) for r in pending]
+        times = [server.poll_times(str(sandbox_id(dialect, o["captcha_id"]))) for o in outcomes]
+    assert all(o["status"] == "solved" for o in outcomes)
+    gaps = [b - a for polls in times for a, b in zip(polls, polls[1:], strict=False)]
+    assert len(gaps) >= 12  # every task was polled more than once
+    assert min(gaps) >= dialect.poll_gap_s

@@ -2,7 +2,8 @@
 -- schedule the next round.
 -- A.lease_ms = a lease's length, A.gap_ms = least ms until the next round, A.grace_ms
 -- (rounds), A.polled_ms = when they were polled (ms, the polling host's clock),
--- A.again = [[captcha id, lease id, ms until its next poll, transport errors], ...]
+-- A.again = [[captcha id, lease id, ms until its next poll, transport errors, polls so
+-- far, its last poll (ms; -1: A.polled_ms, -2: never)], ...]
 -- returns {countdown ms, due ms} of a round message the caller must publish, or {-1}
 local K = {
   -- the provider's board (lib/board.lua)
@@ -23,7 +24,9 @@ for _, item in ipairs(A.again) do
   local id = item[1]
   if redis.call('HEXISTS', K.board, id) == 1 then
     redis.call('ZADD', K.due, now + item[3], id)
-    redis.call('HSET', K.poll_state, id, A.polled_ms .. '|' .. item[4])
+    local polled = item[6]
+    if polled == -1 then polled = A.polled_ms elseif polled == -2 then polled = '' end
+    redis.call('HSET', K.poll_state, id, polled .. '|' .. item[4] .. '|' .. item[5])
     slots.renew(H, item[2], 0)
   end
 end

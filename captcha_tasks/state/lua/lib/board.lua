@@ -1,7 +1,7 @@
 -- board: the captchas at a provider and their polls (state/board.py): K.board (hash:
 -- captcha id -> job JSON), K.due (zset: captcha id -> when it is polled next, ms),
--- K.poll_state (hash: captcha id -> "<polled ms>|<errors>"), K.round (string: when the
--- pending round message is due, ms).
+-- K.poll_state (hash: captcha id -> "<polled ms>|<errors>|<polls>"), K.round (string:
+-- when the pending round message is due, ms).
 --@include lib/now.lua
 local board = {}
 
