@@ -70,7 +70,19 @@ from .batch import (
     report_reconnects,
     send_task,
 )
-from .core.batching import Abandon, Batch, Done, Emit, Fail, Look, Pull, Read, Resend, Send, Wait
+from .core.batching import (
+    Abandon,
+    AllAnswered,
+    Batch,
+    Emit,
+    Look,
+    Pull,
+    Raise,
+    ReadStream,
+    Resend,
+    Send,
+    Wait,
+)
 from .settings import Settings
 from .state import State, connections
 from .state.batches import AsyncBatchStreams
@@ -173,7 +185,7 @@ async def _drive(
                 await _pull(source, batch)
             elif isinstance(action, Send):
                 await _send(batch, action)
-            elif isinstance(action, Read):
+            elif isinstance(action, ReadStream):
                 await _read(hub.batches, runtime.state, batch, action)
             elif isinstance(action, Look):
                 await _look(runtime.state, batch, action)
@@ -181,10 +193,10 @@ async def _drive(
                 await _resend(batch, action)
             elif isinstance(action, Wait):
                 await asyncio.sleep(action.seconds)  # back-off while Redis is away
-            elif isinstance(action, Fail):
+            elif isinstance(action, Raise):
                 raise action.error
             else:
-                assert isinstance(action, Done)
+                assert isinstance(action, AllAnswered)
                 return
     finally:
         await _abandon(hub.batches, batch.close())
@@ -445,7 +457,7 @@ async def _send(batch: Batch, action: Send) -> None:
         batch.sent(task_id, time.monotonic())
 
 
-async def _read(streams: AsyncBatchStreams, state: State, batch: Batch, action: Read) -> None:
+async def _read(streams: AsyncBatchStreams, state: State, batch: Batch, action: ReadStream) -> None:
     try:
         found = await streams.read(batch.batch_id, action.after, block_ms=action.block_ms)
     except errors.StoreUnavailable as exc:

@@ -42,13 +42,13 @@ from kombu.exceptions import OperationalError
 from . import errors
 from .core.batching import (
     Abandon,
+    AllAnswered,
     Batch,
-    Done,
     Emit,
-    Fail,
     Look,
     Pull,
-    Read,
+    Raise,
+    ReadStream,
     Resend,
     Send,
     Wait,
@@ -105,7 +105,7 @@ def _drive(
                 _pull(source, batch)
             elif isinstance(action, Send):
                 _send(batch, action)
-            elif isinstance(action, Read):
+            elif isinstance(action, ReadStream):
                 _read(state, batch, action)
             elif isinstance(action, Look):
                 _look(state, batch, action)
@@ -113,10 +113,10 @@ def _drive(
                 _resend(batch, action)
             elif isinstance(action, Wait):
                 time.sleep(action.seconds)  # back-off while Redis is away
-            elif isinstance(action, Fail):
+            elif isinstance(action, Raise):
                 raise action.error
             else:
-                assert isinstance(action, Done)
+                assert isinstance(action, AllAnswered)
                 return
     finally:
         _abandon(streams, batch.close())
@@ -198,7 +198,7 @@ def _send(batch: Batch, action: Send) -> None:
         batch.sent(task_id, time.monotonic())
 
 
-def _read(state: State, batch: Batch, action: Read) -> None:
+def _read(state: State, batch: Batch, action: ReadStream) -> None:
     try:
         found = state.batches.read(batch.batch_id, action.after, block_ms=action.block_ms)
     except errors.StoreUnavailable as exc:

@@ -10,16 +10,16 @@ The conversation::
 
     batch.saw_master(generation)        # any time: the failover generation the driver sees
     action = batch.next_action(now)     # the clock is passed in
-    Pull()            -> batch.pulled(task) | batch.ended()
-    Send(index, task) -> batch.sent(task_id, now) | batch.refused(exc)
-                         | batch.unavailable(exc, now)
-    Read(after, ...)  -> batch.read(entries) | batch.unavailable(exc, now)
-    Look(task_ids)    -> batch.looked(traceless_ids, now) | batch.unavailable(exc, now)
-    Resend(id, kwargs)-> batch.resent() | batch.unavailable(exc, now)
-    Wait(seconds)     -> sleep, then ask again
-    Emit(outcomes)    -> yield them to the caller
-    Fail(error)       -> raise it
-    Done()            -> stop
+    Pull()             -> batch.pulled(task) | batch.ended()
+    Send(index, task)  -> batch.sent(task_id, now) | batch.refused(exc)
+                          | batch.unavailable(exc, now)
+    ReadStream(after)  -> batch.read(entries) | batch.unavailable(exc, now)
+    Look(task_ids)     -> batch.looked(traceless_ids, now) | batch.unavailable(exc, now)
+    Resend(id, kwargs) -> batch.resent() | batch.unavailable(exc, now)
+    Wait(seconds)      -> sleep, then ask again
+    Emit(outcomes)     -> yield them to the caller
+    Raise(error)       -> raise it
+    AllAnswered()      -> stop
     batch.close()     -> Abandon(...) to carry out, or None (the caller left, or the batch ended)
 
 What it decides:
@@ -109,7 +109,7 @@ def task_id(batch_id: str, index: int) -> str:
 
 
 @dataclass(frozen=True)
-class Read:
+class ReadStream:
     """Read the batch's stream after entry ``after`` (the entries up to it are read and may
     be trimmed), blocking up to ``block_ms`` for the first; report :meth:`Batch.read` or
     :meth:`Batch.unavailable`."""
@@ -151,14 +151,14 @@ class Emit:
 
 
 @dataclass(frozen=True)
-class Fail:
+class Raise:
     """The batch cannot go on: raise ``error``."""
 
     error: errors.CaptchaTasksError
 
 
 @dataclass(frozen=True)
-class Done:
+class AllAnswered:
     """Every task has its outcome."""
 
 
@@ -172,7 +172,7 @@ class Abandon:
     unanswered: int
 
 
-Action = Pull | Send | Read | Look | Resend | Wait | Emit | Fail | Done
+Action = Pull | Send | ReadStream | Look | Resend | Wait | Emit | Raise | AllAnswered
 
 
 class ProtocolError(RuntimeError):
@@ -258,13 +258,13 @@ class Batch:
         if self._closed:
             raise ProtocolError("the batch is closed")
         if self._failure is not None:
-            return Fail(self._failure)
+            return Raise(self._failure)
         self._expire(now)
         if self._outbox:
             return Emit(tuple(self._outbox))
         if self._outage is not None:
             if now - self._outage.since >= self.timeout_s:
-                return Fail(self._gave_up(now))
+                return Raise(self._gave_up(now))
             if now < self._outage.retry_at:
                 return Wait(self._outage.retry_at - now)
         recovery = self._recovery(now)
@@ -277,8 +277,8 @@ class Batch:
             if not self.source_ended:
                 return Pull()
         if not self.pending:
-            return Done()
-        return Read(self.last_id, self._block_ms(now))
+            return AllAnswered()
+        return ReadStream(self.last_id, self._block_ms(now))
 
     def _recovery(self, now: float) -> Resend | Look | None:
         while self.resends:
@@ -387,8 +387,8 @@ class Batch:
         self._outbox.append(failed(index, _method(task), exc))
 
     def read(self, found: Sequence[tuple[str, Outcome]]) -> None:
-        """The last :class:`Read` returned ``found`` (entry id, outcome), oldest first."""
-        self._expect(Read)
+        """The last :class:`ReadStream` returned ``found`` (entry id, outcome), oldest first."""
+        self._expect(ReadStream)
         for entry_id, outcome in found:
             self.last_id = entry_id
             if self.pending.pop(outcome["index"], None) is not None:
@@ -396,10 +396,10 @@ class Batch:
         self._redis_answered()
 
     def unavailable(self, exc: errors.StoreUnavailable, now: float) -> None:
-        """The last :class:`Send`, :class:`Read`, :class:`Look` or :class:`Resend` failed
+        """The last :class:`Send`, :class:`ReadStream`, :class:`Look` or :class:`Resend` failed
         because Redis is away."""
         asked = self._asked
-        self._expect(Send, Read, Look, Resend)
+        self._expect(Send, ReadStream, Look, Resend)
         if isinstance(asked, Resend):
             # What was traceless before the outage is looked at again after it.
             self.resends.clear()

@@ -48,7 +48,7 @@ def no_events(*_: Any, **__: Any) -> None:
 
 
 @dataclass(frozen=True)
-class Done:
+class Ended:
     """One solve to complete: its job, how it ended, and where the answer came from."""
 
     job: Job
@@ -70,9 +70,9 @@ class Completer:
 
     def complete(self, job: Job, ending: Ending, source: str = "api") -> bool:
         """End the solve of ``job``; False when something else ended it first."""
-        return self.complete_many([Done(job, ending, source)])[0]
+        return self.complete_many([Ended(job, ending, source)])[0]
 
-    def complete_many(self, items: Sequence[Done]) -> list[bool]:
+    def complete_many(self, items: Sequence[Ended]) -> list[bool]:
         """End several solves with one Redis round trip."""
         if not items:
             return []
@@ -85,7 +85,7 @@ class Completer:
             self._after(item, result)
         return [r.claimed for r in results]
 
-    def completion(self, item: Done) -> Completion:
+    def completion(self, item: Ended) -> Completion:
         """The records the finish script stores for ``item``."""
         job, ending = item.job, item.ending
         method = job.request.method
@@ -157,7 +157,7 @@ class Completer:
         run_followup(self.app, solve_id, json.loads(followup), state, value)
         self.state.followups.done(solve_id)
 
-    def _after(self, item: Done, result: Finished) -> None:
+    def _after(self, item: Ended, result: Finished) -> None:
         self.publish(result.handout)
         if not result.claimed:
             return
@@ -173,7 +173,7 @@ class Completer:
         if request.uses_proxy_pool and "proxy_owner" not in request.params:
             self.state.proxies.release(f"solve:{job.solve_id}")
 
-    def _final(self, item: Done, revoked: bool) -> tuple[str, Any]:
+    def _final(self, item: Ended, revoked: bool) -> tuple[str, Any]:
         """The state and value the solve ended with (as stored for its caller)."""
         if revoked:
             return states.REVOKED, _REVOKED

@@ -44,7 +44,7 @@ DEFAULT_TTL_S = 86400
 
 
 @dataclass(frozen=True)
-class Read:
+class StoredRecord:
     """A decoded record: its state, and the outcome (``SUCCESS``), the exception
     (``FAILURE``, ``REVOKED``) or the in-flight information."""
 
@@ -106,12 +106,12 @@ class Results:
             return states.REVOKED, TaskRevokedError(error.message or "revoked")
         return states.FAILURE, error
 
-    def read(self, record: str | bytes) -> Read:
-        return Read(*records.decode(self.backend, record))
+    def read(self, record: str | bytes) -> StoredRecord:
+        return StoredRecord(*records.decode(self.backend, record))
 
-    def stored(self, task_id: str) -> Read:
+    def stored(self, task_id: str) -> StoredRecord:
         """What ``task_id``'s record says now (``PENDING`` when there is none)."""
-        return Read(*records.stored(self.backend, task_id))
+        return StoredRecord(*records.stored(self.backend, task_id))
 
 
 def dumps(followup: Mapping[str, Any]) -> str:

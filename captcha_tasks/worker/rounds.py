@@ -24,7 +24,7 @@ from ..core.decisions import Decision, Deliver, Fail, PollAt, Resubmit
 from ..core.job import Job
 from ..core.rounds import Entry
 from ..providers.jsonapi import callback_reading
-from .completion import Done
+from .completion import Ended
 from .edges import OUTAGES, Edges
 from .health import Health
 from .stash import Stash
@@ -128,7 +128,7 @@ class Rounds:
         endings = [(d, x) for d, x in decisions if isinstance(x, Deliver | Fail)]
         claimed = self.edges.completer.complete_many(
             [
-                Done(d.job, ending, "bulk_poll" if d.captcha_id in in_bulk else "poll")
+                Ended(d.job, ending, "bulk_poll" if d.captcha_id in in_bulk else "poll")
                 for d, ending in endings
             ]
         )

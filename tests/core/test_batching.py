@@ -18,14 +18,14 @@ from captcha_tasks.core.batching import (
     SETTLE_S,
     TRACE_EVERY_S,
     Abandon,
+    AllAnswered,
     Batch,
-    Done,
     Emit,
-    Fail,
     Look,
     ProtocolError,
     Pull,
-    Read,
+    Raise,
+    ReadStream,
     Resend,
     Send,
     Wait,
@@ -75,7 +75,7 @@ def test_queues_a_window_then_reads() -> None:
     batch = Batch("b", window=2, timeout_s=60)
     assert fill(batch, 0.0, 2) == [0, 1]
     action = batch.next_action(0.0)
-    assert action == Read("0-0", int(MAX_BLOCK_S * 1000) + 1)  # window full: no third task
+    assert action == ReadStream("0-0", int(MAX_BLOCK_S * 1000) + 1)  # window full: no third task
     batch.read([entry(1, 1)])
     assert batch.next_action(0.1) == Emit((solved(1),))
     assert batch.next_action(0.1) == Pull()  # a place in the window: the next task
@@ -91,10 +91,10 @@ def test_outcomes_in_arrival_order_once_each_and_the_read_goes_on_after_the_last
     assert batch.next_action(1.0) == Pull()
     batch.ended()
     # it wakes in time for the first look at task 1 (sent at 0)
-    assert batch.next_action(1.0) == Read("8-0", int((TRACE_EVERY_S - 1.0) * 1000) + 1)
+    assert batch.next_action(1.0) == ReadStream("8-0", int((TRACE_EVERY_S - 1.0) * 1000) + 1)
     batch.read([entry(9, 1)])
     assert batch.next_action(1.5) == Emit((solved(1),))
-    assert batch.next_action(1.5) == Done()
+    assert batch.next_action(1.5) == AllAnswered()
     assert batch.close() == Abandon("b", cancel=False, unanswered=0)
 
 
@@ -122,17 +122,17 @@ def test_a_task_whose_outcome_is_late_fails_and_its_late_outcome_is_dropped() ->
     batch.next_action(1.0)
     batch.sent(tid(1), 1.0)
     read = batch.next_action(1.5)
-    assert read == Read("0-0", 1501)  # wakes for the first deadline (3.0), not later
+    assert read == ReadStream("0-0", 1501)  # wakes for the first deadline (3.0), not later
     batch.read([])
     late = batch.next_action(3.0)
     assert isinstance(late, Emit)
     assert [(o["index"], o["error"]) for o in late.outcomes] == [(0, "ERROR_SOLVE_TIMEOUT")]
     batch.next_action(3.0)  # Pull: room again
     batch.ended()
-    assert batch.next_action(3.0) == Read("0-0", 1001)
+    assert batch.next_action(3.0) == ReadStream("0-0", 1001)
     batch.read([entry(1, 0), entry(2, 1)])  # 0 came after all: dropped
     assert batch.next_action(3.1) == Emit((solved(1),))
-    assert batch.next_action(3.1) == Done()
+    assert batch.next_action(3.1) == AllAnswered()
 
 
 def test_redis_down_before_anything_was_queued_fails_at_once() -> None:
@@ -141,7 +141,7 @@ def test_redis_down_before_anything_was_queued_fails_at_once() -> None:
     batch.pulled(task())
     batch.next_action(0.0)
     batch.unavailable(DOWN, 0.0)
-    assert batch.next_action(0.0) == Fail(DOWN)
+    assert batch.next_action(0.0) == Raise(DOWN)
     assert batch.close() is None  # nothing to cancel
 
 
@@ -230,10 +230,10 @@ def test_a_failed_read_waits_then_reads_from_where_it_was() -> None:
     batch.pulled(task(1))
     batch.next_action(0.0)
     batch.sent(tid(1), 0.0)
-    assert batch.next_action(0.0) == Read("3-0", int(MAX_BLOCK_S * 1000) + 1)
+    assert batch.next_action(0.0) == ReadStream("3-0", int(MAX_BLOCK_S * 1000) + 1)
     batch.unavailable(DOWN, 0.0)
     assert batch.next_action(0.1) == Wait(pytest.approx(0.1))  # type: ignore[arg-type]
-    assert batch.next_action(0.2) == Read("3-0", int((TRACE_EVERY_S - 0.2) * 1000) + 1)
+    assert batch.next_action(0.2) == ReadStream("3-0", int((TRACE_EVERY_S - 0.2) * 1000) + 1)
 
 
 def test_an_outage_longer_than_the_task_timeout_ends_the_batch() -> None:
@@ -248,14 +248,14 @@ def test_an_outage_longer_than_the_task_timeout_ends_the_batch() -> None:
         action = batch.next_action(now)
         if isinstance(action, Wait):
             now += action.seconds
-        elif isinstance(action, Send | Read | Look):
+        elif isinstance(action, Send | ReadStream | Look):
             batch.unavailable(DOWN, now)
         elif isinstance(action, Emit):
             emitted += action.outcomes
         else:
             break
     assert [(o["index"], o["error"]) for o in emitted] == [(0, "ERROR_SOLVE_TIMEOUT")]
-    assert isinstance(action, Fail) and isinstance(action.error, errors.StoreUnavailable)
+    assert isinstance(action, Raise) and isinstance(action.error, errors.StoreUnavailable)
     assert 10 <= now <= 10 + OUTAGE_WAIT_S[1]
     assert "REDIS_URL=redis://:***@" in str(action.error)
     assert str(action.error).endswith(
@@ -333,13 +333,13 @@ def test_pending_tasks_are_looked_at_every_interval_once_they_are_old_enough() -
     batch.ended()
     # the read wakes when task 0 is old enough to be looked at, not at its deadline
     wake = TRACE_EVERY_S - 3.0
-    assert batch.next_action(3.0) == Read("0-0", int(wake * 1000) + 1)
+    assert batch.next_action(3.0) == ReadStream("0-0", int(wake * 1000) + 1)
     batch.read([])
     assert batch.next_action(TRACE_EVERY_S) == Look((tid(0),))  # task 1 is too young
     batch.looked([], TRACE_EVERY_S)
-    assert isinstance(batch.next_action(TRACE_EVERY_S), Read)  # nothing lost: no re-send
+    assert isinstance(batch.next_action(TRACE_EVERY_S), ReadStream)  # nothing lost: no re-send
     batch.read([])
-    assert isinstance(batch.next_action(2 * TRACE_EVERY_S - 0.1), Read)  # not due yet
+    assert isinstance(batch.next_action(2 * TRACE_EVERY_S - 0.1), ReadStream)  # not due yet
     batch.read([])
     assert batch.next_action(2 * TRACE_EVERY_S) == Look((tid(0), tid(1)))
 
@@ -356,7 +356,7 @@ def test_a_traceless_task_is_sent_again_under_its_id_with_its_arguments() -> Non
     batch.resent()
     assert batch.next_action(now) == Resend(tid(2), solve_kwargs("b", 2, task(2)))
     batch.resent()
-    assert isinstance(batch.next_action(now), Read)
+    assert isinstance(batch.next_action(now), ReadStream)
     batch.read([entry(1, 2)])
     assert batch.next_action(now) == Emit((solved(2),))
     # a re-send does not move the task's deadline: the caller's timeout counts from the
@@ -392,7 +392,7 @@ def test_a_master_move_rereads_the_stream_from_the_start_once_and_looks_at_once(
     batch.next_action(1.0)
     batch.ended()
     batch.saw_master(4)  # the generation it started with: nothing moved
-    assert batch.next_action(1.0) == Read("7-0", 4001)
+    assert batch.next_action(1.0) == ReadStream("7-0", 4001)
     batch.read([])
     batch.saw_master(5)
     # pending tasks old enough are looked at at once, whatever the interval
@@ -400,18 +400,18 @@ def test_a_master_move_rereads_the_stream_from_the_start_once_and_looks_at_once(
     batch.looked([], TRACE_EVERY_S + 0.5)
     # the new master's entries may sort before the old one's: from the start, and what
     # was emitted already is skipped
-    assert batch.next_action(TRACE_EVERY_S + 0.5) == Read("0-0", int(MAX_BLOCK_S * 1000) + 1)
+    assert batch.next_action(TRACE_EVERY_S + 0.5) == ReadStream("0-0", int(MAX_BLOCK_S * 1000) + 1)
     batch.read([entry(3, 0), entry(5, 1)])
     assert batch.next_action(6.0) == Emit((solved(0),))
     batch.saw_master(5)  # seen already: once per move
-    assert batch.next_action(6.0) == Done()
+    assert batch.next_action(6.0) == AllAnswered()
 
 
 def test_a_move_with_nothing_old_enough_looks_when_the_oldest_is() -> None:
     batch = Batch("b", window=1, timeout_s=60)
     fill(batch, 0.0, 1)
     batch.saw_master(1)
-    assert batch.next_action(1.0) == Read("0-0", int((TRACE_EVERY_S - 1.0) * 1000) + 1)
+    assert batch.next_action(1.0) == ReadStream("0-0", int((TRACE_EVERY_S - 1.0) * 1000) + 1)
     batch.read([])
     assert batch.next_action(TRACE_EVERY_S) == Look((tid(0),))
 
@@ -437,7 +437,7 @@ def test_an_outage_during_a_look_or_a_resend_looks_again_once_redis_is_back() ->
     batch.looked([tid(1)], now)
     assert batch.next_action(now) == Resend(tid(1), solve_kwargs("b", 1, task(1)))
     batch.resent()
-    assert isinstance(batch.next_action(now), Read)
+    assert isinstance(batch.next_action(now), ReadStream)
 
 
 # -- whole batches against a simulated Redis and workers ------------------------------------
@@ -546,17 +546,17 @@ def drive(batch: Batch, tasks: list[dict[str, Any]], world: World) -> list[dict[
             world.resent.append(index)
             world.queue(index, action.task_id)
             batch.resent()
-        elif isinstance(action, Read):
+        elif isinstance(action, ReadStream):
             read(batch, action, world)
         elif isinstance(action, Wait):
             world.now += action.seconds
-        elif isinstance(action, Fail):
+        elif isinstance(action, Raise):
             raise action.error
         else:
             return out
 
 
-def read(batch: Batch, action: Read, world: World) -> None:
+def read(batch: Batch, action: ReadStream, world: World) -> None:
     if world.down():
         batch.unavailable(DOWN, world.now)
         return
