@@ -94,6 +94,7 @@ from .state import State
 from .state.gateway import LATENCY_BUCKETS
 from .state.limiter import WAIT_BUCKETS_S, LaneUse
 from .worker.celery_compat.transport import priority_lists
+from .worker.redact import configure_logging
 
 log = logging.getLogger(__name__)
 
@@ -708,7 +709,7 @@ def serve_in_thread(
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=int)
 def metrics_command(host: str, port: int) -> None:
     """Serve Prometheus metrics read from Redis (GET /metrics)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(logging.INFO, get_settings)
     # A bad setting stops the exporter now, not at the first scrape.
     collector = StoreCollector.from_settings(get_settings())
     click.echo(f"captcha-tasks metrics on http://{host}:{port}/metrics")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
 from ..serving import Limits
 from ..serving.options import limit_options
+from ..worker.app import app
+from ..worker.redact import configure_logging
 from .server import serve, tls_context
 
 
@@ -30,7 +30,7 @@ def gateway(
     limits: Limits,
 ) -> None:
     """Serve the provider APIs (in.php/res.php, createTask/getTaskResult) to any SDK."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(log_level, app.settings)
     if keyfile and not certfile:
         raise click.UsageError("--keyfile goes with --certfile")
     serve(host, port, limits, tls_context(certfile, keyfile) if certfile else None)

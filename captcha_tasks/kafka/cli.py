@@ -35,9 +35,11 @@ import click
 def kafka_bridge(max_in_flight: int | None, drain_timeout: float, log_level: str) -> None:
     """Solve the tasks of KAFKA_TASKS_TOPIC through the workers; publish one outcome per
     task to KAFKA_RESULTS_TOPIC (failures also to KAFKA_DEAD_LETTER_TOPIC)."""
-    _configure_logging(log_level)
     from ..worker.app import app
+    from ..worker.redact import configure_logging
     from .bridge import run_bridge  # optional dependency: confluent-kafka
+
+    configure_logging(log_level, app.settings, "%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     runtime = app.runtime()
     stop = threading.Event()
@@ -97,10 +99,3 @@ def create_topics(partitions: int, replication_factor: int) -> None:
 
     created = create(partitions=partitions, replication_factor=replication_factor)
     click.echo(f"created: {', '.join(created)}" if created else "all topics exist already")
-
-
-def _configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )

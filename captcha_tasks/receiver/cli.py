@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
-
 import click
 
 from ..errors import ConfigurationError
 from ..serving.limits import Limits
 from ..serving.options import limit_options
 from ..worker.app import app
+from ..worker.redact import configure_logging
 from .callbacks import Receiver
 from .server import serve
 
@@ -29,7 +28,7 @@ def pingback_server(
     limits: Limits,
 ) -> None:
     """Receive provider callbacks (CAPTCHAAI_PINGBACK_URL must lead here)."""
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(message)s")
+    configure_logging(log_level, app.settings)
     serve(Receiver(app.runtime().runner), host, port, limits)
 
 

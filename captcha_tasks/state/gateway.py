@@ -161,6 +161,8 @@ class GatewayStats:
         self.keys = db.keys
         self._clock = clock
         self._lock = threading.Lock()
+        #: Held while a flush writes: a flush returns once every earlier one has written.
+        self._writing = threading.Lock()
         self._pending: Counter[str] = Counter()
         self._seconds: dict[str, float] = {}
         self._flushed_at = clock()
@@ -186,7 +188,14 @@ class GatewayStats:
 
     def flush(self) -> bool:
         """Write the counts kept in memory; False when Redis is away (they are kept for
-        the next try: counting never fails a request)."""
+        the next try: counting never fails a request).  Every request counted before the
+        call is in Redis when it returns True, even while another thread's flush (one a
+        request made due) is writing: a shutdown, or a reader, never sees a count that is
+        on its way."""
+        with self._writing:
+            return self._write()
+
+    def _write(self) -> bool:
         with self._lock:
             counts, seconds = self._pending, self._seconds
             self._pending, self._seconds = Counter(), {}

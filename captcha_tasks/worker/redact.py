@@ -3,7 +3,9 @@
 Every provider's API key, every tenant's gateway key, the pingback secret, proxy
 passwords and cookie values are never written out; tokens are cut to a short prefix.
 :class:`RedactingFilter` is installed on every handler of a Celery
-process (worker, beat, flower) and can be added to an application's own logging.
+process (worker, beat, flower) and of every other process of ours
+(:func:`configure_logging`: the gateway, the receiver, the Kafka bridge, the exporter), and
+can be added to an application's own logging.
 """
 
 from __future__ import annotations
@@ -132,6 +134,18 @@ class RedactingFilter(logging.Filter):
             trace = logging.Formatter().formatException(record.exc_info)
             record.exc_text = redact_text(trace, secrets)
         return True
+
+
+def configure_logging(
+    level: str | int,
+    settings: SettingsSource,
+    fmt: str = "%(asctime)s %(levelname)s %(message)s",
+) -> None:
+    """The logging of a command's own process (the gateway, the pingback receiver, the Kafka
+    bridge, the exporter): ``level`` to stderr, every line redacted as a worker's are, of
+    the secrets of ``settings()``.  The one place a process of ours configures logging."""
+    logging.basicConfig(level=level.upper() if isinstance(level, str) else level, format=fmt)
+    install(None, settings)
 
 
 def install(logger: logging.Logger | None = None, settings: SettingsSource | None = None) -> None:

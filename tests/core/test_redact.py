@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from image_files import png_b64
@@ -59,3 +63,34 @@ def test_log_lines_lose_every_key(monkeypatch: pytest.MonkeyPatch) -> None:
         assert redact_text("nothing secret here") == "nothing secret here"
     finally:
         reset_settings()
+
+
+def test_a_process_of_ours_logs_through_the_redacting_filter() -> None:
+    """``configure_logging`` (the gateway's, the receiver's, the bridge's and the exporter's
+    logging) redacts every line of the process: run in a process of its own, as they are."""
+    key = "provider-key-" + "7" * 20
+    code = (
+        "import logging\n"
+        "from captcha_tasks.settings import Settings\n"
+        "from captcha_tasks.worker.redact import configure_logging\n"
+        f"settings = Settings.from_env({{'CAPTCHAAI_API_KEY': {key!r}}})\n"
+        "configure_logging('INFO', lambda: settings)\n"
+        f"logging.getLogger('captcha_tasks.gateway').warning('refused %s', {key!r})\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "refused ***" in done.stderr, done.stderr
+    assert key not in done.stderr
+
+
+def test_no_process_of_ours_configures_logging_around_the_filter() -> None:
+    """Every process of ours that sets up its own logging does it through
+    ``configure_logging``: nothing else in the package calls ``logging.basicConfig``."""
+    root = Path(__file__).resolve().parents[2] / "captcha_tasks"
+    callers = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "basicConfig":
+                callers.append(str(path.relative_to(root)))
+    assert callers == ["worker/redact.py"]
