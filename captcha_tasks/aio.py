@@ -86,7 +86,7 @@ from .core.batching import (
 from .settings import Settings
 from .state import State, connections
 from .state.batches import AsyncBatchStreams
-from .state.connections import FAILOVERS, UNREACHABLE
+from .state.connections import MASTER_CHANGES, UNREACHABLE
 from .state.db import Db
 from .state.keys import Keys
 from .state.lua import text
@@ -176,7 +176,7 @@ async def _drive(
     hub = _hubs().hub()
     try:
         while True:
-            batch.saw_master(FAILOVERS.generation)
+            batch.saw_master(MASTER_CHANGES.generation)
             action = batch.next_action(time.monotonic())
             if isinstance(action, Emit):
                 for outcome in action.outcomes:
@@ -464,7 +464,7 @@ async def _read(streams: AsyncBatchStreams, state: State, batch: Batch, action: 
         batch.unavailable(exc, time.monotonic())
     else:
         batch.read(found)
-        if FAILOVERS.reconnects:  # a thread hop only when there is something to add
+        if MASTER_CHANGES.reconnects:  # a thread hop only when there is something to add
             await _publish(partial(report_reconnects, state))
 
 

@@ -58,7 +58,7 @@ from .core.lanes import check_lane, check_tenant
 from .settings import Settings
 from .state import State
 from .state.batches import BatchStreams
-from .state.connections import FAILOVERS
+from .state.connections import MASTER_CHANGES
 from .worker.app import app
 from .worker.tasks import solve
 
@@ -97,7 +97,7 @@ def _drive(
     streams = state.batches
     try:
         while True:
-            batch.saw_master(FAILOVERS.generation)
+            batch.saw_master(MASTER_CHANGES.generation)
             action = batch.next_action(time.monotonic())
             if isinstance(action, Emit):
                 yield from action.outcomes
@@ -145,7 +145,7 @@ def new_batch(
         if timeout_per_task is None
         else timeout_per_task,
         # A move before the batch started lost none of its writes.
-        generation=FAILOVERS.generation,
+        generation=MASTER_CHANGES.generation,
     )
 
 
@@ -173,7 +173,7 @@ def report_reconnects(state: State) -> None:
     """Add this process's reconnects to the deployment's count; kept for the next time
     when Redis is away again (the caller's read went through: it is not told)."""
     try:
-        state.failovers.report("app")
+        state.master_changes.report("app")
     except errors.StoreUnavailable as exc:
         log.debug("reconnects not reported yet: %s", exc)
 

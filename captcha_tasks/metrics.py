@@ -198,7 +198,7 @@ class StoreCollector(Collector):
         yield from self._callbacks()
         yield from self._channel()
         yield from self._providers()
-        yield from self._failovers()
+        yield from self._master_changes()
         yield from self._lanes()
         yield from self._tenants()
         yield from self._gateway()
@@ -420,10 +420,10 @@ class StoreCollector(Collector):
         yield from families.values()
         yield waits
 
-    def _failovers(self) -> Iterator[Metric]:
-        failovers = self.state.failovers
-        failovers.report("exporter")
-        counts = failovers.counts()
+    def _master_changes(self) -> Iterator[Metric]:
+        master_changes = self.state.master_changes
+        master_changes.report("exporter")
+        counts = master_changes.counts()
         yield CounterMetricFamily(
             _name("redis_master_changes"),
             "Redis masters that took over (failover, or restart) as housekeeping saw them.",

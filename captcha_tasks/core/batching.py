@@ -8,7 +8,7 @@ loop over :meth:`Batch.next_action`, so they cannot drift apart.
 
 The conversation::
 
-    batch.saw_master(generation)        # any time: the failover generation the driver sees
+    batch.saw_master(generation)        # any time: the master-change generation the driver sees
     action = batch.next_action(now)     # the clock is passed in
     Pull()             -> batch.pulled(task) | batch.ended()
     Send(index, task)  -> batch.sent(task_id, now) | batch.refused(exc)
@@ -37,7 +37,7 @@ What it decides:
   answering (the driver meeting its stale connections one by one after a restart) is the
   same outage going on, and says nothing more.
 * **What a master change lost** (a Sentinel failover; a restart that lost writes): when
-  the driver sees the failover generation move (:meth:`Batch.saw_master`), the stream is
+  the driver sees the master-change generation move (:meth:`Batch.saw_master`), the stream is
   read from its start again (``"0-0"``: the new master's entries may sort before the old
   one's; entries already emitted are skipped), and the pending tasks are looked at at
   once.  Every :data:`TRACE_EVERY_S` anyway, the pending tasks at least that old are
@@ -218,7 +218,7 @@ class Batch:
     last_id: str = "0-0"
     queued: int = 0
     source_ended: bool = False
-    #: The failover generation last seen (:meth:`saw_master`).
+    #: The master-change generation last seen (:meth:`saw_master`).
     generation: int = 0
     trace_every_s: float = TRACE_EVERY_S
     #: When the pending tasks are next looked at.
@@ -367,8 +367,8 @@ class Batch:
         self._redis_answered()
 
     def saw_master(self, generation: int) -> None:
-        """The failover generation the driver sees now (any time; see
-        :data:`captcha_tasks.state.connections.FAILOVERS`).  When it moved, the stream is read
+        """The master-change generation the driver sees now (any time; see
+        :data:`captcha_tasks.state.connections.MASTER_CHANGES`).  When it moved, the stream is read
         from its start again and the pending tasks are looked at."""
         if generation == self.generation:
             return

@@ -163,7 +163,7 @@ class Bridge:
         self.consumer = consumer or Consumer(consumer_config(s))
         self.producer = producer or Producer(producer_config(s))
         self.claims = claims or ClaimStore.for_settings(state.db, s)
-        self.failovers = state.failovers
+        self.master_changes = state.master_changes
         self.results = ResultWatcher(Results(app))
         self.tracker = OffsetTracker()
         self.feedback = FeedbackReader(
@@ -217,7 +217,7 @@ class Bridge:
         self._commit()
         self._back_pressure()
         with contextlib.suppress(StoreUnavailable):  # counted with the next report
-            self.failovers.report("kafka")
+            self.master_changes.report("kafka")
 
     def _take_messages(self) -> None:
         timeout = BUSY_POLL_S if self.waits else IDLE_POLL_S

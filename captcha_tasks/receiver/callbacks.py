@@ -203,7 +203,7 @@ class Receiver:
             return said
         captcha_id, code = said
         try:
-            self.state.failovers.report("receiver")
+            self.state.master_changes.report("receiver")
             return self.handle(ticket, captcha_id, code)
         except errors.StoreUnavailable:
             log.warning("callback for captcha %s not taken: Redis is unavailable", captcha_id)

@@ -28,11 +28,11 @@ from .channel import CallbackChannel
 from .circuits import Circuits
 from .connections import redis_client, replica_fence
 from .db import Db
-from .failovers import Failovers
 from .followups import Followups
 from .gateway import GatewayStats, GatewayTickets
 from .keys import Keys
 from .limiter import LaneUse, LimiterConfig, ThreadLimiter, WaitTimes
+from .master_changes import MasterChanges
 from .owed import OwedConfig, OwedMessages
 from .pools import PoolStore
 from .proxies import ProxyLeases
@@ -83,7 +83,7 @@ class State:
     batches: BatchStreams
     records: Records
     followups: Followups
-    failovers: Failovers
+    master_changes: MasterChanges
     budgets: TenantBudgets
     #: The gateway's ids and counters (``captcha-tasks gateway``).
     gateway: GatewayTickets
@@ -177,7 +177,7 @@ class State:
             batches=BatchStreams(db),
             records=Records(db),
             followups=Followups(db, board.followup_grace_s),
-            failovers=Failovers(db),
+            master_changes=MasterChanges(db),
             budgets=TenantBudgets(db),
             gateway=GatewayTickets(db),
             gateway_stats=GatewayStats(db),

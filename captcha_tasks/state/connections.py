@@ -12,7 +12,7 @@ into each client a process needs:
 * :func:`sentinels`: the sentinels themselves (discovery, ``SENTINEL`` commands);
 * :func:`replica_fence`: whether a write must reach a replica before it is acted on;
 * :data:`UNREACHABLE`: what a Redis call raises when Redis is, for us, not there;
-* :data:`FAILOVERS`: this process's count of reconnects and of master moves it saw.
+* :data:`MASTER_CHANGES`: this process's count of reconnects and of master moves it saw.
 
 No other module calls ``Redis.from_url``: a new way to reach Redis is added here, once,
 and every process gets it.
@@ -106,7 +106,7 @@ class MasterFollowingConnection(SentinelManagedConnection):
         if self._sock is None and self.connection_pool.is_master:
             self.host, self.port = self.connection_pool.get_master_address()
         super().connect_check_health(*args, **kwargs)
-        FAILOVERS.connected(self, self.host, self.port)
+        MASTER_CHANGES.connected(self, self.host, self.port)
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         pool = self.connection_pool
@@ -137,7 +137,7 @@ class AsyncMasterFollowingConnection(AsyncSentinelManagedConnection):
         if not self.is_connected and self.connection_pool.is_master:
             self.host, self.port = await self.connection_pool.get_master_address()
         await super().connect_check_health(*args, **kwargs)
-        FAILOVERS.connected(self, self.host, self.port)
+        MASTER_CHANGES.connected(self, self.host, self.port)
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         pool = self.connection_pool
@@ -154,11 +154,11 @@ class AsyncMasterFollowingSSLConnection(AsyncMasterFollowingConnection, AsyncSSL
     pass
 
 
-class FailoverLog:
+class MasterChangeLog:
     """What this process saw of the master behind Sentinel: reconnects (a connection that
     had been open connects again) and moves (a connection reaches another master than the
     one this process last reached).  Process-local; :meth:`drain` hands the reconnects to
-    whoever stores them in Redis (:mod:`captcha_tasks.state.failovers`) once it answers."""
+    whoever stores them in Redis (:mod:`captcha_tasks.state.master_changes`) once it answers."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -195,8 +195,8 @@ class FailoverLog:
             self._reconnects += reconnects
 
 
-#: This process's :class:`FailoverLog` (every following connection reports to it).
-FAILOVERS = FailoverLog()
+#: This process's :class:`MasterChangeLog` (every following connection reports to it).
+MASTER_CHANGES = MasterChangeLog()
 
 
 def server_address(client: redis.Redis) -> str:

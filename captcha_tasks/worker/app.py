@@ -186,21 +186,24 @@ BEAT_REPORT_S = 5.0
 
 
 @beat_init.connect
-def _report_failovers(sender: Any = None, **_: Any) -> None:
+def _report_master_changes(sender: Any = None, **_: Any) -> None:
     # Beat's own connections count their reconnects in this process; a thread adds them
     # to the deployment's count (captcha_tasks_redis_reconnects_total{process="beat"}).
     if _ours(sender):
-        failovers = _app_of(sender).runtime().state.failovers
+        master_changes = _app_of(sender).runtime().state.master_changes
         threading.Thread(
-            target=_report_every, args=(failovers,), name="captcha-tasks-failovers", daemon=True
+            target=_report_every,
+            args=(master_changes,),
+            name="captcha-tasks-master-changes",
+            daemon=True,
         ).start()
 
 
-def _report_every(failovers: Any) -> None:
+def _report_every(master_changes: Any) -> None:
     cadence = threading.Event()  # never set: a timer that nothing interrupts
     while not cadence.wait(BEAT_REPORT_S):
         with contextlib.suppress(StoreUnavailable):  # counted with the next report
-            failovers.report("beat")
+            master_changes.report("beat")
 
 
 @after_setup_logger.connect

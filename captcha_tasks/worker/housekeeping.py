@@ -31,8 +31,8 @@ from ..core.lanes import BACKGROUND
 from ..methods import SolveRequest, build_request
 from ..providers.inphp import BULK_MAX_IDS
 from ..state.circuits import PROBE_MAX_S
-from ..state.failovers import MOVED
 from ..state.limiter import Drift
+from ..state.master_changes import MOVED
 from ..state.pools import PoolSpec
 from . import names
 from .adapter import Runner
@@ -146,12 +146,12 @@ def check_providers(runner: Runner) -> dict[str, Any]:
 def follow_master(runner: Runner) -> None:
     """Add this process's reconnects to the deployment's count and, when the Redis master
     changed (a failover, a restart), make every message it may have lost due again (one
-    process per change: see :mod:`captcha_tasks.state.failovers`)."""
-    failovers = runner.state.failovers
-    failovers.report("worker")
-    change = failovers.note_master()
+    process per change: see :mod:`captcha_tasks.state.master_changes`)."""
+    master_changes = runner.state.master_changes
+    master_changes.report("worker")
+    change = master_changes.note_master()
     if change is not None:
-        solves, owed = failovers.reconcile()
+        solves, owed = master_changes.reconcile()
         what = "the Redis master changed" if change == MOVED else "Redis restarted"
         log.warning(
             "%s: sending again the %d solve messages and %d submits it may have lost (a"

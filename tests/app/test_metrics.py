@@ -351,15 +351,15 @@ def test_master_changes_and_reconnects_are_served(metrics_url: str, state: Any) 
     """What housekeeping counts of a master change, and what each process adds of its
     reconnects, is served as the deployment's totals (the failover tests drive them for
     real: tests/ha/test_failover_batch.py)."""
-    from captcha_tasks.state.connections import FailoverLog
+    from captcha_tasks.state.connections import MasterChangeLog
 
     before = _scrape(metrics_url)
-    state.failovers.note_master()
+    state.master_changes.note_master()
     state.redis.set(state.keys.redis_master(), "a-master-that-is-gone")
-    assert state.failovers.note_master()
-    log, connection = FailoverLog(), type("Connection", (), {"_was_connected": True})()
+    assert state.master_changes.note_master()
+    log, connection = MasterChangeLog(), type("Connection", (), {"_was_connected": True})()
     log.connected(connection, "127.0.0.1", 1)
-    state.failovers.report("receiver", log)
+    state.master_changes.report("receiver", log)
     after = _scrape(metrics_url)
     changes = "captcha_tasks_redis_master_changes_total"
     assert _value(after, changes) == _value(before, changes) + 1

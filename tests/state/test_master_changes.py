@@ -15,11 +15,11 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from captcha_tasks.errors import StoreUnavailable
-from captcha_tasks.state.connections import FailoverLog, server_address
+from captcha_tasks.state.connections import MasterChangeLog, server_address
 from captcha_tasks.state.db import Db
-from captcha_tasks.state.failovers import MOVED, RESTARTED, Failovers
 from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
+from captcha_tasks.state.master_changes import MOVED, RESTARTED, MasterChanges
 from captcha_tasks.state.owed import OwedConfig, OwedMessages
 from captcha_tasks.state.records import Records
 from captcha_tasks.testing.processes import free_port
@@ -44,47 +44,47 @@ def job(solve_id: str) -> str:
 
 
 class Connection:
-    """Stands in for a redis-py connection: :class:`FailoverLog` reads one attribute."""
+    """Stands in for a redis-py connection: :class:`MasterChangeLog` reads one attribute."""
 
     _was_connected = False
 
 
 def test_a_master_change_is_noticed_once_and_counted(redis_conn: Any, keys: Keys) -> None:
-    failovers = Failovers(Db(redis_conn, keys))
-    assert failovers.note_master() is None  # the first look: nothing to compare with
-    assert failovers.note_master() is None  # the same master
+    master_changes = MasterChanges(Db(redis_conn, keys))
+    assert master_changes.note_master() is None  # the first look: nothing to compare with
+    assert master_changes.note_master() is None  # the same master
     redis_conn.set(keys.redis_master(), "10.9.9.9:6379 the-run-id-of-a-master-that-is-gone")
-    assert failovers.note_master() == MOVED  # another master took over ...
-    assert failovers.note_master() is None  # ... noticed by one look only
-    assert failovers.counts()["master_changes"] == 1
+    assert master_changes.note_master() == MOVED  # another master took over ...
+    assert master_changes.note_master() is None  # ... noticed by one look only
+    assert master_changes.counts()["master_changes"] == 1
 
 
 def test_a_new_run_id_at_the_same_address_is_a_restart(redis_conn: Any, keys: Keys) -> None:
     """A plain restart gives the server a new run id too: told apart from another master
     by the address the deployment names (REDIS_URL's here), reconciled and counted alike."""
-    failovers = Failovers(Db(redis_conn, keys))
-    assert failovers.note_master() is None
+    master_changes = MasterChanges(Db(redis_conn, keys))
+    assert master_changes.note_master() is None
     address, run_id = redis_conn.get(keys.redis_master()).split(" ")
     assert address == server_address(redis_conn) and run_id == redis_conn.info()["run_id"]
     redis_conn.set(keys.redis_master(), f"{address} the-run-id-before-the-restart")
-    assert failovers.note_master() == RESTARTED
-    assert failovers.note_master() is None
-    assert failovers.counts()["master_changes"] == 1
+    assert master_changes.note_master() == RESTARTED
+    assert master_changes.note_master() is None
+    assert master_changes.counts()["master_changes"] == 1
 
 
 def test_a_run_id_kept_before_addresses_were_kept(redis_conn: Any, keys: Keys) -> None:
-    failovers = Failovers(Db(redis_conn, keys))
+    master_changes = MasterChanges(Db(redis_conn, keys))
     run_id = redis_conn.info()["run_id"]
     redis_conn.set(keys.redis_master(), run_id)  # what an older version stored
-    assert failovers.note_master() is None  # the same master: kept with its address now
+    assert master_changes.note_master() is None  # the same master: kept with its address now
     assert redis_conn.get(keys.redis_master()) == f"{server_address(redis_conn)} {run_id}"
     redis_conn.set(keys.redis_master(), "an-older-run-id")
-    assert failovers.note_master() == MOVED  # where it was is unknown: another master
+    assert master_changes.note_master() == MOVED  # where it was is unknown: another master
 
 
 def test_reconcile_makes_every_owed_message_due(redis_conn: Any, keys: Keys) -> None:
     owed = owed_on(redis_conn, keys)
-    failovers = Failovers(owed.db)
+    master_changes = MasterChanges(owed.db)
     owed.expect("queued", json.dumps({"method": "turnstile"}))
     owed.owe("owed", job("owed"), deadline_in_s=60, countdown_s=30, unclaim=False)
     redis_conn.rpush(QUEUE, "a message ahead of them")
@@ -93,7 +93,7 @@ def test_reconcile_makes_every_owed_message_due(redis_conn: Any, keys: Keys) -> 
     swept = owed.sweep(0.001, [QUEUE])
     assert swept is not None and not swept.unstarted and not swept.lost  # not due yet
 
-    assert failovers.reconcile() == (1, 1)
+    assert master_changes.reconcile() == (1, 1)
     assert not redis_conn.exists(keys.poll_round(), keys.threads_check_lock())
     redis_conn.delete(keys.housekeeping_lock())
     swept = owed.sweep(0.001, [QUEUE])
@@ -104,20 +104,20 @@ def test_reconcile_makes_every_owed_message_due(redis_conn: Any, keys: Keys) -> 
 
 
 def test_reconnects_are_added_and_kept_through_an_outage(redis_conn: Any, keys: Keys) -> None:
-    log, connection = FailoverLog(), Connection()
+    log, connection = MasterChangeLog(), Connection()
     log.connected(connection, "127.0.0.1", 1)
     log.connected(connection, "127.0.0.1", 1)  # the same connection again: a reconnect
     log.connected(connection, "127.0.0.1", 2)  # ... to another master
     assert log.generation == 1
 
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
-    away = Failovers(Db(dead, keys))
+    away = MasterChanges(Db(dead, keys))
     with pytest.raises(StoreUnavailable):
         away.report("worker", log)
-    failovers = Failovers(Db(redis_conn, keys))
-    failovers.report("worker", log)  # what the outage kept
-    failovers.report("worker", log)  # nothing new: no Redis call, nothing added
-    assert failovers.counts() == {"reconnects:worker": 2}
+    master_changes = MasterChanges(Db(redis_conn, keys))
+    master_changes.report("worker", log)  # what the outage kept
+    master_changes.report("worker", log)  # nothing new: no Redis call, nothing added
+    assert master_changes.counts() == {"reconnects:worker": 2}
 
 
 def test_a_solve_without_a_trace_is_told_apart(redis_conn: Any, keys: Keys) -> None:

@@ -2,9 +2,9 @@
 
 Behind Sentinel (or after a Redis restart without ``appendfsync always``) the writes of
 the last moments before the change can be lost.  Housekeeping notices a change by the
-master's ``run_id`` (:meth:`Failovers.note_master`: Redis keeps the one it last saw, so
+master's ``run_id`` (:meth:`MasterChanges.note_master`: Redis keeps the one it last saw, so
 exactly one process reconciles each change) and then makes every lost message that Redis
-still remembers due at once (:meth:`Failovers.reconcile`): solve messages not started
+still remembers due at once (:meth:`MasterChanges.reconcile`): solve messages not started
 yet, submits owed a message, the pending poll round.  A duplicate message is harmless
 (each solve's record and claim stop it), a lost one would wait out its grace.  A new
 ``run_id`` at the address the master was at is the same server restarted (:data:`RESTARTED`);
@@ -12,8 +12,8 @@ at another address, another master took over (:data:`MOVED`): reconciled alike, 
 apart in the log.
 
 Each process also counts what it saw itself (reconnects, from
-:data:`captcha_tasks.state.connections.FAILOVERS`) and adds it here once Redis answers
-(:meth:`Failovers.report`), so the exporter serves the deployment's totals.
+:data:`captcha_tasks.state.connections.MASTER_CHANGES`) and adds it here once Redis answers
+(:meth:`MasterChanges.report`), so the exporter serves the deployment's totals.
 """
 
 from __future__ import annotations
@@ -21,25 +21,25 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from .connections import FAILOVERS, FailoverLog, server_address
+from .connections import MASTER_CHANGES, MasterChangeLog, server_address
 from .db import Db
 from .lua import Script, text
 from .owed import owed_keys
 
 T = TypeVar("T")
 
-#: What :meth:`Failovers.note_master` found: the same server restarted, or another master.
+#: What :meth:`MasterChanges.note_master` found: the same server restarted, or another master.
 Change = Literal["restarted", "moved"]
 RESTARTED: Change = "restarted"
 MOVED: Change = "moved"
 _CHANGES: dict[int, Change] = {1: MOVED, 2: RESTARTED}
 
-NOTE_MASTER = Script("failovers/note_master")
+NOTE_MASTER = Script("master_changes/note_master")
 
-RECONCILE = Script("failovers/reconcile")
+RECONCILE = Script("master_changes/reconcile")
 
 
-class Failovers:
+class MasterChanges:
     """The deployment's record of master changes and of its processes' reconnects."""
 
     def __init__(self, db: Db) -> None:
@@ -48,7 +48,7 @@ class Failovers:
         self._note = db.bind(NOTE_MASTER)
         self._reconcile = db.bind(RECONCILE)
 
-    def report(self, process: str, log: FailoverLog = FAILOVERS) -> None:
+    def report(self, process: str, log: MasterChangeLog = MASTER_CHANGES) -> None:
         """Add what ``log`` (this process's) counted since the last report (``process``:
         the kind of process, a metric label); kept for the next report when Redis is
         away.  No Redis call when there is nothing to add."""
@@ -92,4 +92,4 @@ class Failovers:
         return {text(field): int(value) for field, value in raw.items()}
 
     def _guarded(self, call: Callable[[], T]) -> T:
-        return self.db.guard(call, "failover counts are unavailable")
+        return self.db.guard(call, "master-change counts are unavailable")
