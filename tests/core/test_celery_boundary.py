@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from parsing import parse
 
 PACKAGE = Path(__file__).resolve().parents[2] / "captcha_tasks"
 BOUNDARY = PACKAGE / "worker" / "celery_compat"
@@ -35,7 +36,7 @@ def _modules() -> list[Path]:
 
 def _imported(path: Path) -> set[str]:
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and not node.level and node.module:
             found.add(node.module)
             found |= {f"{node.module}.{alias.name}" for alias in node.names} & _SUBMODULES

@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from parsing import parse
 
 pytestmark = pytest.mark.unit
 
@@ -41,7 +42,7 @@ ALLOWED = {
 def outside_imports(source: str) -> set[str]:
     """The modules ``source`` imports that are neither relative (the package) nor allowed."""
     found = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:

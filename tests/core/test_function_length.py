@@ -13,6 +13,7 @@ import ast
 from pathlib import Path
 
 import pytest
+from parsing import parse
 
 pytestmark = pytest.mark.unit
 
@@ -24,7 +25,7 @@ MODULE_LIMIT = 400
 def long_functions(source: str, limit: int = LIMIT) -> list[tuple[str, int]]:
     """Each function of ``source`` longer than ``limit`` lines, with its length."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parse(source)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
             first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
             length = (node.end_lineno or node.lineno) - first + 1

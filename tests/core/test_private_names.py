@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from parsing import parse
 
 pytestmark = pytest.mark.unit
 
@@ -48,7 +49,7 @@ def is_module(dotted: str) -> bool:
 
 def crossings(source: str, current: str, is_package: bool = False) -> Iterator[str]:
     """Each private name of another package module that ``source`` imports or reads."""
-    tree = ast.parse(source)
+    tree = parse(source)
     modules: dict[str, str] = {}  # a local name -> the package module it is bound to
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

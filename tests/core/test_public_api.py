@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from celery import Celery, Task
+from parsing import parse
 
 import captcha_tasks
 from captcha_tasks import public
@@ -162,7 +163,7 @@ def _code_blocks(text: str) -> list[str]:
 
 def _imported_paths(code: str) -> set[str]:
     found = set()
-    for node in ast.walk(ast.parse(code)):
+    for node in ast.walk(parse(code)):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("captcha_tasks"):
             found |= {f"{node.module}.{alias.name}" for alias in node.names}
         elif isinstance(node, ast.Import):
@@ -264,7 +265,7 @@ def _imports_a_lazy_submodule(path: Path) -> bool:
     errors``) through the package's ``__getattr__``."""
     lazy = {name for name, (_, attr) in captcha_tasks._SOURCES.items() if attr is None}
     package = _package_of(path)
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom) and node.level and node.module is None:
             target = package[: len(package) - node.level + 1]
             if target == ["captcha_tasks"] and lazy & {a.name for a in node.names}:

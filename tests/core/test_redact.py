@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from image_files import png_b64
+from parsing import parse
 
 from captcha_tasks.settings import Settings, reset_settings
 from captcha_tasks.worker.redact import RedactingFilter, mask_params, redact_text, secrets_of
@@ -90,7 +91,7 @@ def test_no_process_of_ours_configures_logging_around_the_filter() -> None:
     root = Path(__file__).resolve().parents[2] / "captcha_tasks"
     callers = []
     for path in sorted(root.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and node.attr == "basicConfig":
                 callers.append(str(path.relative_to(root)))
     assert callers == ["worker/redact.py"]

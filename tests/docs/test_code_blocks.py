@@ -34,6 +34,7 @@ from typing import Any
 
 import pytest
 from celery.result import AsyncResult
+from parsing import parse
 
 from captcha_tasks.settings import get_settings
 from captcha_tasks.state.keys import Keys
@@ -183,7 +184,7 @@ def test_a_block_not_run_here_says_why_and_its_imports_work(
         return
     assert block.why, f"{block.where}: say why it is not run"
     compiled(block)
-    tree = ast.parse(block.code)
+    tree = parse(block.code)
     imports = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
     assert imports, f"{block.where} is not run and imports nothing: nothing is checked"
     elsewhere = {ISOLATED[name] for name in _top_modules(imports) if name in ISOLATED}
