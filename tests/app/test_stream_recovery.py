@@ -77,10 +77,21 @@ def test_messages_lost_with_every_trace_are_sent_again_under_their_ids(
     thread = threading.Thread(target=caller, name=f"batch-{mode}", daemon=True)
     thread.start()
     r, keys = state.redis, state.keys
-    wait_until(lambda: r.zcard(keys.requested()) == COUNT, 15, what="every message sent")
+
+    def queued() -> int:
+        return sum(r.llen(q) for q in queue_names(env))
+
+    # Redis takes note of a message before the broker queues it: wait for both, or the
+    # last message could be queued after the "loss" below, and never be lost at all.
+    wait_until(
+        lambda: r.zcard(keys.requested()) == COUNT and queued() == COUNT,
+        15,
+        what="every message noted and queued",
+    )
     sent = sorted(r.zrange(keys.requested(), 0, -1))
     # The master that took them is gone: so are the messages and every note of them.
     r.delete(*queue_names(env), keys.requested(), keys.requested_messages())
+    assert queued() == 0
     assert sorted(state.records.traceless(sent)) == sent  # nothing left to go by
     start_worker()
 
