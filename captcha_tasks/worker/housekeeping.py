@@ -28,6 +28,7 @@ from ..core import health, routing
 from ..core.answers import NOT_READY
 from ..core.job import Job
 from ..core.lanes import BACKGROUND
+from ..core.threads import counted_as_ours
 from ..methods import SolveRequest, build_request
 from ..providers.inphp import BULK_MAX_IDS
 from ..state.circuits import PROBE_MAX_S
@@ -198,7 +199,8 @@ def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
     except errors.RateLimited as exc:
         limiter.pause(health.account_hold(exc) or 0.0)
         return None
-    ours = [slot for slot in held_before if slot not in finished]
+    submitted = {job.solve_id for job in at_provider.values()}
+    ours = counted_as_ours(held_before, submitted, finished, shows)
     drift = limiter.see_provider(info["working_threads"], view_hold_s(every), ours)
     if drift.now and not drift.before:
         log.warning(

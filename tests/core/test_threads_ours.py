@@ -1,0 +1,31 @@
+"""Which slots count as ours in a provider's count of working threads
+(:func:`captcha_tasks.core.threads.counted_as_ours`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from captcha_tasks.core.threads import counted_as_ours
+
+pytestmark = pytest.mark.unit
+
+
+def test_alone_every_slot_held_counts_but_the_finished() -> None:
+    # a submit still on its way counts: alone, it must not pass for another client
+    assert counted_as_ours(["a", "b", "c"], {"a"}, {"b"}, another_shows=False) == ["a", "c"]
+
+
+def test_with_another_client_a_submit_not_yet_answered_is_not_ours() -> None:
+    # "c" holds a slot, but its in.php may not have reached the provider when it counted:
+    # counting it hands one of the other client's threads to us (a CI run saw the
+    # provider queue three submits that way)
+    assert counted_as_ours(["a", "b", "c"], {"a", "b"}, set(), another_shows=True) == ["a", "b"]
+
+
+def test_with_another_client_the_finished_are_left_out_too() -> None:
+    assert counted_as_ours(["a", "b"], {"a", "b"}, {"a"}, another_shows=True) == ["b"]
+
+
+def test_a_solve_on_the_board_but_not_held_before_is_not_ours() -> None:
+    # taken after held_before was read: the Lua counts only slots held both then and now
+    assert counted_as_ours(["a"], {"a", "z"}, set(), another_shows=True) == ["a"]
