@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -21,8 +22,10 @@ from typing import Any
 import pytest
 import requests
 
+from captcha_tasks.testing import processes
 from captcha_tasks.testing.processes import CeleryProcess, RedisServer
 
+ROOT = Path(__file__).resolve().parents[1]
 API_KEY = "test-key-" + os.urandom(6).hex()
 _STATE: dict[str, Any] = {}
 
@@ -79,6 +82,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # asks for the sandbox gets one of its own (``sandbox_server``), in its settings.
     _STATE["redis"] = RedisServer(log_dir=out)
     os.environ.update(TEST_ENV, REDIS_URL=_STATE["redis"].url)
+    # The suite's ~200 worker and beat processes skip the `celery` group's imports
+    # (harness/celery_main.py); the tests of the command line run `celery` itself.
+    processes.CELERY_COMMAND = (sys.executable, str(ROOT / "harness" / "celery_main.py"))
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -225,8 +225,15 @@ class RedisServer(ChildProcess):
         return time.monotonic() - stopped
 
 
+#: How :class:`CeleryProcess` starts ``celery -A captcha_tasks``: the argv before the role
+#: (``worker`` or ``beat``).  A test suite may point it at a launcher that runs the same
+#: worker or beat command more cheaply (this project's does: ``harness/celery_main.py``).
+CELERY_COMMAND: tuple[str, ...] = (sys.executable, "-m", "celery", "-A", "captcha_tasks")
+
+
 class CeleryProcess(ChildProcess):
-    """``celery -A captcha_tasks worker`` (or ``beat``) as a child process."""
+    """``celery -A captcha_tasks worker`` (or ``beat``) as a child process, started with
+    :data:`CELERY_COMMAND` (as it is when the process is made)."""
 
     def __init__(
         self,
@@ -250,9 +257,10 @@ class CeleryProcess(ChildProcess):
         self.pool = pool
         self.queues = tuple(queues) if queues is not None else queue_names(self.env)
         self.extra_args = list(extra_args)
+        self.command = CELERY_COMMAND
 
     def argv(self) -> list[str]:
-        base = [sys.executable, "-m", "celery", "-A", "captcha_tasks", self.role]
+        base = [*self.command, self.role]
         if self.role == "beat":
             schedule = self.log_dir / f"{self.node}-schedule"
             return [*base, "-l", "INFO", "-s", str(schedule), *self.extra_args]
