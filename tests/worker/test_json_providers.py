@@ -255,10 +255,15 @@ def test_a_primary_killed_mid_batch_fails_over_to_the_json_family(
     assert spread.get("anti", 0) > 0 and spread.get("solver", 0) > 0, spread
     tokens = [o["token"] for o in outcomes if o["method"] != "base64"]
     assert len(set(tokens)) == len(tokens)  # no token delivered twice
+    methods = {}
     for name, process in (("anti", anti), ("solver", solver)):
         ours = [o for o in outcomes if o["provider"] == name]
-        assert {o["method"] for o in ours} == {"userrecaptcha", "turnstile", "base64"}, name
+        methods[name] = {o["method"] for o in ours}
         assert all(held_by_provider(process, name, o) for o in ours), name
+    # Which of the two takes a captcha depends on the threads free at the moment (anti's
+    # 20, the overflow after 2 s of waiting), not on its method: a run saw anti take no
+    # image.  Together they solve every method (anti's images: the probe test above).
+    assert set().union(*methods.values()) == {"userrecaptcha", "turnstile", "base64"}, methods
     paid = sum(len(p.paid()) - paid_before[name] for name, p in sandboxes.items())
     assert paid <= len(results) + 15, paid
 
