@@ -173,8 +173,13 @@ def test_a_result_that_never_comes_times_out(sandbox: Any) -> None:
     results = asyncio.run(asyncio.wait_for(main(), 3.5))
     assert sorted(r["index"] for r in results) == [0, 1]
     assert {r["error"] for r in results} == {"ERROR_SOLVE_TIMEOUT"}
-    # the shared sandbox is left idle for the next test
+    # the shared sandbox is left idle for the next test, and so is the worker: a solve the
+    # stream stopped waiting for goes on until a poll fetches its answer, and each "not
+    # ready" renews its thread's lease; one still polling when the next test held the
+    # sandbox's answers kept a thread of that test's (a run saw 14 of its 15 submitted)
     wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the provider to go idle")
+    limiter = app.runtime().state.limiter
+    wait_until(lambda: limiter.in_use() == 0, 15, what="the worker to fetch both answers")
 
 
 # Leaving with break: tests/app/test_batch_drivers.py, for both drivers.
