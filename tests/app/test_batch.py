@@ -254,15 +254,22 @@ def test_ctrl_c_keeps_lines_and_prints_how_to_resume(
     sandbox.configure(solve_time=0.4, jitter=0.1, threads=3)
     source = write_jsonl(tmp_path / "in.jsonl", [task(sitekey=f"k{i}") for i in range(60)])
     out = tmp_path / "out.jsonl"
-    cmd = [sys.executable, "-m", "captcha_tasks.cli", "batch", str(source), "-o", str(out)]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    # -X faulthandler: a batch still running 30 s after Ctrl-C dumps its threads on SIGABRT
+    # (a CI run saw one; what it waited for is what the next failure will show)
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "captcha_tasks.cli", "batch", str(source)]
+    proc = subprocess.Popen([*cmd, "-o", str(out)], stderr=subprocess.PIPE, text=True, env=env)
     try:
         wait_until(lambda: out.exists() and len(read_jsonl(out)) >= 3, 60, what="some results")
         # The latch: no further answer until the batch has been interrupted, so it cannot
         # end on its own first, however slowly this process is scheduled.
         sandbox.configure(hold=True)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=10)
+            pytest.fail(f"the batch ran on 30 s after Ctrl-C; its threads then:\n{err[-8000:]}")
     finally:
         sandbox.configure(hold=False)
         if proc.poll() is None:
