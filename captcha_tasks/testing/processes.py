@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -40,10 +41,38 @@ def queue_names(env: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(f"{prefix}.{kind}" for kind in QUEUE_KINDS)
 
 
+#: How many ports below the kernel's ephemeral range :func:`free_port` picks from.
+PORT_SPAN = 12_000
+_PICK = random.SystemRandom()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port nothing listens on, below the kernel's ephemeral range.
+
+    A port picked now is often bound later (a test module's settings name it at import,
+    minutes before its test runs).  From the ephemeral range (a bind to port 0), it could
+    be taken meanwhile by any outgoing connection or port-0 bind (a run saw a callback
+    server's port taken so); below the range, only by another pick of this function."""
+    low = _ephemeral_low()
+    for _ in range(100):
+        port = _PICK.randrange(max(1024, low - PORT_SPAN), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    with socket.socket() as s:  # the span is full: any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux; 32768 elsewhere)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def wait_until(
