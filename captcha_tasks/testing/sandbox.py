@@ -1628,9 +1628,11 @@ class SandboxServer:
                 return False
             refuse, watch = self._state.outage_tick()
             if refuse and self._listener is not None:
+                # not listening from before the port closes: a caller refused a connection
+                # finds it so, however long the close takes (it joins cheroot's thread)
+                closing, self._listener = self._listener, None
                 self._state.listener_closing()
-                self._listener.close()
-                self._listener = None
+                closing.close()
             elif not refuse and self._listener is None:
                 try:
                     listener = _Listener(self._app, self._host, self._port)
