@@ -88,7 +88,7 @@ def whole_again(main: SandboxProcess, backup: SandboxProcess) -> Iterator[None]:
         for process in (main, backup):
             if not process.alive():
                 process.restart()
-            process.configure(**SANDBOX, hang_rate=0.0)
+            process.configure(**SANDBOX, hang_rate=0.0, hold=False)
         app.runtime().state.circuits.reset()
 
     restore()
@@ -207,7 +207,14 @@ def test_a_worker_killed_after_the_backup_handed_out_a_thread_loses_nothing(
     doomed = start_worker(
         {**returns, "CAPTCHAAI_FAULTS": "handout"}, concurrency=1, name="providers-doomed"
     )
+    # The latch: the backup answers nothing until submits wait for its threads, so a
+    # freed thread is handed out however slowly the one-thread worker submits (a CI run's
+    # worker never filled the backup's 15 threads at 0.4 s solves, and never got there).
+    backup.configure(hold=True)
     results = solve_many(60)
+    parked = app.runtime().state.provider("backup").limiter
+    wait_until(lambda: parked.parked_count() > 0, 60, what="a submit waiting at the backup")
+    backup.configure(hold=False)
     wait_until(lambda: not doomed.alive(), 60, what="the worker to reach the fault point")
     assert doomed.proc.returncode == -9  # it died at the point, not of something else
     state = app.runtime().state
