@@ -101,6 +101,9 @@ log = logging.getLogger(__name__)
 
 #: Pause before the pub/sub reader tries again after losing its connection.
 RECONNECT_S = 0.5
+#: Longest wait for Redis's answer to a wait's last look at its record, at its timeout
+#: (Redis away: the wait raises this much past its timeout at most).
+LAST_LOOK_S = 0.5
 #: ``CLIENT SETNAME`` of the asyncio connections (``CLIENT LIST`` tells them apart).
 CLIENT_NAME = "captcha-tasks-aio"
 
@@ -125,8 +128,9 @@ async def solve(
 
     ``timeout``: seconds to wait for the outcome once the solve is sent, as
     ``get(timeout=...)``.  A Redis outage meanwhile is waited out; when the time is up,
-    :class:`~captcha_tasks.errors.StoreUnavailable` if Redis is still away, else
-    ``TimeoutError``.  None (the default) waits as long as the solve takes.
+    Redis is asked once more: :class:`~captcha_tasks.errors.StoreUnavailable` if it does
+    not answer, the outcome if it was stored after all, else ``TimeoutError``.  None (the
+    default) waits as long as the solve takes.
     """
     kwargs = {"method": method, "sitekey": sitekey, "pageurl": pageurl, **params}
     if timeout is not None and not timeout > 0:
@@ -311,9 +315,7 @@ class _Hub:
             try:
                 return await asyncio.wait_for(waiter.record, left)
             except TimeoutError:
-                if self.lost and self.lost_error is not None:
-                    raise self._gone(self.lost_error, timeout) from None
-                raise TimeoutError(f"no outcome within {timeout:g} s") from None
+                return await self._last_look(channel, timeout)
         finally:
             del self.waiters[channel]
             if not self.reader.done():
@@ -342,6 +344,24 @@ class _Hub:
                 if pause is None:
                     raise self._gone(exc, timeout) from None
             await asyncio.sleep(pause)  # a back-off while Redis is away
+
+    async def _last_look(self, channel: str, timeout: float | None) -> str:
+        """At the timeout, Redis itself says why no outcome came: the record, if it was
+        stored after all (its publication missed while the channel was lost); else
+        ``TimeoutError`` if Redis answers, :class:`~captcha_tasks.errors.StoreUnavailable`
+        if it does not within :data:`LAST_LOOK_S`.  Asked, not taken from the reader's
+        ``lost`` flag, which lags: the reader may be between its tries when Redis is back,
+        or meet a reconnect of the shared connection by a subscribe."""
+        try:
+            record = await asyncio.wait_for(self.redis.get(channel), LAST_LOOK_S)
+        except UNREACHABLE as exc:
+            raise self._gone(exc, timeout) from None
+        except TimeoutError:  # no answer in time: why the reader last lost it, if it did
+            why = self.lost_error or ConnectionError(f"no answer within {LAST_LOOK_S:g} s")
+            raise self._gone(why, timeout) from None
+        if record is not None and _ready(text(record)):
+            return text(record)
+        raise TimeoutError(f"no outcome within {timeout:g} s")
 
     def _back(self) -> None:
         if self.lost:

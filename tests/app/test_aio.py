@@ -350,3 +350,32 @@ def test_only_a_ready_record_ends_the_wait(redis_conn: Any) -> None:
     first, second = asyncio.run(main())
     assert first == done
     assert second == {**done, "token": "u"}
+
+
+def test_at_its_timeout_a_wait_asks_redis_why(redis_conn: Any) -> None:
+    """At the timeout the wait looks at the record once more, whatever the reader last
+    thought of the channel: a ready record stored without a publication reaching the wait
+    is its answer, and with Redis answering and no record the timeout is asyncio's, even
+    while the reader still holds an outage it met (a CI run got ``StoreUnavailable`` for
+    a wait that began after Redis was back)."""
+    backend = app.backend
+    stored, missing = str(uuid.uuid4()), str(uuid.uuid4())
+    meta = {"status": "SUCCESS", "result": {"status": "solved", "token": "v"}}
+    ready = str(backend.encode({**meta, "traceback": None, "children": [], "task_id": stored}))
+
+    async def main() -> tuple[dict[str, Any], BaseException]:
+        hub = aio._hubs().hub()
+        key = aio._result_key(stored)
+        waiting = asyncio.create_task(hub.wait_result(key, timeout=3.0))
+        await _until(lambda: redis_conn.pubsub_numsub(key)[0][1] == 1, 5, "a subscriber")
+        await _until(lambda: hub.rereader and hub.rereader.done(), 5, "the re-read")
+        redis_conn.set(key, ready)  # stored, never published: only the last look finds it
+        found = aio._outcome(await asyncio.wait_for(waiting, 10))
+        hub.lost, hub.lost_error = True, ConnectionError("an outage the reader met")
+        with pytest.raises(TimeoutError) as timed_out:
+            await hub.wait_result(aio._result_key(missing), timeout=0.5)
+        return found, timed_out.value
+
+    found, timed_out = asyncio.run(main())
+    assert found == meta["result"]
+    assert type(timed_out) is TimeoutError and "no outcome within 0.5 s" in str(timed_out)

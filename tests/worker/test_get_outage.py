@@ -233,7 +233,8 @@ def test_get_past_its_timeout_with_redis_away_raises_store_unavailable(stack: St
     stack.start_redis_after(0)
     # Redis answers, no worker: the timeout is Celery's own
     stack.caller.ask(do="get", id=task_id, timeout=1)
-    assert stack.caller.next("raised")["raised"] == "celery.exceptions.TimeoutError"
+    reply = stack.caller.next("raised")
+    assert reply["raised"] == "celery.exceptions.TimeoutError", reply
     stack.start_worker()  # and the next get() of the same result has it
     stack.caller.ask(do="get", id=task_id, timeout=TIMEOUT_S)
     assert stack.caller.next("got")["got"]["status"] == "solved"
@@ -247,7 +248,8 @@ def test_aio_past_its_timeout_with_redis_away_raises_store_unavailable(stack: St
     assert_store_unavailable(stack.caller.next("raised"), stack)
     stack.start_redis_after(0)
     stack.caller.ask(do="aio", timeout=1)  # Redis answers, no worker: asyncio's timeout
-    assert stack.caller.next("raised")["raised"] == "builtins.TimeoutError"
+    reply = stack.caller.next("raised")
+    assert reply["raised"] == "builtins.TimeoutError", reply
     stack.start_worker()  # and the next call has its outcome
     stack.caller.ask(do="aio", timeout=TIMEOUT_S)
     assert stack.caller.next("got")["got"]["status"] == "solved"
