@@ -260,6 +260,11 @@ class SandboxConfig:
     #: stopped.  An ordering test holds the answers until the state it tests is reached
     #: (every captcha parked, say) instead of counting on slow solves.
     hold: bool = False
+    #: The latch closing itself: once this many more solved captchas have been read (a
+    #: token handed to a client), ``hold`` becomes true, at that instant, and this None
+    #: again.  A test stops the clock at the first answer, so nothing submitted after it
+    #: can become ready whatever the machine's speed.
+    hold_after_reads: int | None = None
 
     def __post_init__(self) -> None:
         # Values also arrive as JSON from POST /sandbox/config, so check types, not just ranges.
@@ -287,6 +292,8 @@ class SandboxConfig:
         self.queue_silently = _check_bool("queue_silently", self.queue_silently)
         self.solve_times_by_task = _check_bool("solve_times_by_task", self.solve_times_by_task)
         self.hold = _check_bool("hold", self.hold)
+        if self.hold_after_reads is not None:
+            self.hold_after_reads = _check_int("hold_after_reads", self.hold_after_reads, 1)
         self.pingback_drop_rate = _check_number(
             "pingback_drop_rate", self.pingback_drop_rate, 0.0, 1.0
         )
@@ -841,6 +848,12 @@ class _State:
         #: Set on every config change: wakes the server's outage supervisor.
         self.changed = threading.Event()
         self._journal = _open_journal(journal)
+        # The count of solved reads at which the latch closes itself (hold_after_reads).
+        self._hold_at_read = self._hold_target(config)
+
+    def _hold_target(self, config: SandboxConfig) -> int | None:
+        after = config.hold_after_reads
+        return None if after is None else self._counts["solved_reads"] + after
 
     def close(self) -> None:
         with self._lock:
@@ -870,6 +883,8 @@ class _State:
                 raise ValueError("first_id can only be set at start")
             self._config = config
             self._clock.hold(config.hold)
+            if "hold_after_reads" in changes:
+                self._hold_at_read = self._hold_target(config)
             if "seed" in changes:
                 self._rng.seed(config.seed)
                 self._drops.seed(_drop_seed(config.seed))
@@ -927,6 +942,7 @@ class _State:
             self._peak = 0
             self._epoch += 1
             self.caller.counts.update(dict.fromkeys(self.caller.counts, 0))
+            self._hold_at_read = self._hold_target(self._config)
 
     # -- in.php ------------------------------------------------------------------------
     def in_php(self, params: Mapping[str, str]) -> _Reply:
@@ -1278,6 +1294,15 @@ class _State:
         if captcha.read_epoch != self._epoch:
             captcha.read_epoch = self._epoch
             self._counts["solved_reads"] += 1
+            self._close_latch_if_due()
+
+    def _close_latch_if_due(self) -> None:
+        """``hold_after_reads``: the latch closes at the read it was waiting for."""
+        due = self._hold_at_read
+        if due is not None and self._counts["solved_reads"] >= due:
+            self._config = dataclasses.replace(self._config, hold=True, hold_after_reads=None)
+            self._clock.hold(True)
+            self._hold_at_read = None
 
     def _other_action(
         self, action: str, params: Mapping[str, str], json_mode: bool, now: float

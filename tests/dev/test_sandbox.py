@@ -192,6 +192,30 @@ def test_hold_keeps_every_answer_and_thread_until_released(make_api: Callable[..
     assert api.get(before)["status"] == 1 and api.stats()["in_flight"] == 0
 
 
+def test_the_latch_closes_itself_after_the_reads_it_was_given(
+    make_api: Callable[..., Api],
+) -> None:
+    api = make_api(solve_time=2.0, jitter=0.0, threads=3)
+    first, second = api.submit(TURNSTILE), api.submit(TURNSTILE)
+    api.clock.advance(1.0)
+    late = api.submit(TURNSTILE)  # ready one second after the other two
+    api.clock.advance(1.0)
+    api.server.update_config(hold_after_reads=1)
+    assert api.get(first)["status"] == 1  # the first read closes the latch
+    config = api.server.config
+    assert config.hold is True and config.hold_after_reads is None
+    api.clock.advance(60)
+    assert api.get(second)["status"] == 1  # ready before it closed: read as ever
+    assert api.get(late) == {"status": 0, "request": "CAPCHA_NOT_READY"}
+    api.server.update_config(hold=False)
+    api.clock.advance(1.0)
+    assert api.get(late)["status"] == 1
+    with pytest.raises(ValueError, match="hold_after_reads must be an integer"):
+        api.server.update_config(hold_after_reads=0.5)
+    with pytest.raises(ValueError, match="hold_after_reads must be"):
+        api.server.update_config(hold_after_reads=0)
+
+
 def test_json_replies_and_unique_increasing_ids(api: Api) -> None:
     ids = [api.submit(TURNSTILE) for _ in range(5)]
     assert [int(i) for i in ids] == sorted(int(i) for i in ids)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from captcha_tasks import aio, errors, solve
 from captcha_tasks.batch import stream
@@ -73,6 +74,40 @@ class Batch(threading.Thread):
         return self.outcomes
 
 
+class Grants(threading.Thread):
+    """The tenants handed a thread, in the order the limiter's scripts handed them out.
+
+    Redis's ``MONITOR`` shows the commands a script runs, in the order it runs them, and
+    each grant counts one more slot held (``HINCRBY <lane counts> held|<lane>|<tenant> 1``,
+    lib/slots.lua).  The captchas' ids only say the order their submits reached the
+    provider, which a loaded machine reorders (a CI run saw a crawler's submit overtake
+    three of the shop's granted before it)."""
+
+    def __init__(self, redis_url: str, counts_key: str) -> None:
+        super().__init__(daemon=True)
+        self.counts_key = counts_key
+        self.tenants: list[str] = []
+        self.monitor = redis.Redis.from_url(redis_url).monitor()
+        self.monitor.__enter__()  # MONITOR answered: every later command is seen
+
+    def run(self) -> None:
+        try:
+            for command in self.monitor.listen():
+                words = command["command"].split(" ")
+                if words[:2] == ["HINCRBY", self.counts_key] and words[3:] == ["1"]:
+                    kind, _lane, tenant = words[2].split("|")
+                    if kind == "held":
+                        self.tenants.append(tenant)
+        except (redis.ConnectionError, OSError, ValueError):
+            return  # closed by stop()
+
+    def stop(self) -> list[str]:
+        self.monitor.connection.disconnect()
+        self.join(10)
+        assert not self.is_alive(), "the MONITOR reader did not stop"
+        return self.tenants
+
+
 def test_an_interactive_solve_takes_the_next_thread_ahead_of_a_bulk_backlog(
     sandbox: Any, two_workers: list[Any]
 ) -> None:
@@ -97,7 +132,9 @@ def test_an_interactive_solve_takes_the_next_thread_ahead_of_a_bulk_backlog(
     assert sandbox.stats()["peak_in_flight"] <= app.runtime().settings.providers.capacity
 
 
-def test_freed_threads_follow_the_tenants_weights(sandbox: Any, two_workers: list[Any]) -> None:
+def test_freed_threads_follow_the_tenants_weights(
+    sandbox: Any, two_workers: list[Any], redis_url: str
+) -> None:
     # The sandbox holds every answer (its latch) while the crawler's batch takes every
     # thread and both tenants park the rest of their work: the state is the same however
     # loaded the machine is, and each freed thread after the release is a choice.
@@ -122,6 +159,8 @@ def test_freed_threads_follow_the_tenants_weights(sandbox: Any, two_workers: lis
         lanes = limiter.lanes()
         return sum(use.parked for key, use in lanes.items() if key[1] in ("shop", "crawler"))
 
+    grants = Grants(redis_url, limiter.keys.lane_counts())
+    grants.start()
     crawler.start()
     wait_until(lambda: sandbox.stats()["in_flight"] == capacity, 60, what="every thread taken")
     shop.start()
@@ -130,10 +169,8 @@ def test_freed_threads_follow_the_tenants_weights(sandbox: Any, two_workers: lis
     for batch in (crawler, shop):
         outcomes = batch.finish()
         assert len(outcomes) == n and all(o["status"] == "solved" for o in outcomes)
-    # The order threads were handed out in is the order of the captcha ids (the sandbox
-    # numbers what it takes), not the order outcomes reached the client (a loaded machine
-    # reorders those).
-    handed = [tag for _, tag in sorted((int(o["captcha_id"]), tag) for tag, o in arrivals)]
+    handed = grants.stop()
+    assert Counter(handed) == {"crawler": n, "shop": n}, "".join(t[0] for t in handed)
     assert handed[:capacity] == ["crawler"] * capacity
     # The shop came back from idle: it is owed the share it missed, one plan's worth of
     # threads at most (lib/slots.lua), and takes it first.
