@@ -1,6 +1,6 @@
 """The full run starts its longest modules first.
 
-``./scripts/test --all`` hands whole modules to four processes (``--dist loadfile``, with
+``./scripts/test --all`` hands whole modules to six processes (``--dist loadfile``, with
 ``--no-loadscope-reorder`` so that pytest-xdist keeps this order instead of its own, by
 number of tests). Handed out longest first, no long module (the Node suite, the failover
 batch: one test each, over a minute) is left to run alone at the end while the other

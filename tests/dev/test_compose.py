@@ -15,8 +15,6 @@ import click
 import pytest
 import redis
 import yaml
-from celery.bin.base import CLIContext
-from celery.bin.celery import celery as celery_group
 
 import captcha_tasks
 from captcha_tasks.cli import cli
@@ -110,7 +108,12 @@ def _check_celery_command(argv: list[str]) -> None:
             option = arg.lstrip("-").partition("=")[0]
             assert option in default_options, f"Flower has no option --{option}"
         return
-    # Parse the options as `celery` would: an unknown option is a UsageError.
+    # Parse the options as `celery` would: an unknown option is a UsageError.  Imported
+    # here: the group's module imports every subcommand and plugin (~0.6 CPU-s), and every
+    # test process of the run collects this module.
+    from celery.bin.base import CLIContext
+    from celery.bin.celery import celery as celery_group
+
     parent = click.Context(
         celery_group,
         obj=CLIContext(app=captcha_tasks.app, no_color=True, workdir=None, quiet=True),
