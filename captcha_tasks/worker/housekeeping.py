@@ -193,14 +193,15 @@ def check_threads(runner: Runner, provider: str | None = None) -> Drift | None:
         # its threads: asked right after the count, "not ready" proves it was counted.
         # Asked only while another client shows or was seen (alone on the key, nothing
         # to count: no res.php that pingback would have saved).
-        held_any = set(held_before) | set(limiter.held_slots())  # ours at the count
+        held_after = limiter.held_slots()
+        held_any = set(held_before) | set(held_after)  # ours at the count
         shows = info["working_threads"] > len(held_any) or limiter.external() > 0
         finished = _finished(api, at_provider) if shows else set()
     except errors.RateLimited as exc:
         limiter.pause(health.account_hold(exc) or 0.0)
         return None
     submitted = {job.solve_id for job in at_provider.values()}
-    ours = counted_as_ours(held_before, submitted, finished, shows)
+    ours = counted_as_ours(held_before, held_after, submitted, finished, shows)
     drift = limiter.see_provider(info["working_threads"], view_hold_s(every), ours)
     if drift.now and not drift.before:
         log.warning(

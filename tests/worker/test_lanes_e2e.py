@@ -10,7 +10,9 @@ import json
 import subprocess
 import sys
 import threading
+import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,8 +87,11 @@ class Grants(threading.Thread):
 
     def __init__(self, redis_url: str, counts_key: str) -> None:
         super().__init__(daemon=True)
-        self.counts_key = counts_key
+        self.url, self.counts_key = redis_url, counts_key
         self.tenants: list[str] = []
+        #: Sent by :meth:`stop`: the reader has read everything before it when it reads it.
+        self.end = f"grants-end-{uuid.uuid4().hex}"
+        self.closing = False
         self.monitor = redis.Redis.from_url(redis_url).monitor()
         self.monitor.__enter__()  # MONITOR answered: every later command is seen
 
@@ -94,18 +99,37 @@ class Grants(threading.Thread):
         try:
             for command in self.monitor.listen():
                 words = command["command"].split(" ")
+                if words == ["ECHO", self.end]:
+                    return
                 if words[:2] == ["HINCRBY", self.counts_key] and words[3:] == ["1"]:
                     kind, _lane, tenant = words[2].split("|")
                     if kind == "held":
                         self.tenants.append(tenant)
-        except (redis.ConnectionError, OSError, ValueError):
-            return  # closed by stop()
+        except Exception:
+            if not self.closing:  # closed under the reader by close(): nothing to report
+                raise
 
     def stop(self) -> list[str]:
+        """Every grant made before this call, once the reader has caught up with MONITOR
+        (it reads behind the commands on a loaded machine)."""
+        with redis.Redis.from_url(self.url) as conn:
+            conn.echo(self.end)
+        self.join(60)
+        assert not self.is_alive(), "the MONITOR reader did not catch up within 60 s"
+        return self.tenants
+
+    def close(self) -> None:
+        self.closing = True
         self.monitor.connection.disconnect()
         self.join(10)
-        assert not self.is_alive(), "the MONITOR reader did not stop"
-        return self.tenants
+
+
+@pytest.fixture
+def grants(redis_url: str, two_workers: list[Any]) -> Iterator[Grants]:
+    watcher = Grants(redis_url, app.runtime().state.limiter.keys.lane_counts())
+    watcher.start()
+    yield watcher
+    watcher.close()
 
 
 def test_an_interactive_solve_takes_the_next_thread_ahead_of_a_bulk_backlog(
@@ -133,7 +157,7 @@ def test_an_interactive_solve_takes_the_next_thread_ahead_of_a_bulk_backlog(
 
 
 def test_freed_threads_follow_the_tenants_weights(
-    sandbox: Any, two_workers: list[Any], redis_url: str
+    sandbox: Any, two_workers: list[Any], grants: Grants
 ) -> None:
     # The sandbox holds every answer (its latch) while the crawler's batch takes every
     # thread and both tenants park the rest of their work: the state is the same however
@@ -159,8 +183,6 @@ def test_freed_threads_follow_the_tenants_weights(
         lanes = limiter.lanes()
         return sum(use.parked for key, use in lanes.items() if key[1] in ("shop", "crawler"))
 
-    grants = Grants(redis_url, limiter.keys.lane_counts())
-    grants.start()
     crawler.start()
     wait_until(lambda: sandbox.stats()["in_flight"] == capacity, 60, what="every thread taken")
     shop.start()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import requests
 
+from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker import housekeeping
 
 pytestmark = [pytest.mark.redis, pytest.mark.usefixtures("clean_state")]
@@ -49,6 +50,38 @@ def test_alone_a_submit_on_its_way_is_not_another_client(app: Any, sandbox: Any)
     drift = housekeeping.check_threads(runtime.runner)
     assert drift is not None and (drift.now, drift.ours) == (0, 1)
     assert limiter.external() == 0
+
+
+def test_alone_a_submit_made_while_the_provider_counts_is_not_another_client(
+    app: Any, sandbox: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = app.runtime()
+    # held (the latch) while the check looks, and done soon after: the next test's
+    # provider holds nothing of ours
+    sandbox.configure(threads=runtime.settings.providers.threads, solve_time=0.2, hold=True)
+    limiter = runtime.state.provider(None).limiter
+    api = runtime.api(None)
+    count = api.threads_info
+
+    def submit_then_count() -> Any:
+        # between the check's read of our slots and the provider's count, a submit takes
+        # a slot and reaches the provider (as a busy worker's may)
+        take_slot(limiter, "during-the-count")
+        resp = requests.post(
+            f"{sandbox.url}/in.php",
+            data={"key": os.environ["CAPTCHAAI_API_KEY"], "method": "turnstile",
+                  "sitekey": "x", "pageurl": "https://e.x"},
+            timeout=5,
+        )  # fmt: skip
+        assert resp.text.startswith("OK|"), resp.text
+        return count()
+
+    monkeypatch.setattr(api, "threads_info", submit_then_count)
+    drift = housekeeping.check_threads(runtime.runner)
+    assert drift is not None and (drift.now, drift.ours) == (0, 1)
+    assert limiter.external() == 0
+    sandbox.configure(hold=False)
+    wait_until(lambda: sandbox.stats()["in_flight"] == 0, 10, what="the captcha to end")
 
 
 def test_a_submit_on_its_way_does_not_hide_another_clients_thread(app: Any, sandbox: Any) -> None:
