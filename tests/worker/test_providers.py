@@ -142,13 +142,16 @@ def test_a_primary_killed_mid_batch_hands_its_captchas_over_and_gets_them_back(
 ) -> None:
     start_worker()
     # The primary's clock stops at its 15th answer (its latch, closing itself): when it is
-    # killed, 15 are solved, 15 in its threads and 30 wait for them, however slowly this
-    # test sees the 15 (a CI run killed it once the batch was nearly done: the rest went
-    # to its threads before, and back to it after, and the backup never had to take any).
+    # killed, 15 or so are solved (a captcha ready before the latch closed is still read),
+    # its 15 threads hold captchas that cannot end and the rest wait for them, however
+    # slowly this test looks (a CI run killed it once the batch was nearly done: the rest
+    # went to its threads before, and back to it after, and the backup took none).
     main.configure(hold_after_reads=15)
     results = solve_many(60)
-    wait_until(lambda: sum(r.ready() for r in results) == 15, 30, what="15 solves")
-    assert main.stats()["in_flight"] == 15
+    wait_until(lambda: sum(r.ready() for r in results) >= 15, 30, what="15 solves")
+    # the threads the 15 gave back are taken again (their submits may still be on the way)
+    wait_until(lambda: main.stats()["in_flight"] == 15, 30, what="the primary's threads full")
+    assert sum(r.ready() for r in results) <= 60 - 15 - 15  # and some wait for a thread
     main.restart(down_s=4.0)  # SIGKILL mid-batch, back on the same port 4 s later
     outcomes = [r.get(timeout=GET_TIMEOUT) for r in results]
     tokens = [o["token"] for o in outcomes]
