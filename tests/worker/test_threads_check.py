@@ -20,19 +20,19 @@ OTHER_KEY = "another-client-key"
 OTHERS = 3
 
 
+def submit(sandbox: Any, key: str) -> None:
+    """One captcha at the sandbox under ``key``, as a client's ``in.php`` sends it."""
+    resp = requests.post(
+        f"{sandbox.url}/in.php",
+        data={"key": key, "method": "turnstile", "sitekey": "x", "pageurl": "https://e.x"},
+        timeout=5,
+    )
+    assert resp.text.startswith("OK|"), resp.text
+
+
 def other_client_takes_threads(sandbox: Any) -> None:
     for _ in range(OTHERS):
-        resp = requests.post(
-            f"{sandbox.url}/in.php",
-            data={
-                "key": OTHER_KEY,
-                "method": "turnstile",
-                "sitekey": "x",
-                "pageurl": "https://e.x",
-            },
-            timeout=5,
-        )
-        assert resp.text.startswith("OK|"), resp.text
+        submit(sandbox, OTHER_KEY)
 
 
 def take_slot(limiter: Any, solve_id: str) -> None:
@@ -67,13 +67,7 @@ def test_alone_a_submit_made_while_the_provider_counts_is_not_another_client(
         # between the check's read of our slots and the provider's count, a submit takes
         # a slot and reaches the provider (as a busy worker's may)
         take_slot(limiter, "during-the-count")
-        resp = requests.post(
-            f"{sandbox.url}/in.php",
-            data={"key": os.environ["CAPTCHAAI_API_KEY"], "method": "turnstile",
-                  "sitekey": "x", "pageurl": "https://e.x"},
-            timeout=5,
-        )  # fmt: skip
-        assert resp.text.startswith("OK|"), resp.text
+        submit(sandbox, os.environ["CAPTCHAAI_API_KEY"])
         return count()
 
     monkeypatch.setattr(api, "threads_info", submit_then_count)
