@@ -57,9 +57,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from . import errors
 from .batch import (
@@ -379,9 +377,11 @@ class _Hub:
             while True:
                 try:
                     message = await self.pubsub.get_message(timeout=None)
-                except (RedisConnectionError, RedisTimeoutError) as exc:
-                    # redis-py re-subscribes on reconnect; _dispatch then re-reads the
-                    # records that may have been published meanwhile.
+                except (*UNREACHABLE, OSError) as exc:
+                    # Whatever says Redis is away, as everywhere else (an error that ended
+                    # this reader would fail every wait on the loop as "closed").  redis-py
+                    # re-subscribes on reconnect; _dispatch then re-reads the records that
+                    # may have been published meanwhile.
                     if not self.lost:
                         log.warning("result channel lost (%s); reconnecting", exc)
                         self.lost = True
@@ -391,6 +391,9 @@ class _Hub:
                 self._back()
                 if message:
                     self._dispatch(message)
+        except Exception:
+            log.exception("the result channel's reader failed; its waits end")
+            raise
         finally:
             await self._shutdown()
 
