@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -194,6 +194,27 @@ def keys(redis_conn: Any) -> Iterator[Any]:
     yield k
     for key in redis_conn.scan_iter(k.all_patterns()):
         redis_conn.delete(key)
+
+
+@pytest.fixture
+def move_clock(redis_conn: Any) -> Iterator[Callable[[float], None]]:
+    """Moves the clock every Lua script reads (the test-only offset of ``lib/now.lua``) on
+    by ``s`` seconds, when the test says.  A test that checks something is *not* due yet
+    gives it seconds (not tenths: a loaded machine can stall a process that long between
+    two lines), then moves past them instead of waiting.  The offset is the session Redis
+    server's, so it is cleared afterwards; a test that finds one set fails at once."""
+    from captcha_tasks.state.keys import TEST_CLOCK_OFFSET_KEY
+
+    assert redis_conn.get(TEST_CLOCK_OFFSET_KEY) is None, "a test clock offset was left set"
+    moved = 0
+
+    def move(s: float) -> None:
+        nonlocal moved
+        moved += round(s * 1000)
+        redis_conn.set(TEST_CLOCK_OFFSET_KEY, moved)
+
+    yield move
+    redis_conn.delete(TEST_CLOCK_OFFSET_KEY)
 
 
 @pytest.fixture

@@ -237,8 +237,28 @@ class RedisServer(ChildProcess):
                 *self.extra_args,
             ]
         )  # fmt: skip
-        wait_until(lambda: redis_reachable(self.url), timeout, what="the Redis server")
+        wait_until(self._ours_answers, timeout, what="the Redis server")
         return self
+
+    def _ours_answers(self) -> bool:
+        """Whether the server this object started answers at its URL.  Another server on
+        the port (a process that picked the same free port and bound it first: ours then
+        exits) would otherwise pass for it, and tests would share its state."""
+        if not self.alive():
+            raise RuntimeError(
+                f"the Redis server for port {self.port} exited as it started (is another "
+                f"process listening there?): {self.log_text()[-500:]}"
+            )
+        if not redis_reachable(self.url):
+            return False
+        with redis_client(self.url) as client:
+            answering = int(client.info("server")["process_id"])
+        if answering != self.pid:
+            raise RuntimeError(
+                f"port {self.port} is another Redis server's (process {answering}), "
+                f"not the one started here (process {self.pid})"
+            )
+        return True
 
     def restart(self, graceful: bool = True, down_s: float = 0.0) -> float:
         """Stop the server (SIGTERM: it syncs its append-only file; or SIGKILL), stay down

@@ -1,14 +1,16 @@
 """``free_port`` picks below the kernel's ephemeral range: a port a module names at import
 and binds minutes later cannot be taken meanwhile by an outgoing connection (a run saw a
-callback server's port taken so)."""
+callback server's port taken so).  Only another pick can take it, and a Redis server
+started on a port another server already holds says so instead of passing for it."""
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
-from captcha_tasks.testing.processes import PORT_SPAN, _ephemeral_low, free_port
+from captcha_tasks.testing.processes import PORT_SPAN, RedisServer, _ephemeral_low, free_port
 
 pytestmark = pytest.mark.redis  # binds sockets
 
@@ -28,3 +30,14 @@ def test_an_outgoing_connection_never_takes_a_picked_port() -> None:
         server.listen()
         with socket.create_connection(server.getsockname()) as client:
             assert client.getsockname()[1] >= _ephemeral_low()
+
+
+def test_a_redis_server_refuses_a_port_another_one_holds(tmp_path: Path) -> None:
+    first = RedisServer(log_dir=tmp_path / "first").start()
+    second = RedisServer(port=first.port, log_dir=tmp_path / "second")
+    try:
+        with pytest.raises(RuntimeError, match=f"port {first.port}"):
+            second.start()
+    finally:
+        second.stop()
+        first.stop()

@@ -4,6 +4,7 @@ route change is said once."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,7 +12,6 @@ import pytest
 from captcha_tasks.state.acceptance import AcceptanceStore
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.keys import Keys
-from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -53,10 +53,10 @@ def test_v3_scores_are_averaged(redis_conn: Any, keys: Keys) -> None:
     assert found.scores == pytest.approx(3, abs=0.01)
 
 
-def test_counts_decay_on_the_servers_clock(redis_conn: Any, keys: Keys) -> None:
-    # A half-life short enough to watch (the test clock offset would move every script's
-    # clock, other tests' too).
-    store = AcceptanceStore(Db(redis_conn, keys), 100, 0.5)
+def test_counts_decay_on_the_servers_clock(
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
+) -> None:
+    store = AcceptanceStore(Db(redis_conn, keys), 100, 60)
     for _ in range(8):
         store.report("primary", "turnstile", "shop.test", False)
 
@@ -64,7 +64,8 @@ def test_counts_decay_on_the_servers_clock(redis_conn: Any, keys: Keys) -> None:
         return store.read("turnstile", "shop.test").acceptance["primary"].bad
 
     assert bad() > 4
-    wait_until(lambda: bad() < 2, 5, what="two half-lives")
+    move_clock(150)  # two and a half half-lives
+    assert 1.3 < bad() < 1.5  # 8 * 2 ** -2.5 = 1.41
     # a new report lands on the decayed counts
     store.report("primary", "turnstile", "shop.test", True)
     after = store.read("turnstile", "shop.test").acceptance["primary"]

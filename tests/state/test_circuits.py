@@ -4,14 +4,14 @@ closes it; each transition is reported to the one caller that made it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from captcha_tasks.state.circuits import PROBE_FIRST_S, Circuits
+from captcha_tasks.state.circuits import PROBE_MAX_S, Circuits
 from captcha_tasks.state.db import Db
 from captcha_tasks.state.keys import Keys
-from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -43,16 +43,22 @@ def test_an_empty_balance_or_a_refused_key_opens_it_at_once(redis_conn: Any, key
     assert (view["main"].why, view["backup"].why) == ("balance", "key")
 
 
-def test_probes_come_due_one_at_a_time_on_a_back_off(redis_conn: Any, keys: Keys) -> None:
+def test_probes_come_due_one_at_a_time_on_a_back_off(
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None], monkeypatch: Any
+) -> None:
+    # seconds, not the default's one: nothing may come due while the test runs its lines
+    monkeypatch.setattr("captcha_tasks.state.circuits.PROBE_FIRST_S", 5.0)
+    assert PROBE_MAX_S >= 2 * 5.0
     circuits = make(redis_conn, keys)
     circuits.failed("main", "ERROR_ZERO_BALANCE", "balance")
     assert circuits.probes_due() == []  # not before the first probe's time
-    wait_until(lambda: circuits.probes_due() == ["main"], PROBE_FIRST_S + 2, what="a probe")
+    move_clock(5.1)
+    assert circuits.probes_due() == ["main"]
     assert circuits.probes_due() == []  # taken: the next one waits twice as long
     probe_at = circuits.read()["main"].probe_at
     opened_at = circuits.read()["main"].opened_at
     assert probe_at is not None and opened_at is not None
-    assert probe_at - opened_at >= 2 * PROBE_FIRST_S
+    assert probe_at - opened_at >= 2 * 5.0
 
 
 def test_a_good_answer_closes_it_and_a_bad_one_does_not(redis_conn: Any, keys: Keys) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,21 +142,22 @@ def test_lease_nobody_renews_expires(redis_conn: Any, keys: Keys) -> None:
     assert [p.lease_id for p in handout.given] == ["waiting"]
 
 
-def test_a_poll_renews_the_lease_of_its_solve(redis_conn: Any, keys: Keys) -> None:
-    lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=0.5)
+def test_a_poll_renews_the_lease_of_its_solve(
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
+) -> None:
+    lim = make(redis_conn, keys, capacity=1, reserve=0, lease_s=30)
     board = board_of(lim)
     assert admit(lim, "a") == "go"
     board.register("a", 0, "c1", job_of("a", 0), first_poll_in_s=0.0)
     registered = redis_conn.zscore(keys.slots(), "a")
-    start = server_ms(redis_conn)
-    wait_until(lambda: server_ms(redis_conn) > start + 300, 2, what="the server clock")
-    polled = server_ms(redis_conn)
+    move_clock(20)
+    polled = server_ms(redis_conn) + 20_000  # the scripts' clock
     board.end_round(polled / 1000, [Again("c1", "a", 1.0)], gap_s=0.1)
     # the lease now runs a whole lease from the poll, well past where it stood
     renewed = redis_conn.zscore(keys.slots(), "a")
-    assert renewed >= polled + 500 > registered + 250
-    wait_until(lambda: server_ms(redis_conn) > registered + 100, 2, what="the old expiry")
-    assert lim.in_use() == 1  # alive past the expiry it had before the poll
+    assert renewed >= polled + 30_000 > registered + 15_000
+    move_clock(15)  # past the expiry it had before the poll
+    assert lim.in_use() == 1  # and it is alive
 
 
 def test_a_late_poll_never_brings_back_a_released_lease(redis_conn: Any, keys: Keys) -> None:
@@ -196,16 +198,15 @@ def test_submit_rate_window(redis_conn: Any, keys: Keys) -> None:
 
 
 def test_a_deferred_submit_is_handed_out_when_the_budget_lets_it_go(
-    redis_conn: Any, keys: Keys
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
 ) -> None:
-    lim = make(redis_conn, keys, capacity=10, in_per_window=2, in_window_s=0.3)
+    lim = make(redis_conn, keys, capacity=10, in_per_window=2, in_window_s=5)
     statuses = [admit(lim, f"s{i}", i) for i in range(5)]
     assert statuses == ["go", "go", "deferred", "deferred", "deferred"]
     assert lim.deferred_count() == 3 and lim.in_use() == 2  # they wait without a thread
     # nothing is handed out before the window frees; then as many as it lets go
     assert sweep_now(lim, redis_conn).handout.given == []
-    start = server_ms(redis_conn)
-    wait_until(lambda: server_ms(redis_conn) > start + 700, 3, what="the window to pass")
+    move_clock(10.1)  # two windows
     given = sweep_now(lim, redis_conn).handout.given
     assert [p.lease_id for p in given] == ["s2", "s3"]
     assert given[0].job == job_of("s2", 2)
@@ -395,16 +396,15 @@ def sweep_now(lim: ThreadLimiter, redis_conn: Any, owed: OwedMessages | None = N
 
 
 def test_a_handed_out_submit_whose_message_is_lost_is_handed_out_again(
-    redis_conn: Any, keys: Keys
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
 ) -> None:
-    lim = make(redis_conn, keys, capacity=1, reserve=0, dispatch_grace_s=0.2)
+    lim = make(redis_conn, keys, capacity=1, reserve=0, dispatch_grace_s=5)
     assert admit(lim, "a") == "go"
     assert admit(lim, "p1", 1) == "parked"
     handout = finish(lim, "a")  # ... and the worker dies before it publishes p1's submit
     assert [p.lease_id for p in handout.given] == ["p1"]
     assert sweep_now(lim, redis_conn).lost == []  # not overdue yet
-    start = server_ms(redis_conn)
-    wait_until(lambda: server_ms(redis_conn) > start + 250, 2, what="the grace period")
+    move_clock(5.1)  # the grace period
     lost = sweep_now(lim, redis_conn).lost
     assert [p.lease_id for p in lost] == ["p1"]
     assert lost[0].job == job_of("p1", 1)
@@ -415,18 +415,17 @@ def test_a_handed_out_submit_whose_message_is_lost_is_handed_out_again(
 
 
 def test_an_owed_submit_behind_a_backed_up_queue_is_only_waiting(
-    redis_conn: Any, keys: Keys
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
 ) -> None:
-    lim = make(redis_conn, keys, capacity=1, reserve=0, dispatch_grace_s=0.1)
+    lim = make(redis_conn, keys, capacity=1, reserve=0, dispatch_grace_s=5, lease_s=300)
     assert admit(lim, "a") == "go"
-    assert admit(lim, "p1", 1) == "parked"
+    assert admit(lim, "p1", 1, deadline_in_s=300) == "parked"
     finish(lim, "a")
     redis_conn.rpush(SUBMIT_QUEUE, "messages ahead of it")
     try:
-        start = server_ms(redis_conn)
-        wait_until(lambda: server_ms(redis_conn) > start + 150, 2, what="the grace period")
+        move_clock(5.1)  # the grace period
         assert sweep_now(lim, redis_conn).lost == []  # it waits its turn: no second copy
-        wait_until(lambda: server_ms(redis_conn) > start + 1050, 3, what="ten grace periods")
+        move_clock(45)  # ten grace periods in all
         assert [p.lease_id for p in sweep_now(lim, redis_conn).lost] == ["p1"]
     finally:
         redis_conn.delete(SUBMIT_QUEUE)
@@ -447,15 +446,16 @@ def test_one_sweep_per_tick(redis_conn: Any, keys: Keys) -> None:
     assert owed.sweep(tick_s=5, solve_queues=[QUEUE]) is None
 
 
-def test_a_solve_message_lost_before_it_started_is_sent_again(redis_conn: Any, keys: Keys) -> None:
+def test_a_solve_message_lost_before_it_started_is_sent_again(
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
+) -> None:
     lim = make(redis_conn, keys)
-    owed = owed_of(lim, message_grace_s=0.2)
+    owed = owed_of(lim, message_grace_s=5)
     owed.expect("s1", json.dumps({"method": "turnstile", "_batch": {"id": "b", "index": 3}}))
     owed.expect("s2", json.dumps({"method": "turnstile"}))
     assert admit(lim, "s2", 2) == "go"  # s2's message ran
     assert sweep_now(lim, redis_conn, owed).unstarted == []  # not overdue yet
-    start = server_ms(redis_conn)
-    wait_until(lambda: server_ms(redis_conn) > start + 250, 2, what="the grace period")
+    move_clock(5.1)  # the grace period
     redis_conn.rpush(QUEUE, "a message still queued")
     assert sweep_now(lim, redis_conn, owed).unstarted == []  # the queue is backed up: waiting
     redis_conn.delete(QUEUE)
@@ -465,15 +465,15 @@ def test_a_solve_message_lost_before_it_started_is_sent_again(redis_conn: Any, k
 
 
 def test_an_owed_retry_is_handed_out_again_if_its_message_is_lost(
-    redis_conn: Any, keys: Keys
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
 ) -> None:
-    lim = make(redis_conn, keys, dispatch_grace_s=0.1)
+    lim = make(redis_conn, keys, dispatch_grace_s=5)
     assert admit(lim, "s1", 1, message_id="m1") == "go"
     # in.php failed: the submit goes again at once
     lim.owe("s1", job_of("s1", 1), deadline_in_s=60, countdown_s=0.0, unclaim=True)
     assert not redis_conn.exists(keys.submit_claim("s1"))
-    start = server_ms(redis_conn)
-    wait_until(lambda: server_ms(redis_conn) > start + 150, 2, what="the grace period")
+    assert sweep_now(lim, redis_conn).lost == []  # not overdue yet
+    move_clock(5.1)  # the grace period
     assert [p.lease_id for p in sweep_now(lim, redis_conn).lost] == ["s1"]
 
 
@@ -580,15 +580,16 @@ def test_a_queue_past_its_limit_turns_the_submit_away(redis_conn: Any, keys: Key
     assert admit(lim, "c") == "parked"  # without a limit (no overflow free) it waits here
 
 
-def test_a_back_off_waits_in_redis_not_in_a_message(redis_conn: Any, keys: Keys) -> None:
+def test_a_back_off_waits_in_redis_not_in_a_message(
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
+) -> None:
     lim = make(redis_conn, keys, capacity=2, reserve=0)
     assert admit(lim, "a") == "go"
-    lim.defer("a", job_of("a", 0), at_in_s=0.3, deadline_in_s=60, unclaim=True)
+    lim.defer("a", job_of("a", 0), at_in_s=5, deadline_in_s=60, unclaim=True)
     assert not redis_conn.exists(keys.submit_claim("a"))
     assert lim.in_use() == 1 and lim.deferred_count() == 1  # it keeps its thread
     assert sweep_now(lim, redis_conn).handout.given == []
-    start = server_ms(redis_conn)
-    wait_until(lambda: server_ms(redis_conn) > start + 350, 2, what="its time")
+    move_clock(5.1)  # its time
     given = sweep_now(lim, redis_conn).handout.given
     assert [p.lease_id for p in given] == ["a"] and given[0].job == job_of("a", 0)
     assert admit(lim, "a") == "go"

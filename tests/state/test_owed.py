@@ -5,7 +5,7 @@ and a message that started is owed no more."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -13,10 +13,9 @@ import pytest
 
 from captcha_tasks.state.board import Board, BoardConfig, Completion
 from captcha_tasks.state.db import Db
-from captcha_tasks.state.keys import TEST_CLOCK_OFFSET_KEY, Keys
+from captcha_tasks.state.keys import Keys
 from captcha_tasks.state.limiter import LimiterConfig, ThreadLimiter
 from captcha_tasks.state.owed import OwedConfig, OwedMessages
-from captcha_tasks.testing.processes import wait_until
 
 pytestmark = pytest.mark.redis
 
@@ -24,9 +23,10 @@ QUEUE = "t-owed-solve-queue"
 
 
 def provider(redis_conn: Any, keys: Keys, name: str | None) -> tuple[ThreadLimiter, Board]:
-    """One provider's limiter and board (None: the primary, whose keys are unscoped)."""
+    """One provider's limiter and board (None: the primary, whose keys are unscoped).  A
+    submit it hands out is owed its message for 5 s (``dispatch_grace_s``), as the sweep's."""
     db = replace(Db(redis_conn, keys), keys=keys.scoped(name))
-    config = LimiterConfig(capacity=1, reserve=0, lease_s=30.0, dispatch_grace_s=0.1)
+    config = LimiterConfig(capacity=1, reserve=0, lease_s=30.0, dispatch_grace_s=5)
     limiter = ThreadLimiter(db, config, name or "main")
     return limiter, Board(
         db, limiter, BoardConfig(round_gap_s=0.1, round_hold_s=5, record_ttl_s=60)
@@ -35,26 +35,6 @@ def provider(redis_conn: Any, keys: Keys, name: str | None) -> tuple[ThreadLimit
 
 def job_of(solve_id: str, provider: str) -> str:
     return json.dumps({"solve_id": solve_id, "provider": provider, "attempt": 0})
-
-
-def server_ms(conn: Any) -> int:
-    sec, usec = conn.time()
-    return int(sec) * 1000 + int(usec) // 1000
-
-
-@pytest.fixture
-def move_clock(redis_conn: Any) -> Iterator[Callable[[float], None]]:
-    """Moves the Redis clock our scripts read on by ``s`` seconds (the test-only offset of
-    ``lib/now.lua``), so a grace period passes when the test says, however slow it runs."""
-    moved = 0
-
-    def move(s: float) -> None:
-        nonlocal moved
-        moved += int(s * 1000)
-        redis_conn.set(TEST_CLOCK_OFFSET_KEY, moved)
-
-    yield move
-    redis_conn.delete(TEST_CLOCK_OFFSET_KEY)
 
 
 def sweep(owed: OwedMessages, redis_conn: Any) -> Any:
@@ -95,12 +75,14 @@ def test_one_sweep_sends_again_what_any_provider_handed_out(
     assert [p.lease_id for p in sweep(owed, redis_conn).lost] == ["main-parked"]
 
 
-def test_a_solve_message_on_its_way_is_owed_until_it_starts(redis_conn: Any, keys: Keys) -> None:
-    owed = OwedMessages(Db(redis_conn, keys), OwedConfig(message_grace_s=0.1))
+def test_a_solve_message_on_its_way_is_owed_until_it_starts(
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
+) -> None:
+    owed = OwedMessages(Db(redis_conn, keys), OwedConfig(message_grace_s=5))
     owed.expect("s1", json.dumps({"method": "turnstile"}))
     owed.expect("s2", json.dumps({"method": "turnstile"}))
     backup, _ = provider(redis_conn, keys, "backup")
     assert backup.admit("s2", job_of("s2", "backup"), attempt=0, deadline_in_s=60).status == "go"
-    start = server_ms(redis_conn)
-    wait_until(lambda: server_ms(redis_conn) > start + 150, 2, what="the grace period")
+    assert sweep(owed, redis_conn).unstarted == []  # not overdue yet
+    move_clock(5.1)  # the grace period
     assert [p.lease_id for p in sweep(owed, redis_conn).unstarted] == ["s1"]
