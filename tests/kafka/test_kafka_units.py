@@ -9,6 +9,7 @@ import logging
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -39,7 +40,6 @@ from captcha_tasks.kafka.messages import (
 )
 from captcha_tasks.kafka.offsets import OffsetTracker
 from captcha_tasks.settings import ENVIRONMENT_VARIABLES, Settings
-from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 
 PAGE = "https://example.com/login"
@@ -382,31 +382,36 @@ def test_offsets_going_backwards_are_refused() -> None:
 # -- claims ---------------------------------------------------------------------------------
 
 
-def make_claims(**graces: float) -> ClaimStore:
+def make_claims() -> ClaimStore:
+    """Claims trusted for seconds, not tenths: nothing may expire while a test runs its
+    lines (the ones that wait move the scripts' clock: ``move_clock``)."""
     return ClaimStore(
         app.runtime().state.db,
         "unit-group",
         result_ttl=60,
-        solve_grace_s=graces.get("solve", 0.6),
-        dispatch_grace_s=graces.get("dispatch", 0.3),
+        solve_grace_s=10,
+        dispatch_grace_s=5,
     )
 
 
 @pytest.mark.redis
-def test_one_claim_per_task_until_its_owner_is_presumed_dead(clean_state: None) -> None:
+def test_one_claim_per_task_until_its_owner_is_presumed_dead(
+    clean_state: None, move_clock: Callable[[float], None]
+) -> None:
     claims = make_claims()
     mine = claims.claim("t-1", "c1")
     assert (mine.state, mine.celery_id, mine.ours) == ("new", "c1", True)
     seen = claims.claim("t-1", "c2")
     assert (seen.state, seen.celery_id, seen.ours) == ("claimed", "c1", False)
-    assert 0 < seen.trust_s <= 0.3
+    assert 0 < seen.trust_s <= 5  # the dispatch grace
     assert claims.dispatched("t-1", "c1")
     solving = claims.claim("t-1", "c2", give_up_on="c1")  # too early to give up
     assert (solving.state, solving.celery_id) == ("solving", "c1")
-    assert 0.3 < solving.trust_s <= 0.6
+    assert 5 < solving.trust_s <= 10  # the solve grace, from the dispatch
+    move_clock(10.1)
     # Only a caller that looked for c1's result may take over, and only after the grace.
-    wait_until(lambda: claims.claim("t-1", "c9").trust_s == 0, 5, what="the solve grace")
-    assert claims.claim("t-1", "c9").state == "solving"
+    gone = claims.claim("t-1", "c9")
+    assert (gone.state, gone.trust_s) == ("solving", 0)
     taken = claims.claim("t-1", "c2", give_up_on="c1")
     assert (taken.state, taken.celery_id) == ("takeover", "c2")
     assert not claims.dispatched("t-1", "c1")  # the old owner no longer holds it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -44,15 +45,14 @@ def test_acquire_is_sticky(redis_conn: Any, keys: Keys) -> None:
 
 
 def test_each_assignment_has_its_own_ttl(redis_conn: Any, keys: Keys) -> None:
-    pool = make_pool(redis_conn, keys, *PROXIES[:2], assignment_ttl_s=0.3)
-    a, b = pool.acquire("a"), pool.acquire("b")
+    # Two views of one pool, whose holders renew for 10 minutes and for 0.3 s: the
+    # assignments expire on the Redis server's clock, which no test offset moves.
+    pool = make_pool(redis_conn, keys, *PROXIES[:2])
+    brief = ProxyPool(redis_conn, keys, assignment_ttl_s=0.3)
+    a, b = pool.acquire("a"), brief.acquire("b")
     assert a and b and a != b
-
-    def b_expired_while_a_renewed() -> bool:
-        assert pool.renew("a"), "a's own renewals must keep it alive"
-        return pool.current("b") is None
-
-    wait_until(b_expired_while_a_renewed, 3, interval=0.05, what="b's assignment to expire")
+    assert pool.renew("a") and redis_conn.pttl(keys.proxy_assignment("a")) > 590_000
+    wait_until(lambda: pool.current("b") is None, 3, what="b's assignment to expire")
     assert pool.current("a") == a and pool.acquire("a") == a
     assert redis_conn.pttl(keys.proxy_assignment("a")) > 0
     assert redis_conn.pttl(keys.proxy_owner(proxy_id(a))) > 0
@@ -83,16 +83,19 @@ def test_concurrent_acquires_never_share_a_proxy(redis_conn: Any, keys: Keys) ->
     assert sorted(taken) == sorted(PROXIES)
 
 
-def test_quarantine_excludes_then_returns(redis_conn: Any, keys: Keys) -> None:
+def test_quarantine_excludes_then_returns(
+    redis_conn: Any, keys: Keys, move_clock: Callable[[float], None]
+) -> None:
     bad, good = PROXIES[:2]
-    pool = make_pool(redis_conn, keys, bad, good, quarantine_s=0.25)
+    pool = make_pool(redis_conn, keys, bad, good, quarantine_s=5)
     assert pool.acquire("holder") in (bad, good)
     pool.release("holder")
     pool.quarantine(bad)
     assert pool.quarantined() == [bad]
     assert pool.acquire("x") == good
     assert pool.acquire("y") is None
-    wait_until(lambda: pool.acquire("y") == bad, 3, what="the cool-off to end")
+    move_clock(5.1)  # the cool-off
+    assert pool.acquire("y") == bad
     assert pool.quarantined() == []
 
 
@@ -116,12 +119,14 @@ def test_replace_quarantines_and_gives_another_proxy(redis_conn: Any, keys: Keys
 
 
 def test_release_only_by_the_owner(redis_conn: Any, keys: Keys) -> None:
-    pool = make_pool(redis_conn, keys, PROXIES[0], assignment_ttl_s=0.15)
+    pool = make_pool(redis_conn, keys, PROXIES[0])
     held = pool.acquire("a")
     assert held == PROXIES[0]
     assert not pool.release("b")  # b holds nothing
     assert pool.current("a") == held and pool.acquire("b") is None
-    # a's assignment expires, b takes the proxy; a's late release must not free it.
+    # a's last renewal is a brief one and it expires, b takes the proxy; a's late release
+    # must not free it.
+    assert ProxyPool(redis_conn, keys, assignment_ttl_s=0.15).renew("a")
     wait_until(lambda: pool.acquire("b") == held, 3, what="a's assignment to expire")
     assert not pool.release("a")
     assert pool.current("b") == held
