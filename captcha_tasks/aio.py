@@ -99,6 +99,10 @@ log = logging.getLogger(__name__)
 
 #: Pause before the pub/sub reader tries again after losing its connection.
 RECONNECT_S = 0.5
+#: What a wait's SUBSCRIBE may meet and try again, as the reader does: Redis away, or
+#: redis-py's asyncio connection read by two coroutines at once (``RuntimeError`` from
+#: asyncio's streams), which its reconnects can cause.
+_CHANNEL_TROUBLE = (*UNREACHABLE, OSError, RuntimeError)
 #: Longest wait for Redis's answer to a wait's last look at its record, at its timeout
 #: (Redis away: the wait raises this much past its timeout at most).
 LAST_LOOK_S = 0.5
@@ -291,6 +295,8 @@ class _Hub:
     #: Channels just subscribed, whose records are read once (by one task, with MGET).
     unread: set[str] = field(default_factory=set)
     rereader: asyncio.Task[None] | None = None
+    #: The pub/sub connection met an error: the reader replaces it before it reads again.
+    stale: bool = False
 
     def __post_init__(self) -> None:
         self.batches = AsyncBatchStreams(self.redis, self.owner.db)
@@ -320,7 +326,7 @@ class _Hub:
                 # Best effort: a channel left subscribed is ignored (no waiter), and the
                 # caller's own outcome or cancellation must not turn into ours.  A
                 # connection redis-py is tearing down raises AttributeError here.
-                with contextlib.suppress(RedisError, OSError, AttributeError):
+                with contextlib.suppress(RedisError, OSError, AttributeError, RuntimeError):
                     async with self.subscribing:
                         await self.pubsub.unsubscribe(channel)
 
@@ -335,7 +341,7 @@ class _Hub:
                 # timeout, not an outage).
                 self._back()
                 return
-            except UNREACHABLE as exc:
+            except _CHANNEL_TROUBLE as exc:
                 tries += 1
                 left = None if deadline is None else deadline - self.loop.time()
                 pause = outage_wait(tries, left)
@@ -372,20 +378,24 @@ class _Hub:
         )
 
     async def _read(self) -> None:
+        """Read the pub/sub connection, for as long as the loop runs.  No error of the
+        connection ends it: after any, it is replaced by a new one, subscribed to every
+        channel waited on (an error that ended this reader would fail every wait on the
+        loop as "closed").  Redis away is the expected one; two coroutines reading the
+        connection at once (``RuntimeError`` from asyncio's streams), which redis-py's
+        reconnects can cause, is another (a CI run lost every wait to it)."""
         try:
-            await self.started.wait()
             while True:
+                await self.started.wait()  # a channel is subscribed
                 try:
+                    async with self.subscribing:
+                        # never read while a SUBSCRIBE (re)connects the shared connection
+                        if self.stale:
+                            await self._replace()
+                            continue
                     message = await self.pubsub.get_message(timeout=None)
-                except (*UNREACHABLE, OSError) as exc:
-                    # Whatever says Redis is away, as everywhere else (an error that ended
-                    # this reader would fail every wait on the loop as "closed").  redis-py
-                    # re-subscribes on reconnect; _dispatch then re-reads the records that
-                    # may have been published meanwhile.
-                    if not self.lost:
-                        log.warning("result channel lost (%s); reconnecting", exc)
-                        self.lost = True
-                    self.lost_error = exc
+                except Exception as exc:
+                    self._lose(exc)
                     await asyncio.sleep(RECONNECT_S)
                     continue
                 self._back()
@@ -396,6 +406,35 @@ class _Hub:
             raise
         finally:
             await self._shutdown()
+
+    def _lose(self, exc: Exception) -> None:
+        expected = isinstance(exc, (*UNREACHABLE, OSError))
+        if not self.lost:
+            # redis-py re-subscribes on reconnect; _dispatch then re-reads the records that
+            # may have been published meanwhile.
+            log.warning(
+                "result channel lost (%s: %s); reconnecting",
+                type(exc).__name__,
+                exc,
+                exc_info=not expected,
+            )
+            self.lost = True
+        self.lost_error = exc
+        self.stale = True
+
+    async def _replace(self) -> None:
+        """A new pub/sub connection in place of the one that met an error (called holding
+        ``subscribing``), subscribed to the channels waited on; with none, the reader
+        waits for the next wait's subscription."""
+        old, self.pubsub = self.pubsub, self.redis.pubsub()
+        with contextlib.suppress(Exception):
+            await old.aclose()  # type: ignore[no-untyped-call,unused-ignore]
+        channels = list(self.waiters)
+        if channels:
+            await self.pubsub.subscribe(*channels)  # an error: lost again, tried again
+        else:
+            self.started.clear()
+        self.stale = False
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         waiter = self.waiters.get(text(message["channel"]))

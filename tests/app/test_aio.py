@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -379,3 +380,87 @@ def test_at_its_timeout_a_wait_asks_redis_why(redis_conn: Any) -> None:
     found, timed_out = asyncio.run(main())
     assert found == meta["result"]
     assert type(timed_out) is TimeoutError and "no outcome within 0.5 s" in str(timed_out)
+
+
+#: What asyncio's streams raise when a second coroutine reads a connection one is reading:
+#: redis-py's reconnects of the shared pub/sub connection can make it happen.
+CLASH = "readuntil() called while another coroutine is already waiting for incoming data"
+
+
+def _ready_record(task_id: str, token: str) -> tuple[dict[str, Any], str]:
+    meta = {"status": "SUCCESS", "result": {"status": "solved", "token": token}}
+    record = {**meta, "traceback": None, "children": [], "task_id": task_id}
+    return meta["result"], str(app.backend.encode(record))
+
+
+def _published_until_answered(redis_conn: Any, key: str, record: str, waiting: Any) -> bool:
+    """Publish ``record`` (never stored: only a publication can answer the wait) and say
+    whether the wait has its answer."""
+    redis_conn.publish(key, record)
+    return bool(waiting.done())
+
+
+def test_an_error_on_the_result_channel_costs_it_its_connection_not_its_waits(
+    redis_conn: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever the pub/sub connection raises, the reader replaces it, subscribed to the
+    channels waited on, and the waits go on.  An error it did not expect (a CI run:
+    ``RuntimeError`` from two coroutines reading it at once) used to end the reader, and
+    every wait on its loop failed as "closed"."""
+    caplog.set_level(logging.WARNING, logger="captcha_tasks.aio")
+    task_id = str(uuid.uuid4())
+    outcome, record = _ready_record(task_id, "w")
+
+    async def main() -> dict[str, Any]:
+        hub = aio._hubs().hub()
+        first = hub.pubsub
+        real_read = first.get_message
+
+        async def clashing(*args: Any, **kwargs: Any) -> Any:
+            first.get_message = real_read  # type: ignore[method-assign]
+            raise RuntimeError(CLASH)
+
+        first.get_message = clashing  # type: ignore[method-assign]
+        key = aio._result_key(task_id)
+        waiting = asyncio.create_task(hub.wait_result(key, timeout=20))
+        await _until(lambda: hub.pubsub is not first and not hub.stale, 10, "a new connection")
+        await _until(
+            lambda: _published_until_answered(redis_conn, key, record, waiting), 10, "the answer"
+        )
+        return aio._outcome(await waiting)
+
+    assert asyncio.run(main()) == outcome
+    lost = [r for r in caplog.records if r.getMessage().startswith("result channel lost")]
+    assert [r.getMessage() for r in lost] == [
+        f"result channel lost (RuntimeError: {CLASH}); reconnecting"
+    ]
+    assert lost[0].exc_info is not None  # one it did not expect: with its traceback
+
+
+def test_a_subscribe_that_meets_an_error_tries_again(redis_conn: Any) -> None:
+    """A wait's SUBSCRIBE that meets the same error backs off and tries again, as it does
+    while Redis is away, rather than handing the caller a redis-py error."""
+    task_id = str(uuid.uuid4())
+    outcome, record = _ready_record(task_id, "s")
+    tried: list[tuple[str, ...]] = []
+
+    async def main() -> dict[str, Any]:
+        hub = aio._hubs().hub()
+        real_subscribe = hub.pubsub.subscribe
+
+        async def clashing_once(*channels: str) -> Any:
+            tried.append(channels)
+            if len(tried) == 1:
+                raise RuntimeError(CLASH)
+            return await real_subscribe(*channels)
+
+        hub.pubsub.subscribe = clashing_once  # type: ignore[method-assign]
+        key = aio._result_key(task_id)
+        waiting = asyncio.create_task(hub.wait_result(key, timeout=20))
+        await _until(
+            lambda: _published_until_answered(redis_conn, key, record, waiting), 10, "the answer"
+        )
+        return aio._outcome(await waiting)
+
+    assert asyncio.run(main()) == outcome
+    assert len(tried) == 2

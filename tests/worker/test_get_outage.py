@@ -249,7 +249,7 @@ def test_aio_past_its_timeout_with_redis_away_raises_store_unavailable(stack: St
     stack.start_redis_after(0)
     stack.caller.ask(do="aio", timeout=1)  # Redis answers, no worker: asyncio's timeout
     reply = stack.caller.next("raised")
-    assert reply["raised"] == "builtins.TimeoutError", reply
+    assert reply["raised"] == "builtins.TimeoutError", (reply, stack.caller.said)
     stack.start_worker()  # and the next call has its outcome
     stack.caller.ask(do="aio", timeout=TIMEOUT_S)
     assert stack.caller.next("got")["got"]["status"] == "solved"
