@@ -138,7 +138,7 @@ async def solve(
     if timeout is not None and not timeout > 0:
         raise errors.ValidationError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     hub = _hubs().hub()
-    sent = await _publish(partial(solve_task.apply_async, kwargs=kwargs))
+    sent = await _publish(partial(_send_solve, kwargs))
     record = await hub.wait_result(_result_key(sent.id), timeout)
     return _outcome(record)
 
@@ -250,6 +250,12 @@ async def _publish(call: Callable[[], T]) -> T:
     broker) on the publisher thread, with its errors."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_hubs().publisher, call)
+
+
+def _send_solve(kwargs: dict[str, Any]) -> Any:
+    """``solve.apply_async``, unwatched by Celery: the hub waits for the outcome."""
+    with app.backend.unwatched():
+        return solve_task.apply_async(kwargs=kwargs)
 
 
 def _result_key(task_id: str) -> str:

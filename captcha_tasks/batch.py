@@ -160,9 +160,11 @@ def send_task(batch_id: str, action: Send) -> str:
 
 
 def publish(task_id: str, kwargs: Mapping[str, Any]) -> None:
-    """Send the solve message of ``task_id`` (a first time, or again, under the same id)."""
+    """Send the solve message of ``task_id`` (a first time, or again, under the same id).
+    Its outcome is read from the batch's stream, so Celery does not subscribe to it."""
     try:
-        solve.apply_async(kwargs=dict(kwargs), task_id=task_id)
+        with app.backend.unwatched():
+            solve.apply_async(kwargs=dict(kwargs), task_id=task_id)
     except OperationalError:
         # The broker refused the message after Redis took note of it: housekeeping sends
         # it again, under its id (see SolveTask.apply_async).

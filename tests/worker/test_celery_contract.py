@@ -5,6 +5,7 @@ where it is.  Real worker processes, the sandbox over HTTP, real Redis."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,8 @@ from celery.exceptions import ChordError, TaskRevokedError
 from celery.result import AsyncResult
 from followups import record, record_error, recorded
 
-from captcha_tasks import create_pool, errors, solve
+from captcha_tasks import aio, create_pool, errors, solve
+from captcha_tasks.batch import publish
 from captcha_tasks.testing.processes import wait_until
 from captcha_tasks.worker.app import app
 from captcha_tasks.worker.results import PARKED, SUBMITTED, Results
@@ -173,6 +175,31 @@ def test_a_group_of_solves_still_works(sandbox: Any, workers: Any) -> None:
     workers()
     outcomes = group(solve.s(**task(f"g{i}")) for i in range(3)).apply_async().get(timeout=30)
     assert [o["status"] for o in outcomes] == ["solved"] * 3
+
+
+def test_sends_read_elsewhere_leave_celerys_result_subscription_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A batch's sends and the asyncio API's (their outcomes come by the batch's stream and
+    the hub's own pub/sub) do not subscribe Celery's result consumer, so the ``AsyncResult``
+    they leave behind has nothing to unsubscribe when it is collected (Celery does that in
+    ``__del__``, where a Ctrl-C is swallowed); ``solve.delay`` still subscribes."""
+    consumer = app.backend.result_consumer
+    consumed: list[str] = []
+    subscribe = consumer.consume_from  # Celery: what on_task_call subscribes with
+
+    def watching(task_id: str) -> Any:
+        consumed.append(task_id)
+        return subscribe(task_id)
+
+    monkeypatch.setattr(consumer, "consume_from", watching)
+    try:
+        aio._send_solve(task("aio-unwatched"))
+        publish(str(uuid.uuid4()), task("batch-unwatched"))
+        watched = solve.delay(**task("watched"))
+        assert consumed == [watched.id]
+    finally:
+        app.control.purge()  # no worker ran them: none is left for the next test's
 
 
 # -- revoke, expires and the states in flight -------------------------------------------------

@@ -20,7 +20,9 @@ Here the waiting part of ``get()`` retries instead, until the caller's ``timeout
   raise (a failed parent of a chain), is raised as it is, never mistaken for an outage.
 
 Subscribing when a task is sent (Celery does it in ``on_task_call``) is best effort: if
-Redis drops just then, ``get()`` subscribes again.
+Redis drops just then, ``get()`` subscribes again.  A send inside :meth:`OutageSafe.unwatched`
+does not subscribe at all: its caller reads the outcome elsewhere (a batch's stream, the
+asyncio API's own pub/sub connection).
 
 Selected by ``result_backend`` (Celery's ``<class>+<url>`` form: see
 :func:`captcha_tasks.worker.broker.backend_url`); the Sentinel backend is built on it too.
@@ -127,10 +129,29 @@ class OutageSafe:
         self.waiting = threading.local()
         #: The subscriptions were lost (a failed subscribe or read): made again first.
         self.resubscribe = False
+        #: Per thread: inside :meth:`unwatched`.
+        self._unwatched = threading.local()
         super().__init__(*args, **kwargs)
+
+    @contextmanager
+    def unwatched(self) -> Iterator[None]:
+        """Tasks sent inside (on this thread) are not subscribed to: for callers that read
+        their outcomes elsewhere.  Nor is there anything to unsubscribe when the
+        ``AsyncResult`` they get back is collected.  Celery unsubscribes from
+        ``AsyncResult.__del__``, and a Ctrl-C that lands in that UNSUBSCRIBE is swallowed
+        ("Exception ignored in"): a CI run's batch ran on after its Ctrl-C so.  It also
+        saves each task a SUBSCRIBE and an UNSUBSCRIBE."""
+        outer = getattr(self._unwatched, "now", False)
+        self._unwatched.now = True
+        try:
+            yield
+        finally:
+            self._unwatched.now = outer
 
     def on_task_call(self, producer: Any, task_id: str) -> None:
         # Celery: called by send_task to subscribe to the result's channel at once.
+        if getattr(self._unwatched, "now", False):
+            return
         try:
             with self._inside():
                 super().on_task_call(producer, task_id)  # type: ignore[misc]
