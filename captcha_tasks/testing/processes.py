@@ -10,6 +10,7 @@ left behind.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import json
 import os
@@ -47,24 +48,57 @@ _PICK = random.SystemRandom()
 
 
 def free_port() -> int:
-    """A loopback port nothing listens on, below the kernel's ephemeral range.
+    """A loopback port nothing listens on, below the kernel's ephemeral range, that no other
+    live process has picked.
 
     A port picked now is often bound later (a test module's settings name it at import,
     minutes before its test runs).  From the ephemeral range (a bind to port 0), it could
     be taken meanwhile by any outgoing connection or port-0 bind (a run saw a callback
-    server's port taken so); below the range, only by another pick of this function."""
+    server's port taken so); below the range, only by another pick of this function, in
+    another process of the run (a run saw a sentinel's port taken so).  So each pick is
+    noted in :data:`PICKED_DIR` with the picking process's id, and lasts as long as that
+    process."""
     low = _ephemeral_low()
-    for _ in range(100):
+    for _ in range(200):
         port = _PICK.randrange(max(1024, low - PORT_SPAN), low)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-        return port
+        if _note_pick(port):
+            return port
     with socket.socket() as s:  # the span is full: any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: Where :func:`free_port` notes its picks: a file per port, holding the picker's pid.
+PICKED_DIR = Path(tempfile.gettempdir()) / "captcha-tasks-ports"
+
+
+def _note_pick(port: int) -> bool:
+    """Note ``port`` as this process's pick; False when a live process picked it first (one
+    whose process is gone gives it up)."""
+    PICKED_DIR.mkdir(exist_ok=True)
+    path = PICKED_DIR / str(port)
+    with open(PICKED_DIR / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+        if path.exists() and _picker_alive(path):
+            return False
+        path.write_text(str(os.getpid()))
+        return True
+
+
+def _picker_alive(path: Path) -> bool:
+    try:
+        pid = int(path.read_text())
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, ValueError):
+        return True  # not ours to signal, or unreadable: counted as taken
+    return True
 
 
 def _ephemeral_low() -> int:
