@@ -30,10 +30,13 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def test_ctrl_c_tests_pass_with_sigint_ignored_and_leak_nothing(tmp_path: Path) -> None:
+def test_ctrl_c_tests_pass_with_sigint_ignored_and_leak_nothing(
+    tmp_path: Path, output_dir: Path
+) -> None:
     marker = f"CT_BACKGROUND_RUN={os.getpid()}-{tmp_path.name}"
     name, _, value = marker.partition("=")
-    env = {**os.environ, "TEST_OUTPUT_DIR": str(tmp_path), name: value}
+    kept = output_dir / "background-run"  # kept with the run's other logs
+    env = {**os.environ, "TEST_OUTPUT_DIR": str(kept), name: value}
     # `trap "" INT` is what a shell does to a background job: SIGINT ignored, inherited.
     script = 'trap "" INT; exec "$0" -m pytest -q -p no:cacheprovider "$1"'
     done = subprocess.run(
@@ -44,6 +47,8 @@ def test_ctrl_c_tests_pass_with_sigint_ignored_and_leak_nothing(tmp_path: Path) 
         text=True,
         timeout=300,
     )
-    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    kept.mkdir(parents=True, exist_ok=True)
+    (kept / "pytest.out").write_text(done.stdout + "\n--- stderr ---\n" + done.stderr)
+    assert done.returncode == 0, f"all of it in {kept / 'pytest.out'}:\n" + done.stdout[-4000:]
     assert "1 passed" in done.stdout
     assert processes_with(marker) == []
