@@ -80,6 +80,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # now (a free port, not yet listened on), because Celery's configuration reads
     # REDIS_URL once, whenever a test first touches the app's config.  Each module that
     # asks for the sandbox gets one of its own (``sandbox_server``), in its settings.
+    # Every process of the run (xdist workers, the lowest-versions sessions beside them,
+    # the children they start, whatever TMPDIR a test gives them) notes its port picks in
+    # one folder, so no two pick the same port (free_port).
+    os.environ.setdefault(
+        processes.PICKS_ENV, str(Path(tempfile.gettempdir()) / "captcha-tasks-port-picks")
+    )
     _STATE["redis"] = RedisServer(log_dir=out)
     os.environ.update(TEST_ENV, REDIS_URL=_STATE["redis"].url)
     # The suite's ~200 worker and beat processes skip the `celery` group's imports

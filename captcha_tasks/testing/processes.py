@@ -55,9 +55,9 @@ def free_port() -> int:
     minutes before its test runs).  From the ephemeral range (a bind to port 0), it could
     be taken meanwhile by any outgoing connection or port-0 bind (a run saw a callback
     server's port taken so); below the range, only by another pick of this function, in
-    another process of the run (a run saw a sentinel's port taken so).  So each pick is
-    noted in :data:`PICKED_DIR` with the picking process's id, and lasts as long as that
-    process."""
+    another process of the run (a run saw a sentinel's port taken so).  So where
+    :data:`PICKS_ENV` names a folder (a test suite sets it for all its processes), each
+    pick is noted there with the picking process's id, and lasts as long as that process."""
     low = _ephemeral_low()
     for _ in range(200):
         port = _PICK.randrange(max(1024, low - PORT_SPAN), low)
@@ -66,23 +66,25 @@ def free_port() -> int:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
-        if _note_pick(port):
+        picks = os.environ.get(PICKS_ENV)
+        if not picks or _note_pick(Path(picks), port):
             return port
     with socket.socket() as s:  # the span is full: any free port
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-#: Where :func:`free_port` notes its picks: a file per port, holding the picker's pid.
-PICKED_DIR = Path(tempfile.gettempdir()) / "captcha-tasks-ports"
+#: The environment variable naming the folder where :func:`free_port` notes its picks (a
+#: file per port, holding the picker's pid); unset, picks are not noted.
+PICKS_ENV = "CAPTCHA_TASKS_PORT_PICKS"
 
 
-def _note_pick(port: int) -> bool:
+def _note_pick(folder: Path, port: int) -> bool:
     """Note ``port`` as this process's pick; False when a live process picked it first (one
     whose process is gone gives it up)."""
-    PICKED_DIR.mkdir(exist_ok=True)
-    path = PICKED_DIR / str(port)
-    with open(PICKED_DIR / ".lock", "a") as lock:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / str(port)
+    with open(folder / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
         if path.exists() and _picker_alive(path):
             return False

@@ -52,7 +52,7 @@ def test_a_port_another_live_process_picked_is_not_picked_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     taken, other = free_port(), free_port()
-    monkeypatch.setattr(processes, "PICKED_DIR", tmp_path)
+    monkeypatch.setenv(processes.PICKS_ENV, str(tmp_path))
     picks = iter([taken, other, taken])
     monkeypatch.setattr(processes._PICK, "randrange", lambda low, high: next(picks))
     # another process of the run, alive: it waits for its stdin to close
