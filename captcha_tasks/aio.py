@@ -416,8 +416,8 @@ class _Hub:
     def _lose(self, exc: Exception) -> None:
         expected = isinstance(exc, (*UNREACHABLE, OSError))
         if not self.lost:
-            # redis-py re-subscribes on reconnect; _dispatch then re-reads the records that
-            # may have been published meanwhile.
+            # _replace subscribes a new connection; _dispatch then re-reads the records
+            # that may have been published meanwhile.
             log.warning(
                 "result channel lost (%s: %s); reconnecting",
                 type(exc).__name__,

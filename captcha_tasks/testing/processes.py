@@ -285,10 +285,11 @@ class RedisServer(ChildProcess):
                 f"the Redis server for port {self.port} exited as it started (is another "
                 f"process listening there?): {self.log_text()[-500:]}"
             )
-        if not redis_reachable(self.url):
-            return False
-        with redis_client(self.url) as client:
-            answering = int(client.info("server")["process_id"])
+        try:
+            with redis_client(self.url) as client:
+                answering = int(client.info("server")["process_id"])
+        except (redis.RedisError, OSError):
+            return False  # not answering yet
         if answering != self.pid:
             raise RuntimeError(
                 f"port {self.port} is another Redis server's (process {answering}), "

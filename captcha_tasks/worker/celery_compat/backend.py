@@ -100,6 +100,17 @@ def _marked(callback: Callable[..., Any] | None) -> Callable[..., Any] | None:
     return call
 
 
+@contextmanager
+def _raised(flag: threading.local) -> Iterator[None]:
+    """Set this thread's ``flag.now`` while inside (as it was again on the way out)."""
+    outer = getattr(flag, "now", False)
+    flag.now = True
+    try:
+        yield
+    finally:
+        flag.now = outer
+
+
 class ResultConsumer(celery_redis.ResultConsumer):
     """Celery's pub/sub reader of results; inside a ``get()`` of ours it reconnects once
     per try, and the ``get()`` decides when to try again (its timeout, not the backend's
@@ -141,12 +152,8 @@ class OutageSafe:
         ``AsyncResult.__del__``, and a Ctrl-C that lands in that UNSUBSCRIBE is swallowed
         ("Exception ignored in"): a CI run's batch ran on after its Ctrl-C so.  It also
         saves each task a SUBSCRIBE and an UNSUBSCRIBE."""
-        outer = getattr(self._unwatched, "now", False)
-        self._unwatched.now = True
-        try:
+        with _raised(self._unwatched):
             yield
-        finally:
-            self._unwatched.now = outer
 
     def on_task_call(self, producer: Any, task_id: str) -> None:
         # Celery: called by send_task to subscribe to the result's channel at once.
@@ -233,12 +240,8 @@ class OutageSafe:
 
     @contextmanager
     def _inside(self) -> Iterator[None]:
-        outer = getattr(self.waiting, "now", False)
-        self.waiting.now = True
-        try:
+        with _raised(self.waiting):
             yield
-        finally:
-            self.waiting.now = outer
 
 
 class RedisBackend(OutageSafe, celery_redis.RedisBackend):
